@@ -1,0 +1,1 @@
+"""The gpuq command line: parse, call the daemon, render."""

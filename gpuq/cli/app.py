@@ -1,0 +1,422 @@
+"""The gpuq command tree (typer): parse, call the daemon, render.
+
+Every read command has `--json` (a versioned schema, docs/json-schema.md);
+errors go to stderr, as JSON with `--json`, with the exit codes of
+`gpuq.errors.ExitCode`. `submit` is declared in `gpuq.cli.submit` and added
+here as a click command built from the same option table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from gpuq.cli import render
+from gpuq.cli.errors import render_error
+from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit
+from gpuq.config import Config, load_config
+from gpuq.errors import ExitCode, GpuqError
+from gpuq.models import JSON_SCHEMA_VERSION
+
+app = typer.Typer(
+    name="gpuq",
+    help="Queue, pack and run GPU jobs on your lab's servers.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+daemon_app = typer.Typer(help="Start, stop and inspect the gpuq daemon.", no_args_is_help=True)
+app.add_typer(daemon_app, name="daemon")
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON (schema in docs/json-schema.md).")
+]
+ConfigOpt = Annotated[
+    str | None,
+    typer.Option("--config", envvar="GPUQ_CONFIG", help="Configuration file.", show_envvar=True),
+]
+IdsArg = Annotated[list[int], typer.Argument(help="Job ids.", show_default=False)]
+
+T = TypeVar("T")
+
+
+def _run(json_mode: bool, body: Callable[[], int | None]) -> None:
+    """Run a command body, turning a GpuqError into stderr text and an exit code."""
+    try:
+        code = body() or 0
+    except GpuqError as exc:
+        code = render_error(exc, json_mode)
+    raise typer.Exit(code)
+
+
+def _client(config_path: str | None, autostart: bool = True) -> Any:
+    from gpuq.client import Client
+
+    return Client.connect(load_config(config_path), autostart=autostart)
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **data}, indent=2))
+
+
+@app.command("ls")
+def list_jobs(
+    state: Annotated[
+        list[str] | None,
+        typer.Option("--state", "-s", help="Only jobs in this state (repeatable)."),
+    ] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Only jobs whose name contains this.")
+    ] = None,
+    all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N jobs.")] = None,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """List the queue: pending and running jobs (and finished ones with --all)."""
+
+    def body() -> None:
+        with _client(config) as client:
+            jobs = client.call(
+                "list",
+                states=state or [],
+                user=user,
+                name=name,
+                include_done=all_jobs or bool(state),
+                limit=limit,
+            )["jobs"]
+        if json_out:
+            _print_json({"jobs": jobs})
+        else:
+            print(render.jobs_table(jobs))
+
+    _run(json_out, body)
+
+
+@app.command()
+def show(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Show a job: spec, state, GPUs, timings and its history with reasons."""
+
+    def body() -> None:
+        with _client(config) as client:
+            result = client.call("show", id=job_id)
+        if json_out:
+            _print_json(result)
+        else:
+            print(render.job_detail(result["job"], result["events"]))
+
+    _run(json_out, body)
+
+
+@app.command()
+def logs(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
+    ] = False,
+    tail: Annotated[int | None, typer.Option("--tail", help="Start with the last N lines.")] = None,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show standard error instead.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Print a job's output (its stdout, or stderr with --stderr)."""
+
+    def body() -> None:
+        stream = "stderr" if stderr else "stdout"
+        with _client(config) as client:
+            for kind, item in client.stream(
+                "logs", id=job_id, stream=stream, tail=tail, follow=follow
+            ):
+                if kind == "event":
+                    sys.stdout.write(item["data"])
+                    sys.stdout.flush()
+
+    _run(False, body)
+
+
+def _action(method: str, ids: list[int], config: str | None, json_out: bool, **extra: Any) -> int:
+    with _client(config) as client:
+        results = client.call(method, ids=ids, **extra)["results"]
+    if json_out:
+        _print_json({"results": results})
+    else:
+        for item in results:
+            if item["ok"]:
+                print(f"job {item['id']}: {item['state']}")
+            else:
+                print(f"gpuq: job {item['id']}: {item['message']}", file=sys.stderr)
+    return 0 if all(r["ok"] for r in results) else int(ExitCode.CONFLICT)
+
+
+def _register_action(method: str, help_text: str) -> None:
+    def command(ids: IdsArg, json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+        _run(json_out, lambda: _action(method, ids, config, json_out))
+
+    command.__doc__ = help_text
+    app.command(method)(command)
+
+
+for _method, _help in (
+    ("cancel", "Cancel jobs: pending ones at once, running ones with TERM, then KILL."),
+    ("hold", "Keep queued jobs from starting until released."),
+    ("release", "Let held jobs start."),
+    ("retry", "Queue failed, cancelled or lost jobs again, under their own ids."),
+    ("suspend", "Pause running jobs (SIGSTOP of the whole job; GPU memory stays held)."),
+    ("resume", "Continue suspended jobs."),
+):
+    _register_action(_method, _help)
+
+
+@app.command()
+def priority(
+    value: Annotated[int, typer.Argument(help="New priority (higher runs first).")],
+    ids: IdsArg,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Change the priority of pending jobs."""
+    _run(json_out, lambda: _action("priority", ids, config, json_out, priority=value))
+
+
+@app.command()
+def wait(
+    ids: IdsArg,
+    any_job: Annotated[bool, typer.Option("--any", help="Return when any one job ends.")] = False,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Give up after this long (exit 8).")
+    ] = None,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Wait for jobs to end; exit 0 if all succeeded, else the largest exit code."""
+
+    def body() -> int:
+        from gpuq.units import parse_duration
+
+        seconds = parse_duration(timeout) if timeout else None
+        with _client(config) as client:
+            jobs = client.call("wait", ids=ids, any=any_job, timeout=seconds)["jobs"]
+        if json_out:
+            _print_json({"jobs": jobs})
+        else:
+            print(render.jobs_table(jobs))
+        ended = [j for j in jobs if j["state"] in ("succeeded", "failed", "cancelled", "lost")]
+        return max((j["exit_code"] or 1 for j in ended if j["state"] != "succeeded"), default=0)
+
+    _run(json_out, body)
+
+
+@app.command()
+def gpus(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Show every GPU: memory used by gpuq jobs / other processes / free, and its jobs."""
+
+    def body() -> None:
+        with _client(config) as client:
+            result = client.call("gpus")
+        if json_out:
+            _print_json(result)
+        elif not result["gpus"]:
+            print("No GPUs (CPU-only jobs run with --gpus 0).")
+        else:
+            print(render.gpus_table(result["gpus"]))
+
+    _run(json_out, body)
+
+
+@app.command()
+def clean(
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Only jobs that ended this long ago (7d, 12h).")
+    ] = "0s",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would go; delete nothing.")
+    ] = False,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Delete finished jobs, their state and the logs gpuq kept for them."""
+
+    def body() -> None:
+        from gpuq.units import format_size, parse_duration
+
+        seconds = 0.0 if older_than in ("0", "0s") else parse_duration(older_than)
+        with _client(config) as client:
+            result = client.call("clean", older_than=seconds, dry_run=dry_run)
+        if json_out:
+            _print_json(result)
+            return
+        verb = "Would remove" if dry_run else "Removed"
+        print(
+            f"{verb} {len(result['ids'])} job(s) and {len(result['files'])} log file(s) "
+            f"({format_size(result['bytes'])})."
+        )
+
+    _run(json_out, body)
+
+
+@daemon_app.command("start")
+def daemon_start(config: ConfigOpt = None) -> None:
+    """Start the daemon in the background (the first gpuq command does this too)."""
+
+    def body() -> None:
+        from gpuq.client import running_daemon_pid, start_daemon
+
+        cfg = load_config(config)
+        pid = running_daemon_pid(cfg)
+        if pid is not None:
+            print(f"gpuq daemon already running (pid {pid})", file=sys.stderr)
+            return
+        print(f"gpuq daemon started (pid {start_daemon(cfg)})", file=sys.stderr)
+
+    _run(False, body)
+
+
+@daemon_app.command("stop")
+def daemon_stop(config: ConfigOpt = None) -> None:
+    """Stop the daemon. Running jobs keep running and are re-adopted on restart."""
+
+    def body() -> None:
+        _stop(load_config(config))
+
+    _run(False, body)
+
+
+def _stop(cfg: Config) -> None:
+    from gpuq.client import Client, socket_path
+    from gpuq.errors import DaemonUnavailable
+
+    try:
+        with Client.connect(cfg, autostart=False) as client:
+            result = client.call("shutdown")
+    except DaemonUnavailable:
+        print("gpuq daemon is not running", file=sys.stderr)
+        return
+    deadline = time.monotonic() + 15
+    while socket_path(cfg).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(
+        f"gpuq daemon stopped ({result['jobs_left_running']} job(s) left running)", file=sys.stderr
+    )
+
+
+@daemon_app.command("restart")
+def daemon_restart(config: ConfigOpt = None) -> None:
+    """Stop the daemon and start it again; jobs are re-adopted."""
+
+    def body() -> None:
+        from gpuq.client import start_daemon
+
+        cfg = load_config(config)
+        _stop(cfg)
+        print(f"gpuq daemon started (pid {start_daemon(cfg)})", file=sys.stderr)
+
+    _run(False, body)
+
+
+@daemon_app.command("status")
+def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Show whether the daemon runs, and its pid, paths and job counts (exit 5 if down)."""
+
+    def body() -> None:
+        with _client(config, autostart=False) as client:
+            status = client.call("status")
+        if json_out:
+            _print_json(status)
+            return
+        from gpuq.units import format_duration
+
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(status["jobs"].items())) or "no jobs"
+        print(f"gpuq daemon running: pid {status['pid']}, up {format_duration(status['uptime'])}")
+        print(f"  GPUs:      {status['gpus']} ({status['backend']})")
+        print(f"  Policy:    {status['policy']}")
+        print(f"  Jobs:      {counts}")
+        print(f"  State dir: {status['state_dir']}")
+        print(f"  Socket:    {status['runtime_dir']}/gpuq.sock")
+
+    _run(json_out, body)
+
+
+@app.command()
+def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Check the set-up: config, state directory, socket, NVML, systemd linger, ssh."""
+    from gpuq.cli.doctor import print_checks, run_checks
+
+    checks = run_checks(config)
+    if json_out:
+        _print_json({"checks": [c.to_dict() for c in checks]})
+    else:
+        print_checks(checks)
+    raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+def _register_submit() -> None:
+    """Declare `gpuq submit` to typer from SUBMIT_OPTIONS, for help, completion
+    and man pages; running it goes through the fast parser on the raw args."""
+    params = []
+    annotations: dict[str, Any] = {}
+    for opt in SUBMIT_OPTIONS:
+        info = typer.Option(*opt.flags, help=opt.help, metavar=opt.metavar or None, show_default=False)
+        kind: Any = {"flag": bool, "int": int | None, "str": str | None, "multi": list[str] | None}
+        annotations[opt.dest] = Annotated[kind[opt.kind], info]
+        default = False if opt.kind == "flag" else None
+        params.append(
+            inspect.Parameter(
+                opt.dest,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=annotations[opt.dest],
+            )
+        )
+    annotations["command"] = Annotated[
+        list[str] | None,
+        typer.Argument(help="The command and its arguments, or a script file.", show_default=False),
+    ]
+    params.append(
+        inspect.Parameter(
+            "command",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=annotations["command"],
+        )
+    )
+
+    def submit(**_: Any) -> None:
+        raise typer.Exit(run_submit(_ARGS[1:]))
+
+    submit.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    submit.__annotations__ = annotations
+    submit.__doc__ = (
+        "Queue a job and print its id.\n\n"
+        "The command follows the options, after -- or as the first argument that is not an "
+        "option; a script file may carry '#GPUQ --option' lines at its top. The first gpuq "
+        "command starts the daemon if none runs."
+    )
+    app.command(
+        "submit",
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    )(submit)
+
+
+_register_submit()
+_ARGS: list[str] = []
+
+
+def run_app(args: list[str]) -> int:
+    """Run the command tree on `args`; returns the exit code."""
+    _ARGS[:] = args
+    try:
+        app(args, prog_name="gpuq", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0

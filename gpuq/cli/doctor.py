@@ -1,0 +1,203 @@
+"""`gpuq doctor`: check the set-up and say how to fix what is wrong.
+
+Each check returns ok, warn or fail with a message and, when not ok, a hint.
+Checks never change anything.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq.config import Config, load_config
+from gpuq.errors import GpuqError
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """The result of one check."""
+
+    name: str
+    status: str  # "ok" | "warn" | "fail"
+    message: str
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON encoding for `gpuq doctor --json`."""
+        return {
+            "name": self.name,
+            "status": self.status,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+def check_state_dir(config: Config) -> Check:
+    """The state directory exists or can be made, is private, and is local."""
+    from gpuq.paths import filesystem_type, is_network_filesystem
+
+    path = config.daemon.state_dir
+    probe = path if path.exists() else next((p for p in path.parents if p.exists()), path)
+    fstype = filesystem_type(probe) or "unknown"
+    if is_network_filesystem(fstype) and not config.daemon.allow_network_fs:
+        return Check(
+            "state directory",
+            "fail",
+            f"{path} is on {fstype}, a network filesystem (SQLite WAL is unsafe there)",
+            "set [daemon] state_dir to a local disk, e.g. /var/tmp/gpuq-$USER",
+        )
+    if not os.access(probe, os.W_OK):
+        return Check(
+            "state directory", "fail", f"{probe} is not writable", "choose another state_dir"
+        )
+    if path.exists() and path.stat().st_mode & 0o077:
+        return Check(
+            "state directory", "warn", f"{path} is readable by others", f"chmod 700 {path}"
+        )
+    return Check("state directory", "ok", f"{path} ({fstype})")
+
+
+def check_socket(config: Config) -> Check:
+    """Check whether a daemon answers, its socket is stale, or none is there yet."""
+    from gpuq.client import Client, socket_path
+
+    path = socket_path(config)
+    try:
+        with Client.connect(config, autostart=False) as client:
+            pid = client.hello.get("pid")
+    except GpuqError as exc:
+        if path.exists():
+            return Check(
+                "daemon",
+                "warn",
+                f"stale socket {path}: {exc.message}",
+                "gpuq daemon start replaces it",
+            )
+        return Check("daemon", "ok", "not running; the first gpuq command starts it")
+    except OSError as exc:
+        return Check(
+            "daemon",
+            "warn",
+            f"stale socket {path} ({exc.strerror})",
+            "gpuq daemon start replaces it",
+        )
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        return Check(
+            "daemon",
+            "warn",
+            f"socket {path} has mode {mode:o}",
+            "others may connect; check socket_mode",
+        )
+    return Check("daemon", "ok", f"running (pid {pid}) on {path}")
+
+
+def check_nvml(config: Config) -> Check:
+    """Can NVML see GPUs? Without it gpuq uses fake GPUs or runs CPU jobs only."""
+    from gpuq.gpus import GpuConfig, make_backend
+
+    try:
+        backend = make_backend(GpuConfig(backend="nvml"))
+    except GpuqError as exc:
+        status = "fail" if config.gpus.backend == "nvml" else "warn"
+        using = "fake GPUs from the config" if config.gpus.fake else "CPU-only jobs"
+        return Check("NVML", status, f"{exc.message}; gpuq will use {using}", exc.hint or "")
+    try:
+        devices = backend.devices()
+        return Check(
+            "NVML",
+            "ok",
+            f"driver {backend.driver_version()}, {len(devices)} GPU(s): "
+            + ", ".join(sorted({d.name for d in devices})),
+        )
+    finally:
+        backend.close()
+
+
+def check_linger() -> Check:
+    """Systemd linger keeps a user daemon alive after logout."""
+    if shutil.which("loginctl") is None:
+        return Check(
+            "systemd linger",
+            "warn",
+            "loginctl not found (no systemd?)",
+            "run the daemon under your init system, or keep a session open",
+        )
+    try:
+        out = subprocess.run(
+            ["loginctl", "show-user", getpass.getuser(), "--property=Linger"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("systemd linger", "warn", f"loginctl failed: {exc}")
+    if out.stdout.strip() == "Linger=yes":
+        return Check("systemd linger", "ok", "enabled: the daemon survives logout")
+    return Check(
+        "systemd linger",
+        "warn",
+        "not enabled: jobs' daemon stops when you log out",
+        "loginctl enable-linger $USER, then see contrib/systemd/README.md",
+    )
+
+
+def check_ssh() -> Check:
+    """An OpenSSH client is needed to reach other servers."""
+    path = shutil.which("ssh")
+    if path is None:
+        return Check(
+            "ssh", "warn", "no ssh client found", "install openssh-client for multi-server use"
+        )
+    return Check("ssh", "ok", path)
+
+
+def check_python() -> Check:
+    """The interpreter and whether the runner's PyTorch is there."""
+    import importlib.util
+
+    version = ".".join(map(str, sys.version_info[:3]))
+    if importlib.util.find_spec("torch") is None:
+        return Check(
+            "python",
+            "warn",
+            f"Python {version}; PyTorch not installed",
+            "pip install 'gpuq-lab[runner]' for gpuq.runner",
+        )
+    return Check("python", "ok", f"Python {version} with PyTorch")
+
+
+def run_checks(config_path: str | None) -> list[Check]:
+    """Run every check; a broken config stops the ones that need it."""
+    try:
+        config = load_config(config_path)
+    except GpuqError as exc:
+        return [Check("config", "fail", exc.message, exc.hint or "")]
+    source = str(config.source) if config.source else "built-in defaults"
+    checks = [Check("config", "ok", source)]
+    steps: list[Callable[[], Check]] = [
+        lambda: check_state_dir(config),
+        lambda: check_socket(config),
+        lambda: check_nvml(config),
+        check_linger,
+        check_ssh,
+        check_python,
+    ]
+    checks.extend(step() for step in steps)
+    return checks
+
+
+def print_checks(checks: list[Check]) -> None:
+    """Human output: one line per check, hints indented below."""
+    marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
+    for check in checks:
+        print(f"[{marks[check.status]}] {check.name}: {check.message}")
+        if check.hint and check.status != "ok":
+            print(f"       hint: {check.hint}")

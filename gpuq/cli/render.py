@@ -1,0 +1,141 @@
+"""Plain-text rendering of jobs, events and GPUs for the terminal.
+
+Pure functions from the documented JSON objects to text, so the CLI's human
+output and its `--json` output come from the same data. `now` is passed in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpuq.units import format_duration, format_size
+
+JOB_COLUMNS = ("ID", "NAME", "STATE", "GPUS", "TIME", "EXIT", "REASON")
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces; the last column unpadded."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in (header, *rows):
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def gpus_cell(job: dict[str, Any]) -> str:
+    """`2`, `1x6.0G` (a share), or `-` for a CPU-only job."""
+    if job["gpus"] == 0:
+        return "-"
+    if job["gpu_mem"] is not None:
+        return f"{job['gpus']}x{format_size(job['gpu_mem'])}"
+    if job["spec"].get("gpu_mem_auto"):
+        return f"{job['gpus']}xauto"
+    return str(job["gpus"])
+
+
+def time_cell(job: dict[str, Any], now: float) -> str:
+    """Run time for started jobs, time waited for pending ones."""
+    if job["start_time"] is not None:
+        end = job["end_time"] or now
+        return format_duration(max(0.0, end - job["start_time"]))
+    if job["end_time"] is not None:
+        return "-"
+    return format_duration(max(0.0, now - job["submit_time"]))
+
+
+def jobs_table(jobs: Sequence[dict[str, Any]], now: float | None = None) -> str:
+    """The `gpuq ls` table."""
+    now = time.time() if now is None else now
+    rows = []
+    for job in jobs:
+        name = job["name"]
+        if job["array_index"] is not None:
+            name = f"{name}[{job['array_index']}]"
+        rows.append(
+            (
+                str(job["id"]),
+                name[:24],
+                job["state"],
+                gpus_cell(job),
+                time_cell(job, now),
+                "" if job["exit_code"] is None else str(job["exit_code"]),
+                job["reason"],
+            )
+        )
+    return table(JOB_COLUMNS, rows)
+
+
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def job_detail(job: dict[str, Any], events: Sequence[dict[str, Any]]) -> str:
+    """The `gpuq show` text: spec, state, GPUs, timings and history."""
+    spec = job["spec"]
+    lines = [
+        f"Job {job['id']}: {job['name']}",
+        f"  State:      {job['state']}" + (f" ({job['reason']})" if job["reason"] else ""),
+        f"  Command:    {' '.join(spec['command'])}",
+        f"  Directory:  {spec['cwd']}",
+        f"  User:       {job['user']}",
+        f"  GPUs:       {gpus_cell(job)}"
+        + (f" on {', '.join(job['gpu_uuids'])}" if job["gpu_uuids"] else ""),
+        f"  Node:       {job['node'] or '-'}",
+        f"  Priority:   {job['priority']}",
+        f"  Submitted:  {_when(job['submit_time'])}",
+        f"  Started:    {_when(job['start_time'])}",
+        f"  Ended:      {_when(job['end_time'])}",
+        f"  Exit code:  {'-' if job['exit_code'] is None else job['exit_code']}"
+        + (f" ({job['signal']})" if job["signal"] else ""),
+        f"  Attempts:   {job['attempts']} (retries allowed: {spec['retries']})",
+        f"  Output:     {job['stdout'] or '-'}",
+    ]
+    if job["stderr"] and job["stderr"] != job["stdout"]:
+        lines.append(f"  Errors:     {job['stderr']}")
+    optional = {
+        "Array": None
+        if job["array_index"] is None
+        else f"task {job['array_index']} of array {job['array_id']}",
+        "After": ", ".join(spec["after"]) or None,
+        "Time limit": None if spec["time_limit"] is None else format_duration(spec["time_limit"]),
+        "Begin": None if spec["begin"] is None else _when(spec["begin"]),
+        "Notify": spec["notify"],
+    }
+    for label, value in optional.items():
+        if value:
+            lines.append(f"  {label + ':':<11} {value}")
+    lines.append("  History:")
+    for event in events:
+        lines.append(f"    {_when(event['time'])}  {event['state']:<10}  {event['reason']}")
+    return "\n".join(lines)
+
+
+def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
+    """The `gpuq gpus` table: memory split by owner, utilization, jobs."""
+    rows = []
+    for gpu in gpus:
+        util = "-" if gpu["utilization"] is None else f"{gpu['utilization']:.0f}%"
+        rows.append(
+            (
+                str(gpu["index"]),
+                gpu["name"],
+                format_size(gpu["memory_total"]),
+                format_size(gpu["memory_gpuq"]),
+                format_size(gpu["memory_foreign"]),
+                format_size(gpu["memory_free"]),
+                util,
+                gpu["mode"],
+                ",".join(map(str, gpu["jobs"])) or "-",
+                gpu["uuid"],
+            )
+        )
+    header = ("GPU", "NAME", "TOTAL", "GPUQ", "OTHER", "FREE", "UTIL", "MODE", "JOBS", "UUID")
+    return table(header, rows)

@@ -1,0 +1,317 @@
+"""`gpuq submit`: its options, a fast parser, and turning them into a job spec.
+
+`gpuq submit` must start about as fast as Python itself, so this module uses
+only the standard library and gpuq's light core. `SUBMIT_OPTIONS` is the one
+declaration of the options: the fast parser here executes submissions, and
+the typer command tree builds its `submit` command (help, completion and man
+page) from the same table.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq.errors import GpuqError, UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One submit option: flags, destination, kind ("str", "int", "flag", "multi")."""
+
+    flags: tuple[str, ...]
+    dest: str
+    kind: str
+    metavar: str
+    help: str
+
+
+SUBMIT_OPTIONS: tuple[Option, ...] = (
+    Option(("--gpus", "-g"), "gpus", "int", "N", "Number of GPUs (0: a CPU-only job). Default 1."),
+    Option(
+        ("--gpu-mem",),
+        "gpu_mem",
+        "str",
+        "SIZE|auto",
+        "Share GPUs instead of taking them whole: SIZE bytes on each (6G, 512M), or 'auto' "
+        "to use the memory peak learned from earlier runs of a job with the same name.",
+    ),
+    Option(("--exclusive",), "exclusive", "flag", "", "Share the GPU with no other gpuq job."),
+    Option(("--name", "-n"), "name", "str", "NAME", "Job name. Default: the command's name."),
+    Option(("--priority", "-p"), "priority", "int", "N", "Higher runs first. Default 0."),
+    Option(
+        ("--after", "-d"),
+        "after",
+        "multi",
+        "ID[:ok|any|notok]",
+        "Start only after job ID succeeded (ok), ended (any) or failed (notok). Repeatable; "
+        "comma-separated lists work too.",
+    ),
+    Option(
+        ("--array", "-a"),
+        "array",
+        "str",
+        "SPEC",
+        "Submit one task per index: 0-99, 1,3,5-7, 0-15:4; '%4' runs at most 4 at once. "
+        "Each task sees GPUQ_ARRAY_INDEX.",
+    ),
+    Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
+    Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
+    Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
+    Option(("--retries", "-r"), "retries", "int", "N", "Run again up to N times if it fails."),
+    Option(("--cwd", "-C"), "cwd", "str", "DIR", "Working directory. Default: the current one."),
+    Option(
+        ("--env", "-E"),
+        "env",
+        "multi",
+        "KEY=VALUE",
+        "Set a variable in the job's environment (repeatable). The submitting shell's "
+        "environment is captured and passed on.",
+    ),
+    Option(
+        ("--output", "-o"),
+        "output",
+        "str",
+        "PATTERN",
+        "Write stdout (and stderr, unless --error) here; %j job id, %a array index, "
+        "%A array id, %x name, %u user. Default: the daemon's log directory.",
+    ),
+    Option(("--error", "-e"), "error", "str", "PATTERN", "Write stderr here (same placeholders)."),
+    Option(
+        ("--signal",),
+        "signal",
+        "str",
+        "SIG[@SECONDS]",
+        "Send SIG this long before the time limit (default 60 s), e.g. USR1@120.",
+    ),
+    Option(
+        ("--notify",),
+        "notify",
+        "str",
+        "CMD",
+        "Run this shell command when the job ends (GPUQ_JOB_ID, GPUQ_JOB_STATE, "
+        "GPUQ_JOB_EXIT_CODE set).",
+    ),
+    Option(("--wait", "-W"), "wait", "flag", "", "Wait for the job and exit with its exit code."),
+    Option(("--parsable", "-q"), "parsable", "flag", "", "Print only the job id(s)."),
+    Option(("--json",), "json", "flag", "", "Print the result as JSON."),
+    Option(("--config",), "config", "str", "FILE", "Configuration file."),
+)
+
+_BY_FLAG = {flag: opt for opt in SUBMIT_OPTIONS for flag in opt.flags}
+
+
+class HelpRequested(Exception):
+    """`--help` among the submit options: the full CLI prints the help."""
+
+
+def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
+    """Split `gpuq submit` arguments into options and the command.
+
+    The command starts after `--` or at the first argument that is not an
+    option, so `gpuq submit train.sh --lr 3` passes `--lr 3` to the script.
+    """
+    values: dict[str, Any] = {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return values, args[i + 1 :]
+        if not arg.startswith("-") or arg == "-":
+            return values, args[i:]
+        flag, eq, inline = arg.partition("=")
+        if flag in ("--help", "-h"):
+            raise HelpRequested
+        opt = _BY_FLAG.get(flag)
+        if opt is None:
+            raise UsageError(f"unknown option {flag!r} for gpuq submit", "see gpuq submit --help")
+        if opt.kind == "flag":
+            if eq:
+                raise UsageError(f"{flag} takes no value")
+            values[opt.dest] = True
+            i += 1
+            continue
+        if eq:
+            value = inline
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise UsageError(f"{flag} needs a value ({opt.metavar})")
+            value = args[i + 1]
+            i += 2
+        if opt.kind == "int":
+            try:
+                values[opt.dest] = int(value)
+            except ValueError:
+                raise UsageError(f"{flag} needs an integer, got {value!r}") from None
+        elif opt.kind == "multi":
+            values.setdefault(opt.dest, []).append(value)
+        else:
+            values[opt.dest] = value
+    return values, []
+
+
+def script_command(command: list[str]) -> tuple[list[str], list[str]]:
+    """For a script file, its `#GPUQ` directive tokens and how to run it."""
+    path = command[0]
+    if not os.path.isfile(path):
+        return [], command
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(64 * 1024)
+    except OSError:
+        return [], command
+    if b"\0" in head:  # a binary: nothing to parse
+        return [], command
+    from gpuq.directives import parse_directives
+
+    text = head.decode(errors="replace")
+    tokens = parse_directives(text)
+    if os.access(path, os.X_OK):
+        return tokens, command
+    first = text.splitlines()[0] if text else ""
+    interpreter = shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]
+    return tokens, [*interpreter, *command]
+
+
+def build_spec(
+    values: dict[str, Any], command: list[str], defaults: Any, now: float
+) -> tuple[dict[str, Any], list[int]]:
+    """The wire spec and array indices for parsed options (no I/O but env)."""
+    from gpuq import units
+    from gpuq.models import parse_dependency
+
+    if not command:
+        raise UsageError("no command given", "gpuq submit [options] -- CMD ARGS...")
+    cwd = os.path.abspath(values.get("cwd") or os.getcwd())
+    env = dict(os.environ)
+    for item in values.get("env", []):
+        key, eq, val = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--env needs KEY=VALUE, got {item!r}")
+        env[key] = val
+    after = []
+    for item in values.get("after", []):
+        for part in item.split(","):
+            try:
+                after.append(str(parse_dependency(part.strip())))
+            except ValueError:
+                raise UsageError(
+                    f"bad dependency {part!r}", "use ID or ID:ok, ID:any, ID:notok"
+                ) from None
+    gpu_mem_text = values.get("gpu_mem")
+    gpu_mem = None
+    auto = gpu_mem_text == "auto"
+    if gpu_mem_text and not auto:
+        gpu_mem = units.parse_size(gpu_mem_text)
+    indices: list[int] = []
+    parallel = None
+    if values.get("array"):
+        parsed, parallel = units.parse_array(values["array"])
+        indices = list(parsed)
+    signal_spec = None
+    if values.get("signal"):
+        signal_spec = list(units.parse_signal_spec(values["signal"]))
+    time_limit = units.parse_duration(values["time"]) if values.get("time") else defaults.time_limit
+    spec: dict[str, Any] = {
+        "command": command,
+        "cwd": cwd,
+        "env": env,
+        "name": values.get("name")
+        or os.path.basename(command[-1] if command[0] in ("/bin/sh",) else command[0]),
+        "gpus": values.get("gpus", defaults.gpus),
+        "gpu_mem": gpu_mem,
+        "gpu_mem_auto": auto,
+        "exclusive": bool(values.get("exclusive")),
+        "priority": values.get("priority", defaults.priority),
+        "after": after,
+        "hold": bool(values.get("hold")),
+        "begin": units.parse_begin(values["begin"], now) if values.get("begin") else None,
+        "time_limit": time_limit,
+        "retries": values.get("retries", defaults.retries),
+        "output": values.get("output") or "",
+        "error": values.get("error"),
+        "signal": signal_spec,
+        "notify": values.get("notify"),
+        "array_parallel": parallel,
+    }
+    return spec, indices
+
+
+def run_submit(argv: Sequence[str]) -> int:
+    """`gpuq submit ARGS`: returns the process exit code."""
+    json_mode = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    try:
+        values, command = parse_submit_args(argv)
+        directive_tokens, command = script_command(command) if command else ([], command)
+        if directive_tokens:
+            from_script, extra = parse_submit_args(directive_tokens)
+            if extra:
+                raise UsageError(f"#GPUQ directives take options only, got {extra[0]!r}")
+            values = {**from_script, **values}
+        from gpuq.config import load_config
+
+        config = load_config(values.get("config"))
+        spec, indices = build_spec(values, command, config.defaults, time.time())
+        ids = submit_with_retry(config, spec, indices)
+        if values.get("json"):
+            import json
+
+            print(json.dumps({"schema_version": 1, "ids": ids}))
+        elif values.get("parsable"):
+            print("\n".join(map(str, ids)))
+        elif len(ids) == 1:
+            print(f"Submitted job {ids[0]}")
+        else:
+            print(f"Submitted array job {ids[0]} ({len(ids)} tasks: {ids[0]}-{ids[-1]})")
+        if values.get("wait"):
+            return wait_exit_code(config, ids)
+        return 0
+    except HelpRequested:
+        from gpuq.cli.app import run_app
+
+        return run_app(["submit", "--help"])
+    except GpuqError as exc:
+        from gpuq.cli.errors import render_error
+
+        return render_error(exc, json_mode)
+
+
+def submit_with_retry(config: Any, spec: dict[str, Any], indices: list[int]) -> list[int]:
+    """Submit with an idempotency token, retrying once if the daemon vanished."""
+    from gpuq.client import Client
+    from gpuq.errors import DaemonUnavailable
+
+    token = os.urandom(16).hex()
+    for attempt in (1, 2):
+        try:
+            with Client.connect(config) as client:
+                result = client.call("submit", spec=spec, array=indices, token=token)
+            return [int(i) for i in result["ids"]]
+        except DaemonUnavailable:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def wait_exit_code(config: Any, ids: list[int]) -> int:
+    """Block until the jobs end; the largest exit code (1 if one failed without one)."""
+    from gpuq.client import Client
+
+    with Client.connect(config) as client:
+        jobs = client.call("wait", ids=ids)["jobs"]
+    code = 0
+    for job in jobs:
+        if job["state"] != "succeeded":
+            code = max(code, job["exit_code"] or 1)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_submit(sys.argv[1:]))

@@ -1,0 +1,421 @@
+"""The TOML configuration file, read once into a frozen `Config`.
+
+Which file: the `--config` argument, else `$GPUQ_CONFIG`, else
+`$XDG_CONFIG_HOME/gpuq/config.toml` (`~/.config/gpuq/config.toml`). A file
+named explicitly must exist; a missing default file means built-in defaults.
+`$GPUQ_STATE_DIR` and `$GPUQ_RUNTIME_DIR` then override `daemon.state_dir`
+and `daemon.runtime_dir` (tests and the demo use them to stay isolated).
+
+Validation is strict, so a typo never silently does nothing: an unknown key,
+a wrong type or an out-of-range value is a `ConfigError` naming the key and
+the value, with a hint saying what is accepted (docs/configuration.md lists
+every key). On the `gpuq submit` fast path: stdlib only, `tomllib` imported
+only when a file is read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gpuq.errors import ConfigError, UsageError
+from gpuq.gpus import BACKEND_KINDS, FakeGpuDecl, GpuConfig
+from gpuq.paths import default_config_path, default_runtime_dir, default_state_dir
+from gpuq.units import parse_duration, parse_size
+
+T = TypeVar("T")
+Converter = Callable[[object], T | None]
+"""Turns a TOML value into a setting, or returns None to reject it."""
+
+CONFIG_ENV = "GPUQ_CONFIG"
+"""Environment variable naming the config file (below `--config`, above the default)."""
+STATE_DIR_ENV = "GPUQ_STATE_DIR"
+"""Environment variable overriding `daemon.state_dir`."""
+RUNTIME_DIR_ENV = "GPUQ_RUNTIME_DIR"
+"""Environment variable overriding `daemon.runtime_dir`."""
+
+_DOCS_HINT = "see docs/configuration.md for every key"
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """The `[daemon]` section: where the daemon keeps things and how it behaves."""
+
+    state_dir: Path
+    runtime_dir: Path
+    log_dir: Path
+    socket_mode: int = 0o600
+    node_name: str = ""
+    kill_grace: float = 10.0
+    allow_network_fs: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The `[scheduler]` section: the policy and the memory safety margins."""
+
+    policy: str = "fifo"
+    memory_margin: float = 0.05
+    foreign_tolerance: int = 512 * 1024**2
+    auto_mem_margin: float = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultsConfig:
+    """The `[defaults]` section: what `gpuq submit` assumes when an option is absent."""
+
+    priority: int = 0
+    retries: int = 0
+    time_limit: float | None = None
+    gpus: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration; `source` is the file it came from (None: built-in defaults)."""
+
+    daemon: DaemonConfig
+    scheduler: SchedulerConfig
+    gpus: GpuConfig
+    defaults: DefaultsConfig
+    source: Path | None = None
+
+
+_SIZE = 'bytes (a whole number) or a size such as "512M"'
+_DEVICES = 'a list of GPU UUIDs or indices, like ["0", 1]'
+_EXPECTED: dict[str, str] = {
+    "daemon.state_dir": "a directory path",
+    "daemon.runtime_dir": "a directory path",
+    "daemon.log_dir": "a directory path",
+    "daemon.socket_mode": 'a mode such as 0o660 or "0660"',
+    "daemon.node_name": "a host name (letters, digits, '.', '_', '-')",
+    "daemon.kill_grace": 'seconds (0 or more) or a duration such as "30s"',
+    "daemon.allow_network_fs": "true or false",
+    "scheduler.policy": 'a policy name such as "fifo"',
+    "scheduler.memory_margin": "a fraction from 0 up to but excluding 0.5",
+    "scheduler.foreign_tolerance": _SIZE,
+    "scheduler.auto_mem_margin": "a fraction from 0 up to but excluding 1",
+    "defaults.priority": "a whole number",
+    "defaults.retries": "a whole number, 0 or more",
+    "defaults.time_limit": 'seconds (a number) or a duration such as "4h"',
+    "defaults.gpus": "a whole number, 0 or more",
+    "gpus.backend": " or ".join(map(repr, BACKEND_KINDS)),
+    "gpus.include": _DEVICES,
+    "gpus.exclude": _DEVICES,
+    "gpus.fake_state_file": "a file path",
+    "gpus.fake": "tables written [[gpus.fake]]",
+    "gpus.fake.name": "a non-empty string",
+    "gpus.fake.memory": _SIZE,
+    "gpus.fake.count": "a whole number from 1 to 1024",
+    "gpus.fake.foreign_memory": _SIZE,
+    "gpus.fake.foreign_pid": "a process id, 1 or more",
+}
+"""Every valid key, with what it accepts (the hint of a ConfigError)."""
+
+
+def load_config(path: str | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate the config file chosen by `path`, `$GPUQ_CONFIG` or the default.
+
+    Raises `ConfigError` for a missing explicit file, unreadable or invalid
+    TOML, unknown keys, and values of the wrong type or range.
+    """
+    env = os.environ if environ is None else environ
+    if path:
+        source, origin = Path(path).expanduser(), "--config"
+    elif env.get(CONFIG_ENV):
+        source, origin = Path(env[CONFIG_ENV]).expanduser(), CONFIG_ENV
+    else:
+        source, origin = default_config_path(env), ""
+    data = _read_toml(source, origin)
+    if data is None:
+        return _build({}, None, env)
+    return _build(data, source.absolute(), env)
+
+
+def default_config(environ: Mapping[str, str] | None = None) -> Config:
+    """The built-in defaults, with the `$GPUQ_STATE_DIR`/`$GPUQ_RUNTIME_DIR` overrides."""
+    return _build({}, None, os.environ if environ is None else environ)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """The config as plain JSON-ready data (paths as strings), for `gpuq doctor --json`."""
+    return {f.name: _plain(getattr(config, f.name)) for f in fields(config)}
+
+
+def _plain(value: object) -> object:
+    """Dataclasses to dicts, tuples to lists, paths to strings; other values unchanged."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
+    """The parsed file, or None when the default file does not exist."""
+    import tomllib
+
+    try:
+        with source.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        if not origin:
+            return None
+        raise ConfigError(
+            f"config file {source} (from {origin}) does not exist",
+            f"create it, or drop {origin} to use the default file",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {source}: {exc.strerror}",
+            "make it a readable file, or point --config / GPUQ_CONFIG elsewhere",
+        ) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file {source} is not valid TOML: {exc}",
+            f"fix the syntax at the position shown; {_DOCS_HINT}",
+        ) from None
+
+
+class _Table:
+    """One TOML table being read: typed getters that reject unknown keys and bad values."""
+
+    def __init__(self, data: object, name: str, source: Path | None) -> None:
+        self.name = name
+        self.section = name.split("[")[0]
+        self.source = source
+        if not isinstance(data, dict):
+            raise self.error("", data, "a table, like [" + name + "]")
+        self.data: dict[str, Any] = data
+        valid = _valid_keys(self.section)
+        for key in data:
+            if key not in valid:
+                raise _unknown(f"{name}.{key}", key, valid, source)
+
+    def error(self, key: str, value: object, expected: str) -> ConfigError:
+        """A ConfigError for `key` = `value`, with `expected` as the hint."""
+        dotted = f"{self.name}.{key}" if key else self.name
+        where = f" in {self.source}" if self.source else ""
+        return ConfigError(f"invalid {dotted} = {value!r}{where}", f"{dotted} must be {expected}")
+
+    def get(self, key: str, default: T, convert: Converter[T]) -> T:
+        """The converted value of `key`, `default` if absent; `convert` returns None to reject."""
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        expected = _EXPECTED[f"{self.section}.{key}"]
+        try:
+            converted = convert(value)
+        except UsageError as exc:
+            raise self.error(key, value, f"{expected} ({exc.message})") from None
+        if converted is None:
+            raise self.error(key, value, expected)
+        return converted
+
+
+def _valid_keys(section: str) -> tuple[str, ...]:
+    """The keys a table may hold, from `_EXPECTED`."""
+    return tuple(k.rpartition(".")[2] for k in _EXPECTED if k.rpartition(".")[0] == section)
+
+
+def _unknown(dotted: str, key: str, valid: tuple[str, ...], source: Path | None) -> ConfigError:
+    """The error for an unknown key, suggesting the nearest valid one."""
+    import difflib
+
+    close = difflib.get_close_matches(key, valid, n=1)
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
+    where = f" in {source}" if source else ""
+    return ConfigError(
+        f"unknown config key {dotted}{where}", f"{suggestion}valid keys: {', '.join(valid)}"
+    )
+
+
+def _instance(kind: type[T], accept: Callable[[Any], object] | None = None) -> Converter[T]:
+    """A converter accepting values of `kind` (booleans only for bool) that `accept` approves."""
+
+    def convert(value: object) -> T | None:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            return None
+        return value if accept is None or accept(value) else None
+
+    return convert
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Converter[int]:
+    """A converter accepting whole numbers (not booleans) in [minimum, maximum]."""
+    return _instance(int, lambda v: minimum <= v and (maximum is None or v <= maximum))
+
+
+def _fraction(below: float) -> Converter[float]:
+    """A converter accepting a number x with 0 <= x < below."""
+
+    def convert(value: object) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if 0 <= value < below else None
+
+    return convert
+
+
+def _size(value: object) -> int | None:
+    """Bytes from an integer or a size string ("6G"); see `parse_size`."""
+    if isinstance(value, str):
+        return parse_size(value)
+    return _integer(0)(value)
+
+
+def _duration(value: object) -> float | None:
+    """Seconds (0 or more) from a number, or from a duration string other than a bare number."""
+    if isinstance(value, str):
+        if re.fullmatch(r"\s*[\d.]+\s*", value):  # minutes to Slurm, seconds as a TOML number
+            number = value.strip()
+            raise UsageError(f'write {number} for seconds, or add a unit as in "{number}m"')
+        return parse_duration(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e12:
+        return None
+    return float(value)
+
+
+def _positive_duration(value: object) -> float | None:
+    """Like `_duration`, but 0 is refused."""
+    seconds = _duration(value)
+    return seconds if seconds is None or seconds > 0 else None
+
+
+def _socket_mode(value: object) -> int | None:
+    """A permission mode from an integer (0o660) or an octal string ("0660")."""
+    if isinstance(value, str):
+        digits = value.strip().lower().removeprefix("0o")
+        if not re.fullmatch(r"[0-7]{1,4}", digits):
+            return None
+        value = int(digits, 8)
+    return _integer(0, 0o777)(value)
+
+
+def _device_list(value: object) -> tuple[str, ...] | None:
+    """GPU UUIDs or indices; integers become strings ("0")."""
+    if not isinstance(value, list):
+        return None
+    entries: list[str] = []
+    for item in value:
+        if isinstance(item, str) and item.strip():
+            entries.append(item.strip())
+        elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            entries.append(str(item))
+        else:
+            return None
+    return tuple(entries)
+
+
+def _path_converter(base: Path | None) -> Converter[Path]:
+    """A converter to a path: "~" expanded, relative paths taken from the config's directory."""
+
+    def convert(value: object) -> Path | None:
+        if not isinstance(value, str) or not value.strip():
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() or base is None else base / path
+
+    return convert
+
+
+def _env_dir(env: Mapping[str, str], name: str) -> Path | None:
+    value = env.get(name, "")
+    return Path(os.path.abspath(Path(value).expanduser())) if value else None
+
+
+def _short_hostname() -> str:
+    return os.uname().nodename.split(".")[0] or "localhost"
+
+
+def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str]) -> Config:
+    """Validate parsed TOML `data` into a Config (defaults for what is absent)."""
+    sections = ("daemon", "scheduler", "defaults", "gpus")
+    for section in data:
+        if section not in sections:
+            raise _unknown(section, section, sections, source)
+    path = _path_converter(None if source is None else source.parent)
+    daemon = _daemon(_Table(data.get("daemon", {}), "daemon", source), path, env)
+    scheduler = _Table(data.get("scheduler", {}), "scheduler", source)
+    s = SchedulerConfig()
+    defaults = _Table(data.get("defaults", {}), "defaults", source)
+    d = DefaultsConfig()
+    return Config(
+        daemon=daemon,
+        scheduler=SchedulerConfig(
+            policy=scheduler.get("policy", s.policy, _instance(str, str.strip)),
+            memory_margin=scheduler.get("memory_margin", s.memory_margin, _fraction(0.5)),
+            foreign_tolerance=scheduler.get("foreign_tolerance", s.foreign_tolerance, _size),
+            auto_mem_margin=scheduler.get("auto_mem_margin", s.auto_mem_margin, _fraction(1.0)),
+        ),
+        gpus=_gpus(data.get("gpus", {}), source, path, daemon.node_name),
+        defaults=DefaultsConfig(
+            priority=defaults.get("priority", d.priority, _integer(-(2**31), 2**31 - 1)),
+            retries=defaults.get("retries", d.retries, _integer(0)),
+            time_limit=defaults.get("time_limit", d.time_limit, _positive_duration),
+            gpus=defaults.get("gpus", d.gpus, _integer(0)),
+        ),
+        source=source,
+    )
+
+
+def _daemon(table: _Table, path: Converter[Path], env: Mapping[str, str]) -> DaemonConfig:
+    """The `[daemon]` section, with the environment's directory overrides applied."""
+    state_dir = _env_dir(env, STATE_DIR_ENV) or table.get("state_dir", default_state_dir(env), path)
+    runtime_dir = _env_dir(env, RUNTIME_DIR_ENV) or table.get(
+        "runtime_dir", default_runtime_dir(env), path
+    )
+    d = DaemonConfig(state_dir, runtime_dir, table.get("log_dir", state_dir / "logs", path))
+    return DaemonConfig(
+        state_dir=d.state_dir,
+        runtime_dir=d.runtime_dir,
+        log_dir=d.log_dir,
+        socket_mode=table.get("socket_mode", d.socket_mode, _socket_mode),
+        node_name=table.get("node_name", d.node_name, _instance(str, _NODE_NAME_RE.fullmatch))
+        or _short_hostname(),
+        kill_grace=table.get("kill_grace", d.kill_grace, _duration),
+        allow_network_fs=table.get("allow_network_fs", d.allow_network_fs, _instance(bool)),
+    )
+
+
+def _gpus(data: object, source: Path | None, path: Converter[Path], node: str) -> GpuConfig:
+    """The `[gpus]` section with its `[[gpus.fake]]` tables."""
+    gpus = _Table(data, "gpus", source)
+    fake_tables: list[object] = gpus.get("fake", [], _instance(list))
+    fake_state_file = gpus.get("fake_state_file", None, path)
+    return GpuConfig(
+        backend=gpus.get("backend", "auto", _instance(str, BACKEND_KINDS.__contains__)),
+        fake=tuple(
+            _fake_decl(item, f"gpus.fake[{i}]", source) for i, item in enumerate(fake_tables)
+        ),
+        fake_state_file=None if fake_state_file is None else str(fake_state_file),
+        include=gpus.get("include", (), _device_list),
+        exclude=gpus.get("exclude", (), _device_list),
+        node=node,
+    )
+
+
+def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
+    """One `[[gpus.fake]]` table."""
+    table = _Table(data, name, source)
+    d = FakeGpuDecl()
+    memory = table.get("memory", d.memory, _size)
+    if memory == 0:
+        raise table.error("memory", table.data["memory"], "more than 0 bytes")
+    foreign_memory = table.get("foreign_memory", d.foreign_memory, _size)
+    if foreign_memory > memory:
+        raise table.error("foreign_memory", table.data["foreign_memory"], "at most `memory`")
+    return FakeGpuDecl(
+        name=table.get("name", d.name, _instance(str, str.strip)),
+        memory=memory,
+        count=table.get("count", d.count, _integer(1, 1024)),
+        foreign_memory=foreign_memory,
+        foreign_pid=table.get("foreign_pid", d.foreign_pid, _integer(1)),
+    )

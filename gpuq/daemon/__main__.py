@@ -1,0 +1,36 @@
+"""`python -m gpuq.daemon [--config FILE]`: run gpuqd in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from gpuq.config import load_config
+from gpuq.daemon.server import serve
+from gpuq.errors import GpuqError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the daemon until stopped; errors are printed with their hint."""
+    parser = argparse.ArgumentParser(prog="gpuqd", description="The gpuq daemon.")
+    parser.add_argument("--config", help="configuration file (default: GPUQ_CONFIG or XDG path)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s gpuqd[%(process)d] %(levelname)s %(message)s",
+    )
+    try:
+        asyncio.run(serve(load_config(args.config)))
+    except GpuqError as exc:
+        print(f"gpuqd: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return int(exc.exit_code)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

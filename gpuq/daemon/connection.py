@@ -1,0 +1,125 @@
+"""One client connection: peer check, handshake, then request after request.
+
+Anything malformed, oversized, unknown or invalid gets an error reply and the
+daemon keeps serving; an oversized line also closes the connection, since
+the stream can no longer be framed reliably.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+from typing import Any
+
+from gpuq import __version__
+from gpuq.daemon.dispatch import dispatch
+from gpuq.daemon.state import DaemonState
+from gpuq.errors import GpuqError, ProtocolError
+from gpuq.protocol import (
+    PROTOCOL_VERSION,
+    Hello,
+    decode,
+    encode,
+    error_reply,
+    parse_request,
+)
+
+log = logging.getLogger("gpuq.daemon")
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+async def serve_connection(
+    state: DaemonState, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve one client until it disconnects."""
+
+    async def send(message: dict[str, Any]) -> None:
+        writer.write(encode(message))
+        await writer.drain()
+
+    try:
+        uid = peer_uid(writer)
+        if uid is not None and uid != os.getuid():
+            await send(
+                error_reply(
+                    None,
+                    ProtocolError(
+                        f"uid {uid} may not use this daemon (it belongs to uid {os.getuid()})",
+                        "each user runs their own gpuq daemon",
+                    ),
+                )
+            )
+            return
+        greeted = False
+        while not state.should_exit.is_set():
+            try:
+                line = await reader.readline()
+            except ValueError:
+                await send(
+                    error_reply(
+                        None,
+                        ProtocolError(
+                            "request too large", "requests are limited to 1 MiB per line"
+                        ),
+                    )
+                )
+                return
+            if not line:
+                return
+            if not line.strip():
+                continue
+            request_id: object = None
+            try:
+                message = decode(line)
+                if isinstance(message, dict):
+                    request_id = message.get("id")
+                request_id, request = parse_request(message)
+                if not greeted:
+                    if not isinstance(request, Hello):
+                        raise ProtocolError(
+                            "the first request must be hello", "send a hello with your version"
+                        )
+                    if request.version != PROTOCOL_VERSION:
+                        raise ProtocolError(
+                            f"protocol version {request.version} is not supported "
+                            f"(daemon speaks {PROTOCOL_VERSION}, gpuq {__version__})",
+                            "restart the daemon after upgrading: gpuq daemon restart",
+                        )
+                    greeted = True
+
+                async def emit(event: dict[str, Any], rid: object = request_id) -> None:
+                    await send({"id": rid, "event": event})
+
+                result = await dispatch(state, request, emit)
+                await send({"id": request_id, "result": result})
+            except GpuqError as exc:
+                await send(error_reply(request_id, exc))
+            except (ConnectionError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                log.exception("internal error while serving a request")
+                await send(
+                    error_reply(
+                        request_id,
+                        GpuqError(f"internal error: {exc!r}", "see the daemon log; please report"),
+                    )
+                )
+    except (ConnectionError, asyncio.IncompleteReadError):
+        return
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.wait_closed()

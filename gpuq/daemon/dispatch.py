@@ -1,0 +1,76 @@
+"""Route each request kind to its handler module: one exhaustive match."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, assert_never
+
+from gpuq.daemon.handlers import (
+    actions,
+    clean,
+    gpus,
+    hello,
+    listing,
+    logs,
+    show,
+    shutdown,
+    status,
+    submit,
+    subscribe,
+    wait,
+)
+from gpuq.daemon.state import DaemonState
+from gpuq.protocol import (
+    Cancel,
+    Clean,
+    DaemonStatus,
+    Gpus,
+    Hello,
+    Hold,
+    ListJobs,
+    Logs,
+    Release,
+    Request,
+    Resume,
+    Retry,
+    SetPriority,
+    Show,
+    Shutdown,
+    Submit,
+    Subscribe,
+    Suspend,
+    Wait,
+)
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str, Any]:
+    """Run the handler for `request`; streaming handlers use `emit`."""
+    match request:
+        case Hello():
+            return hello.handle(state, request)
+        case Submit():
+            return submit.handle(state, request)
+        case ListJobs():
+            return listing.handle(state, request)
+        case Show():
+            return show.handle(state, request)
+        case Cancel() | Hold() | Release() | Retry() | SetPriority() | Suspend() | Resume():
+            return actions.handle(state, request)
+        case Wait():
+            return await wait.handle(state, request, emit)
+        case Logs():
+            return await logs.handle(state, request, emit)
+        case Gpus():
+            return gpus.handle(state, request)
+        case DaemonStatus():
+            return status.handle(state, request)
+        case Shutdown():
+            return shutdown.handle(state, request)
+        case Clean():
+            return clean.handle(state, request)
+        case Subscribe():
+            return await subscribe.handle(state, request, emit)
+        case _:
+            assert_never(request)

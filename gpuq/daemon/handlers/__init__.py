@@ -1,0 +1,1 @@
+"""One module per request kind; `gpuq.daemon.dispatch` routes to them."""

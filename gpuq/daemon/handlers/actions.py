@@ -1,0 +1,89 @@
+"""cancel, hold, release, retry, priority, suspend, resume.
+
+The bulk job actions share this module: each is one small rule applied to
+every id given, and each id gets its own outcome, so one bad id does not stop
+the others (the CLI exits non-zero if any failed).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, assert_never
+
+from gpuq.daemon import lifecycle
+from gpuq.daemon.state import DaemonState
+from gpuq.errors import ConflictError, GpuqError
+from gpuq.models import JobState
+from gpuq.protocol import (
+    ActionOutcome,
+    Cancel,
+    Hold,
+    Release,
+    Resume,
+    Retry,
+    SetPriority,
+    Suspend,
+)
+
+Action = Cancel | Hold | Release | Retry | SetPriority | Suspend | Resume
+
+
+def _apply(state: DaemonState, request: Action, job_id: int) -> str:
+    """Apply the action to one job; returns the job's resulting state."""
+    match request:
+        case Cancel():
+            job = state.job(job_id)
+            if job.state.is_terminal:
+                raise ConflictError(f"job {job_id} already ended ({job.state.value})")
+            return lifecycle.request_cancel(state, job).state.value
+        case Hold():
+            job = state.require(job_id, {JobState.QUEUED, JobState.HELD}, "hold")
+            if job.state is JobState.QUEUED:
+                job = state.transition(job, JobState.HELD, "held by user")
+            return job.state.value
+        case Release():
+            job = state.require(job_id, {JobState.HELD}, "release")
+            return state.transition(job, JobState.QUEUED, "released by user").state.value
+        case Retry():
+            job = state.require(
+                job_id, {JobState.FAILED, JobState.CANCELLED, JobState.LOST}, "retry"
+            )
+            return state.transition(
+                job,
+                JobState.QUEUED,
+                "retried by user",
+                exit_code=None,
+                signal=None,
+                end_time=None,
+                gpu_uuids=(),
+                gpu_mem_reserved=None,
+            ).state.value
+        case SetPriority():
+            job = state.require(job_id, {JobState.QUEUED, JobState.HELD}, "change the priority of")
+            updated = state.store.set_priority(job, request.priority, time.time())
+            state.active[job_id] = updated
+            state.wake.set()
+            return updated.state.value
+        case Suspend():
+            job = state.require(job_id, {JobState.RUNNING}, "suspend")
+            job = state.transition(job, JobState.SUSPENDING, "suspend requested (stop mode)")
+            state.executor.signal(job_id, signal.SIGSTOP)
+            return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)").state.value
+        case Resume():
+            job = state.require(job_id, {JobState.SUSPENDED}, "resume")
+            state.executor.signal(job_id, signal.SIGCONT)
+            return state.transition(job, JobState.RUNNING, "resumed by user").state.value
+        case _:
+            assert_never(request)
+
+
+def handle(state: DaemonState, request: Action) -> dict[str, Any]:
+    """Apply the action to each id; report per-job outcomes."""
+    outcomes = []
+    for job_id in request.ids:
+        try:
+            outcomes.append(ActionOutcome(job_id, True, state=_apply(state, request, job_id)))
+        except GpuqError as exc:
+            outcomes.append(ActionOutcome(job_id, False, exc.message))
+    return {"results": [o.to_dict() for o in outcomes]}

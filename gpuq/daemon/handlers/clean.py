@@ -1,0 +1,40 @@
+"""clean: delete finished jobs, their directories and their logs."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuq.daemon.state import DaemonState
+from gpuq.models import TERMINAL_STATES
+from gpuq.protocol import Clean
+
+
+def handle(state: DaemonState, request: Clean) -> dict[str, Any]:
+    """Remove jobs that ended more than `older_than` seconds ago."""
+    cutoff = time.time() - request.older_than
+    doomed = [
+        j for j in state.store.jobs(TERMINAL_STATES) if j.end_time is None or j.end_time <= cutoff
+    ]
+    log_dir = state.config.daemon.log_dir
+    files: list[Path] = []
+    for job in doomed:
+        for name in {job.stdout_path, job.stderr_path}:
+            # Only logs gpuq placed in its own log directory are gpuq's to delete.
+            if name and Path(name).parent == log_dir and Path(name).exists():
+                files.append(Path(name))
+    freed = sum(f.stat().st_size for f in files)
+    if not request.dry_run:
+        for path in files:
+            path.unlink(missing_ok=True)
+        for job in doomed:
+            shutil.rmtree(state.executor.jobs_dir / str(job.id), ignore_errors=True)
+        state.store.delete(j.id for j in doomed)
+    return {
+        "ids": [j.id for j in doomed],
+        "files": [str(f) for f in files],
+        "bytes": freed,
+        "dry_run": request.dry_run,
+    }

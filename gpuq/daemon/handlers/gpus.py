@@ -1,0 +1,44 @@
+"""gpus: every GPU, memory split by owner, utilization and jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq.daemon.state import DaemonState
+from gpuq.protocol import Gpus
+
+
+def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
+    """The latest sample of every GPU, with gpuq's jobs on each."""
+    snap = state.gpus
+    reserved: dict[str, int] = {}
+    jobs_on: dict[str, list[int]] = {}
+    for job in state.active.values():
+        if not job.state.is_active:
+            continue
+        for uuid in job.gpu_uuids:
+            jobs_on.setdefault(uuid, []).append(job.id)
+            if job.gpu_mem_reserved is not None:
+                reserved[uuid] = reserved.get(uuid, 0) + job.gpu_mem_reserved
+    out = []
+    for gpu in snap.devices:
+        data = gpu.to_dict()
+        used_gpuq = snap.gpuq_memory.get(gpu.uuid, 0)
+        used_foreign = snap.foreign_memory.get(gpu.uuid, 0)
+        whole = any(
+            j.gpu_mem_reserved is None
+            for j in state.active.values()
+            if j.state.is_active and gpu.uuid in j.gpu_uuids
+        )
+        data.update(
+            {
+                "memory_gpuq": used_gpuq,
+                "memory_foreign": used_foreign,
+                "memory_reserved": reserved.get(gpu.uuid, 0),
+                "memory_free": max(0, gpu.memory_total - gpu.memory_used),
+                "jobs": sorted(jobs_on.get(gpu.uuid, [])),
+                "mode": "whole" if whole else ("shared" if jobs_on.get(gpu.uuid) else "idle"),
+            }
+        )
+        out.append(data)
+    return {"gpus": out, "backend": state.backend.kind, "sampled_at": snap.time}

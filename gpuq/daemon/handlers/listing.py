@@ -1,0 +1,28 @@
+"""list: the queue and history, filtered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq.daemon.state import DaemonState
+from gpuq.models import JobState
+from gpuq.protocol import ListJobs, parse_states
+
+
+def handle(state: DaemonState, request: ListJobs) -> dict[str, Any]:
+    """Jobs matching every given filter, in id order."""
+    states: frozenset[JobState] | None = parse_states(request.states) if request.states else None
+    if not request.include_done:
+        unfinished = frozenset(s for s in JobState if not s.is_terminal)
+        states = unfinished if states is None else states & unfinished
+    if states is not None and all(not s.is_terminal for s in states) and not request.ids:
+        jobs = sorted((j for j in state.active.values() if j.state in states), key=lambda j: j.id)
+    else:
+        jobs = state.store.jobs(states, request.ids)
+    if request.user is not None:
+        jobs = [j for j in jobs if j.spec.user == request.user]
+    if request.name is not None:
+        jobs = [j for j in jobs if request.name in j.spec.name]
+    if request.limit is not None:
+        jobs = jobs[-request.limit :] if request.limit > 0 else []
+    return {"jobs": [state.with_reason(j).to_dict() for j in jobs]}

@@ -1,0 +1,15 @@
+"""shutdown: stop the daemon; jobs keep running under their shims."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuq.daemon.state import DaemonState
+from gpuq.protocol import Shutdown
+
+
+def handle(state: DaemonState, request: Shutdown) -> dict[str, Any]:
+    """Ask the main loop to exit after this reply."""
+    state.should_exit.set()
+    running = sum(1 for j in state.active.values() if j.state.is_active)
+    return {"stopping": True, "jobs_left_running": running}

@@ -1,0 +1,107 @@
+"""GPU sampling: who holds memory on each GPU, gpuq's jobs or someone else.
+
+Each sample attributes every GPU process to a gpuq job by its process group
+(a job's processes all live in the group its shim created) and counts the
+rest as foreign: memory the scheduler must leave alone. It also keeps each
+job's memory peak, which `--gpu-mem auto` learns from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+
+from gpuq.daemon import jobfiles
+from gpuq.daemon.state import DaemonState, GpuSnapshot
+from gpuq.gpus.fake import FakeBackend
+from gpuq.models import GpuInfo
+
+
+def job_pgids(state: DaemonState) -> dict[int, int]:
+    """Process group id -> job id, for every job that may hold a GPU."""
+    for job in state.active.values():
+        if job.state.is_active and job.id not in state.child_pgids:
+            record = jobfiles.read_json(state.executor.jobs_dir / str(job.id) / jobfiles.CHILD)
+            if jobfiles.is_same_process(record):
+                assert record is not None
+                state.child_pgids[job.id] = int(record["pgid"])
+    return {pgid: job_id for job_id, pgid in state.child_pgids.items()}
+
+
+def attach_fake_jobs(state: DaemonState, backend: FakeBackend, attached: dict[int, int]) -> None:
+    """Make the fake GPUs report each running job's process, like NVML would.
+
+    A fake job uses the memory it reserved (a share), or nothing (a whole GPU).
+    """
+    live = {
+        job.id: job
+        for job in state.active.values()
+        if job.state.is_active and job.gpu_uuids and job.id in state.child_pgids
+    }
+    for job_id in list(attached):
+        if job_id not in live:
+            backend.detach(attached.pop(job_id))
+    for job_id, job in live.items():
+        if job_id not in attached:
+            pid = state.child_pgids[job_id]
+            for uuid in job.gpu_uuids:
+                backend.attach(uuid, pid, job.gpu_mem_reserved or 0)
+            attached[job_id] = pid
+
+
+def split_memory(
+    devices: list[GpuInfo], pgid_to_job: dict[int, int]
+) -> tuple[GpuSnapshot, dict[int, int]]:
+    """Split each GPU's process memory into gpuq jobs' and foreign; also
+    return each job's largest per-GPU use in this sample.
+    """
+    snap = GpuSnapshot(devices=devices, time=time.time())
+    per_job: dict[int, int] = {}
+    for gpu in devices:
+        gpuq = foreign = 0
+        jobs: list[int] = []
+        for proc in gpu.processes:
+            used = proc.used_memory or 0
+            job_id = None
+            with contextlib.suppress(OSError):
+                job_id = pgid_to_job.get(os.getpgid(proc.pid))
+            if job_id is None:
+                foreign += used
+            else:
+                gpuq += used
+                jobs.append(job_id)
+                per_job[job_id] = max(per_job.get(job_id, 0), used)
+        snap.gpuq_memory[gpu.uuid] = gpuq
+        snap.foreign_memory[gpu.uuid] = foreign
+        snap.jobs_on_gpu[gpu.uuid] = sorted(set(jobs))
+    return snap, per_job
+
+
+async def sample_once(state: DaemonState, attached: dict[int, int]) -> None:
+    """Take one sample and publish it."""
+    pgids = job_pgids(state)
+    backend = state.backend
+    if isinstance(backend, FakeBackend):
+        attach_fake_jobs(state, backend, attached)
+        devices = backend.devices()
+    else:
+        devices = await asyncio.to_thread(backend.devices)
+    snap, per_job = split_memory(devices, pgids)
+    for job_id, used in per_job.items():
+        state.memory_peaks[job_id] = max(state.memory_peaks.get(job_id, 0), used)
+    foreign_changed = snap.foreign_memory != state.gpus.foreign_memory
+    state.gpus = snap
+    if foreign_changed:
+        state.wake.set()
+    state.publish({"type": "gpus", "gpus": [g.to_dict() for g in devices], "time": snap.time})
+
+
+async def run_monitor(state: DaemonState, interval: float = 1.0) -> None:
+    """Sample every `interval` seconds until the daemon stops."""
+    attached: dict[int, int] = {}
+    while not state.should_exit.is_set():
+        await sample_once(state, attached)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.should_exit.wait(), timeout=interval)

@@ -1,0 +1,73 @@
+"""Crash recovery: the one function that reconciles the store with reality.
+
+Run once at daemon start, before any request is served. For every job the
+store says may have a process (starting, running, suspending, suspended):
+
+1. a live shim holds the job's lock: re-adopt it (watch its pid; finish a
+   half-done suspend);
+2. no live shim, but the shim wrote `exit.json`: record the true outcome
+   (exit code, signal), applying retries as usual;
+3. no shim and no record while `starting`: the daemon died before the job
+   ran, so it goes back to the queue (no attempt is counted);
+4. otherwise the job ended unobserved: mark it `lost` with the reason, and
+   requeue it if it has retries left.
+
+Queued and held jobs need nothing: they are only rows. Because the shim holds
+the job lock from before the command starts until after `exit.json` is
+written, a job is never started twice: case 3 can only happen when no shim
+exists.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from gpuq.daemon import lifecycle
+from gpuq.daemon.executor import Outcome
+from gpuq.daemon.state import DaemonState
+from gpuq.models import JobState
+
+
+def recover(state: DaemonState) -> dict[str, int]:
+    """Reconcile every job that may have had a process; returns counts."""
+    counts = {"adopted": 0, "finished": 0, "requeued": 0, "lost": 0}
+    for job in sorted(state.active.values(), key=lambda j: j.id):
+        if not job.state.is_active:
+            continue
+        pid = state.executor.live_shim(job.id)
+        if pid is not None:
+            if job.state is JobState.STARTING:
+                job = state.transition(
+                    job, JobState.RUNNING, "re-adopted after daemon restart", start_time=time.time()
+                )
+            elif job.state is JobState.SUSPENDING:
+                state.executor.signal(job.id, signal.SIGSTOP)
+                job = state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
+            else:
+                state.store.transition(
+                    job, job.state, "re-adopted after daemon restart", time.time()
+                )
+            lifecycle.watch(state, job.id, pid)
+            counts["adopted"] += 1
+        elif state.executor.has_exit_record(job.id):
+            lifecycle.finish(state, job.id, state.executor.outcome(job.id))
+            counts["finished"] += 1
+        elif job.state is JobState.STARTING and not state.executor.has_shim_record(job.id):
+            state.transition(
+                job,
+                JobState.QUEUED,
+                "requeued: the daemon stopped before the job started",
+                attempts=max(0, job.attempts - 1),
+                gpu_uuids=(),
+                gpu_mem_reserved=None,
+            )
+            counts["requeued"] += 1
+        else:
+            lifecycle.finish(
+                state,
+                job.id,
+                Outcome(None, None, "the job ended while the daemon was down, unobserved", None),
+            )
+            counts["lost"] += 1
+    return counts

@@ -1,0 +1,181 @@
+"""The scheduler pass: resolve readiness, ask the policy, launch.
+
+One pass runs explicit, ordered steps on the event loop: settle pending jobs
+whose dependencies can never be met, decide which pending jobs are ready
+(holds, begin times, dependencies, array limits), build the `ClusterView`,
+call the policy, and start what it placed. Readiness and view building are
+pure functions, so they are unit-tested without a daemon.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpuq.daemon import lifecycle
+from gpuq.daemon.state import DaemonState, GpuSnapshot
+from gpuq.models import Job, JobState
+from gpuq.policies.base import ClusterView, GpuState, JobRequest, Plan, RunningJob
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Which pending jobs the policy may consider, and why the others wait."""
+
+    ready: list[Job]
+    waiting: dict[int, str]
+    never: dict[int, str]
+    next_begin: float | None
+
+
+def readiness(
+    pending: list[Job],
+    lookup: Callable[[int], JobState | None],
+    running_per_array: Mapping[int, int],
+    now: float,
+) -> Readiness:
+    """Split queued jobs into ready and waiting (with reasons); pure.
+
+    `never` holds jobs whose dependencies can never be satisfied: the caller
+    cancels them with the reason given.
+    """
+    ready: list[Job] = []
+    waiting: dict[int, str] = {}
+    never: dict[int, str] = {}
+    next_begin: float | None = None
+    started_now: dict[int, int] = {}
+    for job in pending:
+        spec = job.spec
+        if spec.begin is not None and spec.begin > now:
+            waiting[job.id] = (
+                f"begins at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(spec.begin))}"
+            )
+            next_begin = spec.begin if next_begin is None else min(next_begin, spec.begin)
+            continue
+        blocked = ""
+        for dep in spec.after:
+            dep_state = lookup(dep.job_id)
+            verdict = None if dep_state is None else dep.satisfied_by(dep_state)
+            if verdict is False:
+                assert dep_state is not None
+                never[job.id] = (
+                    f"dependency {dep} can never be satisfied: job {dep.job_id} {dep_state.value}"
+                )
+                break
+            if verdict is None:
+                blocked = f"waiting for job {dep.job_id} ({dep.kind.value})"
+                break
+        if job.id in never:
+            continue
+        if blocked:
+            waiting[job.id] = blocked
+            continue
+        if spec.array_parallel is not None and job.array_id is not None:
+            busy = running_per_array.get(job.array_id, 0) + started_now.get(job.array_id, 0)
+            if busy >= spec.array_parallel:
+                waiting[job.id] = f"array limit: {spec.array_parallel} tasks at a time"
+                continue
+            started_now[job.array_id] = started_now.get(job.array_id, 0) + 1
+        ready.append(job)
+    return Readiness(ready, waiting, never, next_begin)
+
+
+def build_view(
+    ready: list[Job],
+    active: list[Job],
+    gpus: GpuSnapshot,
+    memory_margin: float,
+    foreign_tolerance: int,
+    learned_memory: Callable[[Job], int | None],
+) -> ClusterView:
+    """The policy's view of this server: its GPUs, ready and running jobs."""
+    requests = []
+    for job in ready:
+        spec = job.spec
+        gpu_mem = spec.gpu_mem
+        if spec.gpu_mem_auto:
+            gpu_mem = learned_memory(job)  # None: no history, so it profiles on a whole GPU
+        requests.append(
+            JobRequest(
+                id=job.id,
+                priority=spec.priority,
+                submit_time=job.submit_time,
+                gpus=spec.gpus,
+                gpu_mem=gpu_mem,
+                exclusive=spec.exclusive,
+                time_limit=spec.time_limit,
+            )
+        )
+    running = [
+        RunningJob(
+            id=job.id,
+            gpu_uuids=job.gpu_uuids,
+            gpu_mem=job.gpu_mem_reserved,
+            exclusive=job.spec.exclusive,
+            start_time=job.start_time or job.submit_time,
+            time_limit=job.spec.time_limit,
+        )
+        for job in active
+        if job.state.is_active and job.gpu_uuids
+    ]
+    view = ClusterView(
+        gpus=tuple(
+            GpuState(
+                uuid=g.uuid,
+                node=g.node,
+                memory_total=g.memory_total,
+                memory_foreign=gpus.foreign_memory.get(g.uuid, 0),
+            )
+            for g in gpus.devices
+        ),
+        pending=tuple(requests),
+        running=tuple(running),
+        memory_margin=memory_margin,
+        foreign_tolerance=foreign_tolerance,
+    )
+    return view
+
+
+def schedule_pass(state: DaemonState) -> Plan:
+    """Run one pass: settle, decide and launch. Returns the plan acted on."""
+    now = time.time()
+    pending = sorted(
+        (j for j in state.active.values() if j.state is JobState.QUEUED), key=lambda j: j.id
+    )
+    per_array: dict[int, int] = {}
+    for job in state.active.values():
+        if job.state.is_active and job.array_id is not None:
+            per_array[job.array_id] = per_array.get(job.array_id, 0) + 1
+
+    def lookup(job_id: int) -> JobState | None:
+        job = state.active.get(job_id) or state.store.get(job_id)
+        return None if job is None else job.state
+
+    ready = readiness(pending, lookup, per_array, now)
+    for job_id, why in ready.never.items():
+        state.transition(state.active[job_id], JobState.CANCELLED, why, end_time=now)
+    margin = state.config.scheduler.auto_mem_margin
+
+    def learned(job: Job) -> int | None:
+        peak = state.store.memory_peak(job.spec.name)
+        return None if peak is None else int(peak * (1 + margin))
+
+    view = build_view(
+        ready.ready,
+        list(state.active.values()),
+        state.gpus,
+        state.config.scheduler.memory_margin,
+        state.config.scheduler.foreign_tolerance,
+        learned,
+    )
+    plan = state.policy.decide(view, now)
+    reasons = dict(ready.waiting)
+    reasons.update(plan.waiting)
+    state.waiting_reasons = reasons
+    for placement in plan.start:
+        job = state.active.get(placement.job_id)
+        if job is not None and job.state is JobState.QUEUED:
+            lifecycle.start(state, job, placement)
+    state.next_begin = ready.next_begin
+    return plan

@@ -1,0 +1,210 @@
+"""gpuqd's lifecycle: startup, main loop, shutdown.
+
+Startup takes the single-instance lock, refuses a live socket and removes a
+stale one, opens the store, samples the GPUs, recovers jobs (before serving
+anyone), and binds the socket with restrictive permissions. The main loop
+runs the scheduler and the GPU monitor. Shutdown stops serving and leaves
+every job running under its shim, to be re-adopted by the next daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from gpuq.config import Config
+from gpuq.daemon import monitor, recovery, scheduler
+from gpuq.daemon.connection import serve_connection
+from gpuq.daemon.executor import Executor
+from gpuq.daemon.state import DaemonState
+from gpuq.daemon.store import Store
+from gpuq.errors import DaemonUnavailable, StateError
+from gpuq.gpus import make_backend
+from gpuq.paths import ensure_private_dir, filesystem_type, is_network_filesystem
+from gpuq.policies import get_policy
+from gpuq.protocol import MAX_REQUEST_BYTES
+
+log = logging.getLogger("gpuq.daemon")
+
+SOCKET_NAME = "gpuq.sock"
+LOCK_NAME = "gpuqd.lock"
+
+
+def socket_path(config: Config) -> Path:
+    """Where the daemon of this configuration listens."""
+    return config.daemon.runtime_dir / SOCKET_NAME
+
+
+def check_state_dir(config: Config) -> None:
+    """Refuse a state directory on a network filesystem (SQLite WAL is unsafe there)."""
+    fstype = filesystem_type(config.daemon.state_dir)
+    if fstype and is_network_filesystem(fstype) and not config.daemon.allow_network_fs:
+        raise StateError(
+            f"the state directory {config.daemon.state_dir} is on {fstype}, "
+            "a network filesystem where SQLite's WAL is unsafe",
+            "set [daemon] state_dir to a local disk (or allow_network_fs = true at your own risk)",
+        )
+
+
+def socket_is_live(path: Path) -> bool:
+    """True if something accepts connections on the socket at `path`."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            return False
+        raise
+    finally:
+        probe.close()
+    return True
+
+
+class Server:
+    """One gpuqd: `await startup()`, `await main_loop()`, `await shutdown()`."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state: DaemonState | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._lock_fd: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._connections: set[asyncio.Task[None]] = set()
+
+    async def startup(self) -> None:
+        """Prepare everything and start serving; raises GpuqError on failure."""
+        cfg = self.config.daemon
+        for directory in (cfg.state_dir, cfg.runtime_dir):
+            ensure_private_dir(directory)
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        check_state_dir(self.config)
+        self._take_lock()
+        path = socket_path(self.config)
+        if path.exists() or path.is_symlink():
+            if socket_is_live(path):
+                raise DaemonUnavailable(
+                    f"another daemon is already serving {path}", "gpuq daemon status shows it"
+                )
+            log.info("removing stale socket %s", path)
+            path.unlink()
+        store = Store.open(cfg.state_dir / "gpuq.db")
+        backend = make_backend(self.config.gpus)
+        state = DaemonState(
+            self.config,
+            store,
+            backend,
+            Executor(cfg.state_dir / "jobs"),
+            get_policy(self.config.scheduler.policy),
+        )
+        self.state = state
+        state.load()
+        await monitor.sample_once(state, {})
+        counts = recovery.recover(state)
+        log.info("recovered jobs: %s", counts)
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            self._connections.add(task)  # type: ignore[arg-type]
+            try:
+                await serve_connection(state, reader, writer)
+            finally:
+                self._connections.discard(task)  # type: ignore[arg-type]
+
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(
+                on_connect, path=str(path), limit=MAX_REQUEST_BYTES
+            )
+        finally:
+            os.umask(old_umask)
+        if cfg.socket_mode != 0o600:
+            os.chmod(path, cfg.socket_mode)
+        log.info("gpuqd %d listening on %s (%s GPUs)", os.getpid(), path, backend.kind)
+
+    def _take_lock(self) -> None:
+        lock_path = self.config.daemon.runtime_dir / LOCK_NAME
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DaemonUnavailable(
+                "another gpuq daemon is running for this runtime directory",
+                "gpuq daemon status shows it; gpuq daemon stop stops it",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    async def main_loop(self) -> None:
+        """Schedule and sample until asked to exit."""
+        state = self.state
+        assert state is not None
+        self._tasks = [
+            asyncio.create_task(monitor.run_monitor(state)),
+            asyncio.create_task(self._schedule_forever(state)),
+        ]
+        await state.should_exit.wait()
+
+    async def _schedule_forever(self, state: DaemonState) -> None:
+        while not state.should_exit.is_set():
+            state.wake.clear()
+            started = time.perf_counter()
+            plan = scheduler.schedule_pass(state)
+            if plan.start:
+                log.info(
+                    "started %d job(s) in %.1f ms",
+                    len(plan.start),
+                    (time.perf_counter() - started) * 1000,
+                )
+            timeout = 5.0
+            if state.next_begin is not None:
+                timeout = max(0.05, min(timeout, state.next_begin - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.wake.wait(), timeout=timeout)
+
+    async def shutdown(self) -> None:
+        """Stop serving; jobs keep running and will be re-adopted."""
+        if self._server is not None:
+            self._server.close()
+        for task in [*self._tasks, *self._connections]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
+        if self.state is not None:
+            self.state.executor.unwatch_all(asyncio.get_running_loop())
+            self.state.backend.close()
+            self.state.store.close()
+        with contextlib.suppress(FileNotFoundError):
+            socket_path(self.config).unlink()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+
+
+async def serve(config: Config) -> None:
+    """Run a daemon until SIGTERM/SIGINT or a shutdown request."""
+    server = Server(config)
+    loop = asyncio.get_running_loop()
+    try:
+        await server.startup()
+        assert server.state is not None
+        state = server.state
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, state.should_exit.set)
+        try:
+            await server.main_loop()
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+    finally:
+        await server.shutdown()

@@ -1,0 +1,305 @@
+"""SQLite state: the daemon's only durable memory.
+
+One connection, owned by the daemon, in WAL mode with `synchronous=NORMAL`
+(a killed process loses nothing committed). Every job transition is written
+together with its event row in one transaction, before the daemon acts on it
+or acknowledges it. Job ids come from AUTOINCREMENT, so an id is never
+reused, not even after `gpuq clean` deletes the newest jobs.
+
+The environment of a job is kept in its own column and loaded only when the
+job is launched, so the daemon's in-memory view of 10,000 jobs stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gpuq.daemon.migrations import migrate
+from gpuq.errors import StateError
+from gpuq.models import Job, JobEvent, JobSpec, JobState
+
+_COLUMNS = (
+    "id, state, reason, spec, submit_time, start_time, end_time, exit_code, signal, "
+    "gpu_uuids, gpu_mem_reserved, node, attempts, array_id, stdout_path, stderr_path"
+)
+_MUTABLE = frozenset(
+    {
+        "reason",
+        "start_time",
+        "end_time",
+        "exit_code",
+        "signal",
+        "gpu_uuids",
+        "gpu_mem_reserved",
+        "node",
+        "attempts",
+        "stdout_path",
+        "stderr_path",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to insert: its spec (with environment) and array membership."""
+
+    spec: JobSpec
+    state: JobState
+    reason: str
+    array_first: bool = False
+
+
+class Store:
+    """Typed access to the jobs, their events and learned memory peaks."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path) -> Store:
+        """Open (creating and migrating) the database at `path`."""
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            migrate(conn)
+        except sqlite3.Error as exc:
+            raise StateError(
+                f"cannot open the state database {path}: {exc}",
+                "check the state directory (gpuq doctor); move a corrupt file aside to start afresh",
+            ) from exc
+        return cls(conn, path)
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        self._conn.close()
+
+    # -- writes ---------------------------------------------------------
+
+    def insert_jobs(self, jobs: Sequence[NewJob], now: float, token: str | None) -> list[Job]:
+        """Insert jobs (an array's tasks share `array_id`) in one transaction."""
+        out: list[Job] = []
+        with self._transaction():
+            array_id: int | None = None
+            for new in jobs:
+                spec_json, env_json = _encode_spec(new.spec)
+                cur = self._conn.execute(
+                    "INSERT INTO jobs (state, reason, priority, name, user, spec, env, "
+                    "submit_time, array_id, token) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        new.state.value,
+                        new.reason,
+                        new.spec.priority,
+                        new.spec.name,
+                        new.spec.user,
+                        spec_json,
+                        env_json,
+                        now,
+                        array_id,
+                        token,
+                    ),
+                )
+                job_id = int(cur.lastrowid or 0)
+                if new.array_first:
+                    array_id = job_id
+                    self._conn.execute("UPDATE jobs SET array_id=? WHERE id=?", (job_id, job_id))
+                self._event(job_id, now, new.state, new.reason)
+                lean = replace(new.spec, env={})
+                out.append(
+                    Job(job_id, lean, new.state, new.reason, submit_time=now, array_id=array_id)
+                )
+        return out
+
+    def transition(self, job: Job, state: JobState, reason: str, now: float, **changes: Any) -> Job:
+        """Move `job` to `state`, recording the reason; returns the new Job."""
+        bad = set(changes) - _MUTABLE
+        if bad:  # pragma: no cover - a programming error
+            raise ValueError(f"not mutable: {bad}")
+        updated = replace(job, state=state, reason=reason, **changes)
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE jobs SET state=?, reason=?, start_time=?, end_time=?, exit_code=?, "
+                "signal=?, gpu_uuids=?, gpu_mem_reserved=?, node=?, attempts=?, "
+                "stdout_path=?, stderr_path=? WHERE id=?",
+                (
+                    state.value,
+                    reason,
+                    updated.start_time,
+                    updated.end_time,
+                    updated.exit_code,
+                    updated.signal,
+                    ",".join(updated.gpu_uuids),
+                    updated.gpu_mem_reserved,
+                    updated.node,
+                    updated.attempts,
+                    updated.stdout_path,
+                    updated.stderr_path,
+                    job.id,
+                ),
+            )
+            self._event(job.id, now, state, reason)
+        return updated
+
+    def set_priority(self, job: Job, priority: int, now: float) -> Job:
+        """Change a job's priority (its spec is otherwise immutable)."""
+        spec = replace(job.spec, priority=priority)
+        full = self.full_spec(job.id)
+        spec_json, _ = _encode_spec(replace(full, priority=priority))
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE jobs SET priority=?, spec=? WHERE id=?", (priority, spec_json, job.id)
+            )
+            self._event(job.id, now, job.state, f"priority set to {priority}")
+        return replace(job, spec=spec)
+
+    def delete(self, ids: Iterable[int]) -> None:
+        """Remove finished jobs and their history."""
+        rows = [(i,) for i in ids]
+        with self._transaction():
+            self._conn.executemany("DELETE FROM job_events WHERE job_id=?", rows)
+            self._conn.executemany("DELETE FROM jobs WHERE id=?", rows)
+
+    def record_memory_peak(self, name: str, peak: int, now: float) -> None:
+        """Remember the largest GPU memory a job called `name` used."""
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO memory_peaks (name, peak, updated) VALUES (?,?,?) "
+                "ON CONFLICT(name) DO UPDATE SET peak=max(peak, excluded.peak), "
+                "updated=excluded.updated",
+                (name, peak, now),
+            )
+
+    # -- reads ----------------------------------------------------------
+
+    def memory_peak(self, name: str) -> int | None:
+        """The learned memory peak of jobs called `name`, if any ran."""
+        row = self._conn.execute("SELECT peak FROM memory_peaks WHERE name=?", (name,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def job_ids_for_token(self, token: str) -> list[int]:
+        """Ids already created by a submission with this idempotency token."""
+        rows = self._conn.execute("SELECT id FROM jobs WHERE token=? ORDER BY id", (token,))
+        return [int(r[0]) for r in rows]
+
+    def get(self, job_id: int) -> Job | None:
+        """One job (without its environment), or None."""
+        row = self._conn.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else _row_to_job(row)
+
+    def full_spec(self, job_id: int) -> JobSpec:
+        """A job's spec including its environment (for launching)."""
+        row = self._conn.execute("SELECT spec, env FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise StateError(f"job {job_id} vanished from the database")
+        data = json.loads(row[0])
+        data["env"] = json.loads(row[1])
+        return JobSpec.from_dict(data)
+
+    def events(self, job_id: int) -> list[JobEvent]:
+        """A job's transitions in order."""
+        rows = self._conn.execute(
+            "SELECT time, state, reason FROM job_events WHERE job_id=? ORDER BY id", (job_id,)
+        )
+        return [JobEvent(job_id, t, JobState(s), r) for t, s, r in rows]
+
+    def jobs(self, states: Iterable[JobState] | None = None, ids: Sequence[int] = ()) -> list[Job]:
+        """Jobs in id order, filtered by state and/or id."""
+        sql, args = f"SELECT {_COLUMNS} FROM jobs", []
+        where = []
+        if states is not None:
+            names = [s.value for s in states]
+            where.append(f"state IN ({','.join('?' * len(names))})")
+            args.extend(names)
+        if ids:
+            where.append(f"id IN ({','.join('?' * len(ids))})")
+            args.extend(ids)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return [_row_to_job(r) for r in self._conn.execute(sql + " ORDER BY id", args)]
+
+    def max_job_id(self) -> int:
+        """The highest id ever handed out (AUTOINCREMENT's high-water mark)."""
+        row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name='jobs'").fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- internals ------------------------------------------------------
+
+    def _event(self, job_id: int, now: float, state: JobState, reason: str) -> None:
+        self._conn.execute(
+            "INSERT INTO job_events (job_id, time, state, reason) VALUES (?,?,?,?)",
+            (job_id, now, state.value, reason),
+        )
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._conn)
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            try:
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as error:
+                raise StateError(f"cannot write state: {error}", "is the disk full?") from error
+        else:
+            self._conn.execute("ROLLBACK")
+
+
+def _encode_spec(spec: JobSpec) -> tuple[str, str]:
+    data = spec.to_dict()
+    env = data.pop("env")
+    return json.dumps(data), json.dumps(env)
+
+
+def _row_to_job(row: Sequence[Any]) -> Job:
+    (
+        job_id,
+        state,
+        reason,
+        spec_json,
+        submit_time,
+        start_time,
+        end_time,
+        exit_code,
+        signal,
+        gpu_uuids,
+        gpu_mem_reserved,
+        node,
+        attempts,
+        array_id,
+        stdout_path,
+        stderr_path,
+    ) = row
+    return Job(
+        id=job_id,
+        spec=JobSpec.from_dict(json.loads(spec_json)),
+        state=JobState(state),
+        reason=reason,
+        submit_time=submit_time,
+        start_time=start_time,
+        end_time=end_time,
+        exit_code=exit_code,
+        signal=signal,
+        gpu_uuids=tuple(u for u in gpu_uuids.split(",") if u),
+        gpu_mem_reserved=gpu_mem_reserved,
+        node=node,
+        attempts=attempts,
+        array_id=array_id,
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+    )

@@ -1,0 +1,150 @@
+"""Where gpuq keeps its files, and the checks that keep those places safe.
+
+Defaults follow the XDG base directory spec: the config file in
+`$XDG_CONFIG_HOME/gpuq/`, the state (database, job directories, logs) in
+`$XDG_STATE_HOME/gpuq/`, the socket in `$XDG_RUNTIME_DIR/gpuq/`. The state
+directory must be on a local filesystem, because SQLite's WAL mode is unsafe
+over NFS and its kin; `filesystem_type` and `is_network_filesystem` let the
+daemon detect that and refuse.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpuq.errors import StateError
+
+NETWORK_FILESYSTEMS = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "lustre",
+        "gpfs",
+        "beegfs",
+        "ceph",
+        "glusterfs",
+        "afs",
+        "9p",
+    }
+)
+"""Filesystem types (as in /proc/self/mounts) that are shared over a network."""
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _xdg_dir(variable: str, fallback: str, environ: Mapping[str, str] | None) -> Path:
+    """`$variable` if set to an absolute path (as the XDG spec requires), else ~/fallback."""
+    value = (os.environ if environ is None else environ).get(variable, "")
+    if value and os.path.isabs(value):
+        return Path(value)
+    return Path.home() / fallback
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_CONFIG_HOME/gpuq/config.toml, else ~/.config/gpuq/config.toml."""
+    return _xdg_dir("XDG_CONFIG_HOME", ".config", environ) / "gpuq" / "config.toml"
+
+
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_STATE_HOME/gpuq, else ~/.local/state/gpuq: the database, job dirs and logs."""
+    return _xdg_dir("XDG_STATE_HOME", ".local/state", environ) / "gpuq"
+
+
+def default_runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_RUNTIME_DIR/gpuq when that directory exists, else /tmp/gpuq-<uid>: the socket."""
+    runtime = (os.environ if environ is None else environ).get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and os.path.isdir(runtime):
+        return Path(runtime) / "gpuq"
+    return Path("/tmp") / f"gpuq-{os.getuid()}"
+
+
+def _unescape_mount_field(field: str) -> str:
+    r"""Decode the octal escapes the kernel writes in /proc/self/mounts (\040 is a space)."""
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+def filesystem_type(path: Path, mounts_text: str | None = None) -> str | None:
+    """The type ("ext4", "nfs4", ...) of the filesystem holding `path`, or None if unknown.
+
+    Matches the longest mount point that contains the path (symlinks
+    resolved; the path need not exist yet) in /proc/self/mounts, or in
+    `mounts_text` when given. When a mount point appears twice, the later
+    (upper) mount wins. None where /proc is unavailable (not Linux).
+    """
+    if mounts_text is None:
+        try:
+            mounts_text = Path("/proc/self/mounts").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        mount_point = _unescape_mount_field(fields[1])
+        if not _contains(mount_point, target):
+            continue
+        if best is None or len(mount_point) >= best[0]:
+            best = (len(mount_point), fields[2])
+    return None if best is None else best[1]
+
+
+def _contains(mount_point: str, target: str) -> bool:
+    """True if `target` is `mount_point` or below it, comparing whole path components."""
+    if mount_point == "/":
+        return target.startswith("/")
+    mount_point = mount_point.rstrip("/")
+    return target == mount_point or target.startswith(mount_point + "/")
+
+
+def is_network_filesystem(fstype: str) -> bool:
+    """True for filesystems shared over a network (NFS, CIFS, Lustre, GPFS, FUSE, ...).
+
+    Every FUSE filesystem ("fuse.sshfs", "fuse.glusterfs", ...) counts, since
+    gpuq cannot tell a local one from a remote one and SQLite locking is
+    unreliable on most of them.
+    """
+    return fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse.")
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create `path` (with parents) as a directory only its owner can use (mode 0700).
+
+    An existing directory with any other mode (such as 0755) is reset to
+    0700. Raises `StateError` if `path` is not a directory, belongs to another
+    user, or cannot be created.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StateError(
+            f"{path} exists and is not a directory",
+            "move it away, or choose another directory in the gpuq config",
+        ) from None
+    except OSError as exc:
+        raise StateError(
+            f"cannot create directory {path}: {exc.strerror}",
+            "check the permissions of its parent, or choose another directory in the gpuq config",
+        ) from exc
+    info = path.stat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise StateError(
+            f"{path} is not a directory",
+            "move it away, or choose another directory in the gpuq config",
+        )
+    if info.st_uid != os.getuid():
+        raise StateError(
+            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()})",
+            "another user owns this directory; remove it or choose another one "
+            "(GPUQ_STATE_DIR, GPUQ_RUNTIME_DIR or the gpuq config)",
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)

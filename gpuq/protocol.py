@@ -1,0 +1,419 @@
+"""The wire protocol between gpuq clients and the daemon.
+
+Newline-delimited JSON over a Unix socket, one object per line, so `socat`
+can talk to the daemon while debugging:
+
+    -> {"id": 0, "method": "hello", "params": {"version": 1}}
+    <- {"id": 0, "result": {"version": 1, "daemon_version": "0.1.0", ...}}
+    -> {"id": 1, "method": "show", "params": {"id": 7}}
+    <- {"id": 1, "result": {"job": {...}, "events": [...]}}
+
+The first request on a connection must be `hello`; a version mismatch gets a
+clear error. Errors are `{"id", "error": {"code", "message", "hint"}}`.
+Streaming requests (`logs` with follow, `subscribe`) send any number of
+`{"id", "event": {...}}` lines before their final result.
+
+Each request kind is a frozen dataclass below; `parse_request` validates a
+decoded object into one of them, so handlers only ever see well-typed input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from gpuq.errors import GpuqError, ProtocolError, UsageError
+from gpuq.models import DependencyKind, JobSpec, JobState
+
+PROTOCOL_VERSION: Final = 1
+MAX_REQUEST_BYTES: Final = 1024 * 1024
+"""Longest request line the daemon accepts (the environment rides along)."""
+MAX_REPLY_BYTES: Final = 512 * 1024 * 1024
+"""Longest reply line a client accepts (a listing of many jobs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Open a session; must be the first request on a connection."""
+
+    version: int
+    client: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Queue a job, or one job per index of `array` (each gets its own id).
+
+    `token` makes the submission idempotent: a client that lost the reply
+    sends the same token again and gets the same ids back.
+    """
+
+    spec: dict[str, Any]
+    array: tuple[int, ...] = ()
+    token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListJobs:
+    """List jobs, newest last; empty filters match everything."""
+
+    states: tuple[str, ...] = ()
+    user: str | None = None
+    name: str | None = None
+    ids: tuple[int, ...] = ()
+    include_done: bool = True
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Show:
+    """One job with its event history."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Cancel jobs: pending ones at once, running ones TERM then KILL."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep queued jobs from starting until released."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Let held jobs be scheduled."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Queue finished jobs again under their own ids."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SetPriority:
+    """Change the priority of pending jobs."""
+
+    ids: tuple[int, ...]
+    priority: int
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Suspend running jobs (stop mode: SIGSTOP of the process group)."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Resume suspended jobs."""
+
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Block until all (or, with `any`, one) of the jobs end."""
+
+    ids: tuple[int, ...]
+    any: bool = False
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Logs:
+    """Read a job's output; with `follow`, stream it until the job ends."""
+
+    id: int
+    stream: str = "stdout"
+    tail: int | None = None
+    follow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Gpus:
+    """Every GPU with memory split by owner, utilization and jobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonStatus:
+    """The daemon's own state: pid, version, paths, counts."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stop the daemon; jobs keep running and are re-adopted on restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Clean:
+    """Delete finished jobs (and their logs) that ended before `older_than`."""
+
+    older_than: float = 0.0
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Turn the connection into a stream of job and GPU events."""
+
+    topics: tuple[str, ...] = ("jobs",)
+
+
+Request = (
+    Hello
+    | Submit
+    | ListJobs
+    | Show
+    | Cancel
+    | Hold
+    | Release
+    | Retry
+    | SetPriority
+    | Suspend
+    | Resume
+    | Wait
+    | Logs
+    | Gpus
+    | DaemonStatus
+    | Shutdown
+    | Clean
+    | Subscribe
+)
+
+METHODS: Final[dict[str, type[Request]]] = {
+    "hello": Hello,
+    "submit": Submit,
+    "list": ListJobs,
+    "show": Show,
+    "cancel": Cancel,
+    "hold": Hold,
+    "release": Release,
+    "retry": Retry,
+    "priority": SetPriority,
+    "suspend": Suspend,
+    "resume": Resume,
+    "wait": Wait,
+    "logs": Logs,
+    "gpus": Gpus,
+    "status": DaemonStatus,
+    "shutdown": Shutdown,
+    "clean": Clean,
+    "subscribe": Subscribe,
+}
+METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}
+STREAM_TOPICS: Final = ("jobs", "gpus")
+
+
+def _check(value: object, type_text: str, where: str) -> object:
+    """Validate one decoded JSON value against a field's annotation text."""
+    optional = type_text.endswith(" | None")
+    base = type_text.removesuffix(" | None")
+    if value is None and optional:
+        return None
+    ok: bool
+    if base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok:
+            value = float(value)  # type: ignore[arg-type]
+    elif base == "str":
+        ok = isinstance(value, str)
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "dict[str, Any]":
+        ok = isinstance(value, dict)
+    elif base.startswith("tuple["):
+        item = base.removeprefix("tuple[").removesuffix(", ...]")
+        if not isinstance(value, list):
+            ok = False
+        else:
+            return tuple(_check(v, item, f"{where}[]") for v in value)
+    else:  # pragma: no cover - a programming error in this module
+        raise AssertionError(f"unsupported field type {type_text}")
+    if not ok:
+        raise UsageError(
+            f"invalid value for {where}: expected {type_text}, got {type(value).__name__}",
+            "check the request against docs/protocol.md",
+        )
+    return value
+
+
+def parse_request(message: object) -> tuple[object, Request]:
+    """Validate a decoded request object; returns (request id, request).
+
+    Raises ProtocolError for a malformed envelope (the id is then unknown)
+    and UsageError for bad parameters.
+    """
+    if not isinstance(message, dict):
+        raise ProtocolError("a request must be a JSON object", 'send {"id", "method", "params"}')
+    request_id = message.get("id")
+    method = message.get("method")
+    params = message.get("params", {})
+    if not isinstance(method, str):
+        raise ProtocolError("a request needs a string 'method'", f"known: {', '.join(METHODS)}")
+    cls = METHODS.get(method)
+    if cls is None:
+        raise ProtocolError(
+            f"unknown message {method!r}: is the daemon up to date?",
+            f"known methods: {', '.join(METHODS)}",
+        )
+    if not isinstance(params, dict):
+        raise UsageError(f"'params' of {method} must be an object")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise UsageError(
+            f"unknown parameter(s) for {method}: {', '.join(unknown)}",
+            f"known: {', '.join(fields) or 'none'}",
+        )
+    values: dict[str, object] = {}
+    for name, spec in fields.items():
+        if name in params:
+            values[name] = _check(params[name], str(spec.type), f"{method}.{name}")
+        elif spec.default is dataclasses.MISSING:
+            raise UsageError(f"missing parameter {method}.{name}")
+    return request_id, cls(**values)  # type: ignore[arg-type]
+
+
+def request_params(request: Request) -> dict[str, Any]:
+    """The `params` object that encodes `request` (tuples become lists)."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(request, f.name), tuple) else v
+        for f in dataclasses.fields(request)
+    }
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One protocol line: compact JSON, no NaN, newline-terminated."""
+    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def decode(line: bytes) -> object:
+    """Decode one protocol line; raises ProtocolError on invalid JSON."""
+    try:
+        return json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"malformed JSON: {exc}", "send one JSON object per line") from exc
+
+
+def error_reply(request_id: object, error: GpuqError) -> dict[str, Any]:
+    """The reply object for a failed request."""
+    return {"id": request_id, "error": error.to_wire()}
+
+
+_SPEC_TYPES: Final = {f.name: str(f.type) for f in dataclasses.fields(JobSpec)}
+_SPEC_WIRE_TYPES: Final = {
+    **_SPEC_TYPES,
+    "command": "tuple[str, ...]",
+    "env": "dict[str, Any]",
+    "after": "tuple[str, ...]",
+    "signal": "tuple[float, ...] | None",
+}
+
+
+def validate_spec(data: dict[str, Any]) -> JobSpec:
+    """Check a submitted spec's types and values and build the JobSpec.
+
+    Only facts visible without the filesystem are checked here; the daemon
+    checks the cwd, the command and the GPU counts against the server.
+    """
+    unknown = sorted(set(data) - set(_SPEC_WIRE_TYPES))
+    if unknown:
+        raise UsageError(f"unknown job spec field(s): {', '.join(unknown)}")
+    for name, type_text in _SPEC_WIRE_TYPES.items():
+        if name in data:
+            checked = _check(data[name], type_text, f"spec.{name}")
+            if name == "signal" and checked is not None and len(data[name]) != 2:
+                raise UsageError("spec.signal must be [signal, seconds]")
+    if "command" not in data or "cwd" not in data:
+        raise UsageError("a job spec needs 'command' and 'cwd'")
+    if not data["command"]:
+        raise UsageError(
+            "empty command", "give the command after --, e.g. gpuq submit -- python x.py"
+        )
+    env = data.get("env") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("spec.env must map strings to strings")
+    try:
+        spec = JobSpec.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(
+            f"invalid job spec: {exc}", "dependencies look like ID or ID:ok|any|notok"
+        ) from exc
+    _check_ranges(spec)
+    return spec
+
+
+def _check_ranges(spec: JobSpec) -> None:
+    if spec.gpus < 0:
+        raise UsageError(f"--gpus must be 0 or more, got {spec.gpus}")
+    if spec.gpu_mem is not None and spec.gpu_mem <= 0:
+        raise UsageError("--gpu-mem must be positive")
+    if spec.shares_gpu and spec.gpus == 0:
+        raise UsageError("--gpu-mem needs --gpus 1 or more", "drop --gpu-mem for a CPU-only job")
+    if spec.retries < 0:
+        raise UsageError("--retries must be 0 or more")
+    if spec.time_limit is not None and spec.time_limit <= 0:
+        raise UsageError("--time must be positive")
+    if spec.array_parallel is not None and spec.array_parallel <= 0:
+        raise UsageError("the array limit after % must be positive")
+    if any(dep.kind not in DependencyKind for dep in spec.after):  # pragma: no cover
+        raise UsageError("unknown dependency kind")
+
+
+def parse_states(names: tuple[str, ...]) -> frozenset[JobState]:
+    """Job states from their names; raises UsageError listing valid names."""
+    try:
+        return frozenset(JobState(n) for n in names)
+    except ValueError as exc:
+        raise UsageError(str(exc), f"states: {', '.join(s.value for s in JobState)}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ActionOutcome:
+    """Per-job result of a bulk action such as cancel or hold."""
+
+    id: int
+    ok: bool
+    message: str = ""
+    state: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON encoding used in action replies."""
+        return {"id": self.id, "ok": self.ok, "message": self.message, "state": self.state}
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded reply line: exactly one of result, error or event is set."""
+
+    id: object
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    event: dict[str, Any] | None = field(default=None)
+
+
+def parse_reply(message: object) -> Envelope:
+    """Validate a reply object from the daemon."""
+    if not isinstance(message, dict) or "id" not in message:
+        raise ProtocolError(f"malformed reply from daemon: {message!r:.200}")
+    for key in ("result", "error", "event"):
+        value = message.get(key)
+        if isinstance(value, dict):
+            return Envelope(id=message["id"], **{key: value})
+    raise ProtocolError(f"malformed reply from daemon: {message!r:.200}")

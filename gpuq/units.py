@@ -1,0 +1,307 @@
+"""Parse and format the values people type: sizes, durations, times, signals, arrays.
+
+Everything here is pure (the clock is passed in as `now`) and raises
+`UsageError` with the bad value in the message and the accepted forms in the
+hint, so the CLI, the config loader and `#GPUQ` directives report the same
+thing for the same mistake. The formats follow Slurm where Slurm has one.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+from gpuq.errors import UsageError
+
+_BINARY_UNITS = {"": 1, "b": 1} | {
+    unit: 1024 ** (power + 1)
+    for power, letter in enumerate("kmgtp")
+    for unit in (letter, letter + "ib")
+}
+_DECIMAL_UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
+_SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)", re.IGNORECASE)
+_SIZE_HINT = "give bytes (1024) or a number with a unit: 512M, 6G, 1.5GiB (binary), 6GB (decimal)"
+_FORMAT_UNITS = ("K", "M", "G", "T", "P")
+
+_DURATION_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?|\.\d+)([dhms])")
+_SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_DURATION_HINT = (
+    "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+)
+
+_BEGIN_HINT = (
+    "use now+10m, +10m, now+600 (seconds), 14:00 (next occurrence), "
+    "2026-11-21T14:00[:00] (local time) or @1700000000 (epoch seconds)"
+)
+_SIGNAL_HINT = "use NAME[@TIME] or NUMBER[@TIME], e.g. USR1@60, SIGUSR1@5m, 10@90s, TERM"
+_ARRAY_HINT = "use 0-99, 0-99%4 (at most 4 at once), 1,3,5-7 or 0-15:4 (every 4th)"
+MAX_ARRAY_TASKS = 10_000
+"""Most tasks one `--array` may create."""
+DEFAULT_SIGNAL_SECONDS = 60.0
+"""Lead time of `--signal NAME` when no `@TIME` is given (as in Slurm)."""
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as "6G", "6GiB", "6GB", "512M", "1.5G", "12k" or "1024".
+
+    Units are case-insensitive. Single letters and the `iB` forms are binary
+    (K = KiB = 1024, G = GiB = 1024**3, as `nvidia-smi` and PyTorch count GPU
+    memory); the `B` forms are decimal (KB = 1000, GB = 10**9). A plain number
+    is bytes.
+    """
+    match = _SIZE_RE.fullmatch(text.strip())
+    if match is None:
+        raise UsageError(f"invalid size {text!r}", _SIZE_HINT)
+    number, unit = match.group(1), match.group(2).lower()
+    multiplier = _BINARY_UNITS.get(unit) or _DECIMAL_UNITS.get(unit)
+    if multiplier is None:
+        raise UsageError(f"invalid size {text!r}: unknown unit {match.group(2)!r}", _SIZE_HINT)
+    if multiplier == 1 and not float(number).is_integer():
+        raise UsageError(f"invalid size {text!r}: a byte count must be whole", _SIZE_HINT)
+    return round(float(number) * multiplier)
+
+
+def format_size(n: int) -> str:
+    """Human-readable binary size, e.g. "512", "6.0G", "512M" (one decimal below 10).
+
+    The result parses back with `parse_size` to within the rounding shown.
+    """
+    if n < 0:
+        return "-" + format_size(-n)
+    if n < 1024:
+        return str(n)
+    value = n / 1024
+    for unit in _FORMAT_UNITS[:-1]:
+        shown = f"{value:.1f}" if value < 9.95 else f"{value:.0f}"
+        if float(shown) < 1024:
+            return shown + unit
+        value /= 1024
+    return f"{value:.1f}{_FORMAT_UNITS[-1]}" if value < 9.95 else f"{value:.0f}{_FORMAT_UNITS[-1]}"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration: "90s", "15m", "2h", "1d", "1h30m", "1.5h" or Slurm forms.
+
+    Slurm forms are "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM" and
+    "D-HH:MM:SS"; as in Slurm a bare number means minutes. Unit parts must
+    come largest first and at most once. Durations must be positive.
+    """
+    stripped = text.strip().lower()
+    if stripped and stripped[-1] in _DURATION_UNITS:
+        seconds = _parse_unit_duration(text, stripped)
+    elif (match := _SLURM_TIME_RE.fullmatch(stripped)) is not None:
+        seconds = _parse_slurm_duration(text, match)
+    else:
+        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+    if seconds <= 0:
+        raise UsageError(f"invalid duration {text!r}: must be positive", _DURATION_HINT)
+    return seconds
+
+
+def _parse_unit_duration(text: str, stripped: str) -> float:
+    """Seconds from "1h30m"-style text (units d, h, m, s, largest first)."""
+    order = list(_DURATION_UNITS)
+    position = 0
+    last_rank = -1
+    seconds = 0.0
+    for match in _DURATION_PART_RE.finditer(stripped):
+        rank = order.index(match.group(2))
+        if match.start() != position or rank <= last_rank:
+            break
+        seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position, last_rank = match.end(), rank
+    if position != len(stripped):
+        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+    return seconds
+
+
+def _parse_slurm_duration(text: str, match: re.Match[str]) -> float:
+    """Seconds from a matched Slurm time; minutes and seconds after the first field are < 60."""
+    days_text, first, second, third = match.groups()
+    if days_text is not None:
+        days = int(days_text)
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        if hours >= 24 or minutes >= 60 or seconds >= 60:
+            raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+        return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+    if third is not None:  # HH:MM:SS
+        hours, minutes, seconds = int(first), int(second), int(third)
+        out_of_range = minutes >= 60 or seconds >= 60
+    else:  # MM or MM:SS; minutes may exceed 59 as in Slurm
+        hours, minutes, seconds = 0, int(first), int(second or 0)
+        out_of_range = seconds >= 60
+    if out_of_range:
+        raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+    return float((hours * 60 + minutes) * 60 + seconds)
+
+
+def format_duration(seconds: float) -> str:
+    """Compact duration with its two largest units: "45s", "12m05s", "1h02m", "2d03h".
+
+    Fractions of a second are dropped; the result parses back with `parse_duration`.
+    """
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _parse_seconds(text: str, error: str, hint: str) -> float:
+    """Seconds from a bare number (seconds, unlike `parse_duration`) or a duration."""
+    stripped = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
+        return float(stripped)
+    try:
+        return parse_duration(stripped)
+    except UsageError:
+        raise UsageError(error, hint) from None
+
+
+def parse_begin(text: str, now: float) -> float:
+    """Epoch seconds at which a job may start, from the `--begin` forms.
+
+    "now+10m", "+10m" and "now+600" (a bare number is seconds) are relative to
+    `now`; "14:00" or "14:00:30" is the next time the local clock shows it
+    (today, or tomorrow if that has passed); "2026-11-21T14:00[:00]" is local
+    time unless it carries an offset; "@1700000000" is epoch seconds.
+    """
+    from datetime import datetime, time, timedelta  # only this parser needs the calendar
+
+    stripped = text.strip()
+    lowered = stripped.lower()
+    if lowered == "now":
+        return now
+    if lowered.startswith(("now+", "+")):
+        offset = lowered.removeprefix("now").removeprefix("+")
+        return now + _parse_seconds(offset, f"invalid begin time {text!r}", _BEGIN_HINT)
+    if re.fullmatch(r"@\d+(?:\.\d*)?", stripped):
+        return float(stripped[1:])
+    if (match := re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", stripped)) is not None:
+        try:
+            clock = time(int(match[1]), int(match[2]), int(match[3] or 0))
+        except ValueError:
+            raise UsageError(f"invalid begin time {text!r}", _BEGIN_HINT) from None
+        today = datetime.fromtimestamp(now).date()
+        candidate = datetime.combine(today, clock).timestamp()
+        if candidate > now:
+            return candidate
+        return datetime.combine(today + timedelta(days=1), clock).timestamp()
+    try:
+        return datetime.fromisoformat(stripped).timestamp()
+    except ValueError:
+        raise UsageError(f"invalid begin time {text!r}", _BEGIN_HINT) from None
+
+
+def parse_signal_spec(text: str) -> tuple[int, float]:
+    """(signal number, seconds before the deadline) from "USR1@60", "SIGUSR1@5m", "10@90s", "TERM".
+
+    Names are case-insensitive with or without "SIG"; the time is seconds
+    (bare number) or a duration, and defaults to 60 s.
+    """
+    name, sep, when = text.strip().partition("@")
+    seconds = (
+        _parse_seconds(when, f"invalid signal time {when!r} in {text!r}", _SIGNAL_HINT)
+        if sep
+        else DEFAULT_SIGNAL_SECONDS
+    )
+    valid = signal.valid_signals()
+    if name.isdigit():
+        number = int(name)
+        if number not in valid or number == 0:
+            raise UsageError(f"unknown signal {name!r} in {text!r}", _SIGNAL_HINT)
+        return number, seconds
+    upper = name.upper()
+    full = upper if upper.startswith("SIG") else "SIG" + upper
+    member = signal.Signals.__members__.get(full)
+    if member is None:
+        raise UsageError(
+            f"unknown signal {name!r} in {text!r}",
+            "known signals include USR1, USR2, TERM, INT, HUP, QUIT, ALRM, CONT",
+        )
+    return int(member), seconds
+
+
+def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
+    """(task indices sorted and unique, most to run at once or None) from an `--array` spec.
+
+    The spec is comma-separated items "N", "N-M" or "N-M:STEP", optionally
+    followed by "%LIMIT"; at most `MAX_ARRAY_TASKS` tasks.
+    """
+    body, sep, limit_text = text.strip().partition("%")
+    limit: int | None = None
+    if sep:
+        if not limit_text.isdigit() or int(limit_text) == 0:
+            raise UsageError(f"invalid array limit {limit_text!r} in {text!r}", _ARRAY_HINT)
+        limit = int(limit_text)
+    indices: set[int] = set()
+    for item in body.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+)(?::(\d+))?)?\s*", item)
+        if match is None:
+            raise UsageError(f"invalid array item {item!r} in {text!r}", _ARRAY_HINT)
+        start = int(match.group(1))
+        stop = int(match.group(2)) if match.group(2) is not None else start
+        step = int(match.group(3)) if match.group(3) is not None else 1
+        if stop < start or step == 0:
+            raise UsageError(f"invalid array range {item.strip()!r} in {text!r}", _ARRAY_HINT)
+        if (stop - start) // step + 1 > MAX_ARRAY_TASKS:
+            raise _too_many_tasks(text)
+        indices.update(range(start, stop + 1, step))
+        if len(indices) > MAX_ARRAY_TASKS:
+            raise _too_many_tasks(text)
+    return tuple(sorted(indices)), limit
+
+
+def _too_many_tasks(text: str) -> UsageError:
+    """The error for an array spec over `MAX_ARRAY_TASKS` tasks."""
+    return UsageError(
+        f"array {text!r} has more than {MAX_ARRAY_TASKS} tasks",
+        "split it into several submissions, or use a step (0-99999:10)",
+    )
+
+
+def expand_output_pattern(
+    pattern: str,
+    job_id: int,
+    array_index: int | None,
+    array_id: int | None,
+    name: str,
+    user: str,
+) -> str:
+    """Fill a log file pattern: %j job id, %a array index, %A array id, %x name, %u user, %%.
+
+    For a job outside an array, %a is "0" and %A is the job id, so one pattern
+    serves both kinds of job.
+    """
+    values = {
+        "j": str(job_id),
+        "a": str(array_index if array_index is not None else 0),
+        "A": str(array_id if array_id is not None else job_id),
+        "x": name,
+        "u": user,
+        "%": "%",
+    }
+    parts: list[str] = []
+    position = 0
+    while (percent := pattern.find("%", position)) != -1:
+        parts.append(pattern[position:percent])
+        key = pattern[percent + 1 : percent + 2]
+        if key not in values:
+            shown = "%" + key if key else "a trailing %"
+            raise UsageError(
+                f"unknown placeholder {shown} in output pattern {pattern!r}",
+                "known: %j job id, %a array index, %A array id, %x job name, %u user, %% a %",
+            )
+        parts.append(values[key])
+        position = percent + 2
+    parts.append(pattern[position:])
+    return "".join(parts)

@@ -1,0 +1,260 @@
+"""Tests of the fake GPU backend and of the backend factory's filtering."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq.errors import ConfigError
+from gpuq.gpus import FakeGpuDecl, GpuConfig, make_backend
+from gpuq.gpus.fake import FakeBackend, fake_uuid
+from gpuq.models import GpuProcess
+
+GIB = 1024**3
+UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+TWO_KINDS = GpuConfig(
+    backend="fake",
+    node="lab1",
+    fake=(
+        FakeGpuDecl(name="Fake 24G", memory=24 * GIB, count=2),
+        FakeGpuDecl(name="Fake 80G", memory=80 * GIB, foreign_memory=GIB, foreign_pid=4242),
+    ),
+)
+"""Two 24 GiB GPUs, then an 80 GiB one with 1 GiB held by a foreign process."""
+
+
+def two_kinds(**overrides: Any) -> GpuConfig:
+    return dataclasses.replace(TWO_KINDS, **overrides)
+
+
+def fake_backend(config: GpuConfig) -> FakeBackend:
+    backend = make_backend(config)
+    assert isinstance(backend, FakeBackend)
+    return backend
+
+
+def test_declared_gpus_appear_in_order_with_their_sizes() -> None:
+    devices = fake_backend(two_kinds()).devices()
+    assert [(d.index, d.name, d.memory_total) for d in devices] == [
+        (0, "Fake 24G", 24 * GIB),
+        (1, "Fake 24G", 24 * GIB),
+        (2, "Fake 80G", 80 * GIB),
+    ]
+    assert all(d.node == "lab1" and d.parent_uuid is None for d in devices)
+    assert all(UUID_RE.match(d.uuid) for d in devices)
+    assert len({d.uuid for d in devices}) == 3
+
+
+def test_uuids_are_stable_across_backends_and_depend_on_node() -> None:
+    first = [d.uuid for d in fake_backend(two_kinds()).devices()]
+    again = [d.uuid for d in fake_backend(two_kinds()).devices()]
+    other_node = [d.uuid for d in fake_backend(two_kinds(node="lab2")).devices()]
+    assert first == again == [fake_uuid("lab1", i) for i in range(3)]
+    assert not set(first) & set(other_node)
+
+
+def test_uuids_are_stable_across_processes() -> None:
+    code = "from gpuq.gpus.fake import fake_uuid; print(fake_uuid('lab1', 2))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == fake_uuid("lab1", 2)
+
+
+def test_idle_gpus_report_only_foreign_memory() -> None:
+    devices = fake_backend(two_kinds()).devices()
+    assert [d.memory_used for d in devices] == [0, 0, GIB]
+    assert [d.processes for d in devices] == [(), (), (GpuProcess(4242, GIB),)]
+    assert [d.utilization for d in devices] == [0.0, 0.0, 0.0]
+
+
+def test_attach_and_detach_change_memory_processes_and_utilization() -> None:
+    backend = fake_backend(two_kinds())
+    first, _, big = (d.uuid for d in backend.devices())
+    backend.attach(first, 100, 3 * GIB)
+    backend.attach(big, 100, 2 * GIB)
+    backend.attach(big, 101, GIB)
+    devices = {d.uuid: d for d in backend.devices()}
+    assert devices[first].memory_used == 3 * GIB
+    assert devices[first].processes == (GpuProcess(100, 3 * GIB),)
+    assert devices[first].utilization == 100.0
+    assert devices[big].memory_used == GIB + 2 * GIB + GIB
+    assert {p.pid for p in devices[big].processes} == {4242, 100, 101}
+
+    backend.detach(100)
+    backend.detach(100)  # reaping twice is harmless
+    devices = {d.uuid: d for d in backend.devices()}
+    assert devices[first].memory_used == 0
+    assert devices[first].processes == ()
+    assert devices[first].utilization == 0.0
+    assert devices[big].processes == (GpuProcess(4242, GIB), GpuProcess(101, GIB))
+
+
+def test_attaching_a_pid_again_replaces_its_memory() -> None:
+    backend = fake_backend(two_kinds())
+    uuid = backend.devices()[0].uuid
+    backend.attach(uuid, 7, GIB)
+    backend.attach(uuid, 7, 5 * GIB)
+    assert backend.devices()[0].processes == (GpuProcess(7, 5 * GIB),)
+
+
+def test_memory_used_never_exceeds_the_device() -> None:
+    backend = fake_backend(two_kinds())
+    uuid = backend.devices()[0].uuid
+    backend.attach(uuid, 7, 20 * GIB)
+    backend.attach(uuid, 8, 20 * GIB)
+    assert backend.devices()[0].memory_used == 24 * GIB
+
+
+def test_attach_rejects_unknown_devices_and_bad_values() -> None:
+    backend = fake_backend(two_kinds())
+    with pytest.raises(ValueError, match="no fake GPU GPU-nope; known: GPU-"):
+        backend.attach("GPU-nope", 1, GIB)
+    with pytest.raises(ValueError, match="positive pid"):
+        backend.attach(backend.devices()[0].uuid, 0, GIB)
+
+
+@pytest.mark.parametrize(
+    ("decl", "problem"),
+    [
+        (FakeGpuDecl(count=-1), "count"),
+        (FakeGpuDecl(memory=0), "memory must be positive"),
+        (FakeGpuDecl(memory=GIB, foreign_memory=2 * GIB), "foreign_memory"),
+        (FakeGpuDecl(foreign_memory=GIB, foreign_pid=0), "foreign_pid"),
+    ],
+)
+def test_bad_declarations_are_config_errors(decl: FakeGpuDecl, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        make_backend(GpuConfig(backend="fake", fake=(decl,)))
+
+
+def test_state_file_adds_foreign_process_and_utilization_at_run_time(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    backend = fake_backend(two_kinds(fake_state_file=str(state)))
+    uuid = backend.devices()[1].uuid
+    assert backend.devices()[1].memory_used == 0  # no file yet: nothing changes
+
+    state.write_text(
+        json.dumps({uuid: {"foreign": [{"pid": 555, "memory": 2 * GIB}], "utilization": 40}})
+    )
+    device = backend.devices()[1]
+    assert device.processes == (GpuProcess(555, 2 * GIB),)
+    assert device.memory_used == 2 * GIB
+    assert device.utilization == 40.0
+
+    state.write_text("{}")
+    assert backend.devices()[1].processes == ()
+    assert backend.warnings == []
+
+
+def test_state_file_foreign_processes_add_to_declared_ones(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    backend = fake_backend(two_kinds(fake_state_file=str(state)))
+    uuid = backend.devices()[2].uuid
+    state.write_text(json.dumps({uuid: {"foreign": [{"pid": 555, "memory": GIB}]}}))
+    device = backend.devices()[2]
+    assert device.processes == (GpuProcess(4242, GIB), GpuProcess(555, GIB))
+    assert device.memory_used == 2 * GIB
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        "[]",
+        '{"GPU-unknown": {}}',
+        '{"@": {"foreign": [{"pid": 0, "memory": 1}]}}',
+        '{"@": {"foreign": [{"pid": 5, "memory": "1G"}]}}',
+        '{"@": {"foreign": {"pid": 5}}}',
+        '{"@": {"utilization": 150}}',
+        '{"@": {"utilization": true}}',
+        '{"@": {"colour": "blue"}}',
+        b"\xff\xfe\x00",
+    ],
+)
+def test_malformed_state_file_is_ignored_with_one_warning(
+    tmp_path: Path, content: str | bytes
+) -> None:
+    state = tmp_path / "state.json"
+    backend = fake_backend(two_kinds(fake_state_file=str(state)))
+    uuid = backend.devices()[0].uuid
+    if isinstance(content, bytes):
+        state.write_bytes(content)
+    else:
+        state.write_text(content.replace("@", uuid))
+    first = backend.devices()
+    second = backend.devices()
+    assert first == second == fake_backend(two_kinds()).devices()
+    assert len(backend.warnings) == 1
+    assert backend.warnings[0].startswith(f"fake GPU state file {state} is malformed, ignored")
+
+
+def test_state_file_warning_comes_back_after_a_clean_read(tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    backend = fake_backend(two_kinds(fake_state_file=str(state)))
+    state.write_text("oops")
+    backend.devices()
+    state.write_text("{}")
+    backend.devices()
+    state.write_text("oops")
+    backend.devices()
+    assert len(backend.warnings) == 2
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "kept"),
+    [
+        ((), (), [0, 1, 2]),
+        (("1",), (), [1]),
+        (("@2", "0"), (), [0, 2]),
+        ((), ("1",), [0, 2]),
+        ((), ("@0", "2"), [1]),
+        (("0", "1"), ("@1",), [0]),
+    ],
+)
+def test_include_and_exclude_by_uuid_or_index(
+    include: tuple[str, ...], exclude: tuple[str, ...], kept: list[int]
+) -> None:
+    def resolve(entries: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(fake_uuid("lab1", int(e[1:])) if e.startswith("@") else e for e in entries)
+
+    backend = make_backend(two_kinds(include=resolve(include), exclude=resolve(exclude)))
+    assert [d.index for d in backend.devices()] == kept
+
+
+def test_unknown_include_is_a_config_error_listing_known_uuids() -> None:
+    with pytest.raises(ConfigError, match="unknown GPU in gpus.include: 'GPU-x', '7'") as info:
+        make_backend(two_kinds(include=("0", "GPU-x", "7")))
+    for index in range(3):
+        assert fake_uuid("lab1", index) in info.value.message
+    assert info.value.hint
+
+
+def test_unknown_exclude_is_harmless() -> None:
+    assert len(make_backend(two_kinds(exclude=("GPU-gone", "9"))).devices()) == 3
+
+
+def test_auto_with_fake_gpus_declared_gives_the_fake_backend() -> None:
+    backend = make_backend(two_kinds(backend="auto"))
+    assert isinstance(backend, FakeBackend)
+    assert backend.kind == "fake"
+    assert len(backend.devices()) == 3
+
+
+def test_unknown_backend_kind_lists_known_ones() -> None:
+    with pytest.raises(ConfigError, match="known: auto, nvml, fake"):
+        make_backend(GpuConfig(backend="cuda"))
+
+
+def test_fake_without_declarations_has_no_devices() -> None:
+    backend = make_backend(GpuConfig(backend="fake"))
+    assert backend.devices() == []
+    assert backend.driver_version() == "fake"
+    backend.close()
