@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from gpuq import env as job_env
-from gpuq.daemon import jobfiles
+from gpuq.daemon import faults, jobfiles
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
@@ -104,7 +104,9 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
             signal=None if spec.signal is None else (spec.signal.signal, spec.signal.seconds),
             kill_grace=state.config.daemon.kill_grace,
         )
+        faults.crash_point("starting-committed")
         pid = state.executor.launch(job.id, launch)
+        faults.crash_point("shim-spawned")
     except (OSError, RuntimeError) as exc:
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
         return
@@ -123,6 +125,7 @@ def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
     job = state.active.get(job_id)
     if job is None or job.state.is_terminal:
         return
+    faults.crash_point("exit-observed")
     end_time = outcome.end_time or time.time()
     peak = state.memory_peaks.pop(job_id, None)
     if peak:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import time
 from typing import Any
 
+from gpuq.daemon import faults
 from gpuq.daemon.lifecycle import check_runnable_command
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import NewJob
@@ -75,9 +77,8 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
         ]
     else:
         new = [NewJob(spec, initial, reason)]
-    import time
-
     jobs = state.store.insert_jobs(new, time.time(), request.token)
+    faults.crash_point("submit-committed")
     for job in jobs:
         state.active[job.id] = job
         state.publish({"type": "job", "job": job.to_dict()})

@@ -1,0 +1,33 @@
+"""Named crash points, so tests can SIGKILL the daemon at an exact step.
+
+Set `GPUQ_CRASH_POINT=NAME[:N]` in the daemon's environment and it kills
+itself with SIGKILL the Nth time (default: first) it passes `crash_point(NAME)`.
+Unset, each call is one dictionary lookup. The points mark the windows that
+recovery must get right: between committing an intent and acting on it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "submit-committed",  # jobs inserted, reply not yet sent
+    "starting-committed",  # STARTING written, shim not yet spawned
+    "shim-spawned",  # shim running, RUNNING not yet written
+    "exit-observed",  # shim ended, final state not yet written
+)
+_counts: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process if the environment asks for a crash here."""
+    wanted = os.environ.get("GPUQ_CRASH_POINT")
+    if not wanted:
+        return
+    point, _, nth = wanted.partition(":")
+    if point != name:
+        return
+    _counts[name] = _counts.get(name, 0) + 1
+    if _counts[name] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
