@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuq.config import Config
 from gpuq.errors import DaemonUnavailable, ProtocolError, from_wire
-from gpuq.protocol import MAX_REPLY_BYTES, PROTOCOL_VERSION, decode, encode, parse_reply
+from gpuq.protocol import MAX_REPLY_BYTES, Envelope, PROTOCOL_VERSION, decode, encode, parse_reply
 
 SOCKET_NAME = "gpuq.sock"
 START_TIMEOUT = 15.0
@@ -112,7 +112,7 @@ class Client:
             raise ProtocolError("expected a result from the daemon")
         return envelope.result
 
-    def _read(self, request_id: int) -> Any:
+    def _read(self, request_id: int) -> Envelope:
         try:
             line = self._file.readline(MAX_REPLY_BYTES)
         except OSError as exc:

@@ -361,12 +361,17 @@ def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
 
 
 def _register_submit() -> None:
-    """Declare `gpuq submit` to typer from SUBMIT_OPTIONS, for help, completion
-    and man pages; running it goes through the fast parser on the raw args."""
+    """Declare `gpuq submit` to typer from SUBMIT_OPTIONS.
+
+    Typer gives it help, completion and man pages; running it goes through
+    the fast parser on the raw arguments, so both read the options alike.
+    """
     params = []
     annotations: dict[str, Any] = {}
     for opt in SUBMIT_OPTIONS:
-        info = typer.Option(*opt.flags, help=opt.help, metavar=opt.metavar or None, show_default=False)
+        info = typer.Option(
+            *opt.flags, help=opt.help, metavar=opt.metavar or None, show_default=False
+        )
         kind: Any = {"flag": bool, "int": int | None, "str": str | None, "multi": list[str] | None}
         annotations[opt.dest] = Annotated[kind[opt.kind], info]
         default = False if opt.kind == "flag" else None

@@ -22,6 +22,7 @@ from gpuq.errors import GpuqError, ProtocolError
 from gpuq.protocol import (
     PROTOCOL_VERSION,
     Hello,
+    Request,
     decode,
     encode,
     error_reply,
@@ -39,6 +40,18 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return int(uid)
+
+
+def check_hello(request: Request) -> None:
+    """The first request must be a hello of our protocol version."""
+    if not isinstance(request, Hello):
+        raise ProtocolError("the first request must be hello", "send a hello with your version")
+    if request.version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {request.version} is not supported "
+            f"(daemon speaks {PROTOCOL_VERSION}, gpuq {__version__})",
+            "restart the daemon after upgrading: gpuq daemon restart",
+        )
 
 
 async def serve_connection(
@@ -88,16 +101,7 @@ async def serve_connection(
                     request_id = message.get("id")
                 request_id, request = parse_request(message)
                 if not greeted:
-                    if not isinstance(request, Hello):
-                        raise ProtocolError(
-                            "the first request must be hello", "send a hello with your version"
-                        )
-                    if request.version != PROTOCOL_VERSION:
-                        raise ProtocolError(
-                            f"protocol version {request.version} is not supported "
-                            f"(daemon speaks {PROTOCOL_VERSION}, gpuq {__version__})",
-                            "restart the daemon after upgrading: gpuq daemon restart",
-                        )
+                    check_hello(request)
                     greeted = True
 
                 async def emit(event: dict[str, Any], rid: object = request_id) -> None:

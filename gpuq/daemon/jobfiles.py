@@ -77,8 +77,9 @@ def is_same_process(record: dict[str, Any] | None) -> bool:
 
 
 def try_lock(path: Path) -> int | None:
-    """Open and flock `path` exclusively without blocking; the fd, or None if
-    another process (a live shim) holds it.
+    """Open and flock `path` exclusively without blocking.
+
+    Returns the locked fd, or None if another process (a live shim) holds it.
     """
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:

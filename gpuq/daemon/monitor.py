@@ -54,8 +54,9 @@ def attach_fake_jobs(state: DaemonState, backend: FakeBackend, attached: dict[in
 def split_memory(
     devices: list[GpuInfo], pgid_to_job: dict[int, int]
 ) -> tuple[GpuSnapshot, dict[int, int]]:
-    """Split each GPU's process memory into gpuq jobs' and foreign; also
-    return each job's largest per-GPU use in this sample.
+    """Split each GPU's process memory into gpuq jobs' and foreign.
+
+    Also returns each job's largest per-GPU use in this sample.
     """
     snap = GpuSnapshot(devices=devices, time=time.time())
     per_job: dict[int, int] = {}

@@ -174,8 +174,8 @@ def schedule_pass(state: DaemonState) -> Plan:
     reasons.update(plan.waiting)
     state.waiting_reasons = reasons
     for placement in plan.start:
-        job = state.active.get(placement.job_id)
-        if job is not None and job.state is JobState.QUEUED:
-            lifecycle.start(state, job, placement)
+        placed = state.active.get(placement.job_id)
+        if placed is not None and placed.state is JobState.QUEUED:
+            lifecycle.start(state, placed, placement)
     state.next_begin = ready.next_begin
     return plan

@@ -115,11 +115,11 @@ class Server:
         async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
             assert task is not None
-            self._connections.add(task)  # type: ignore[arg-type]
+            self._connections.add(task)
             try:
                 await serve_connection(state, reader, writer)
             finally:
-                self._connections.discard(task)  # type: ignore[arg-type]
+                self._connections.discard(task)
 
         old_umask = os.umask(0o177)
         try:

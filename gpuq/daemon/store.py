@@ -73,7 +73,8 @@ class Store:
         except sqlite3.Error as exc:
             raise StateError(
                 f"cannot open the state database {path}: {exc}",
-                "check the state directory (gpuq doctor); move a corrupt file aside to start afresh",
+                "check the state directory (gpuq doctor); "
+                "move a corrupt file aside to start afresh",
             ) from exc
         return cls(conn, path)
 
@@ -211,7 +212,8 @@ class Store:
 
     def jobs(self, states: Iterable[JobState] | None = None, ids: Sequence[int] = ()) -> list[Job]:
         """Jobs in id order, filtered by state and/or id."""
-        sql, args = f"SELECT {_COLUMNS} FROM jobs", []
+        sql = f"SELECT {_COLUMNS} FROM jobs"
+        args: list[object] = []
         where = []
         if states is not None:
             names = [s.value for s in states]

@@ -29,9 +29,9 @@ class GpuState:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A job that may start now, if it fits (dependencies, holds and begin
-    times are already resolved by the caller).
+    """A job that may start now, if it fits.
 
+    Dependencies, holds and begin times are already resolved by the caller.
     `gpu_mem` is None for whole GPUs, else the bytes needed on each of `gpus`
     shared GPUs. `time_limit` (seconds) lets backfill prove a job ends in time.
     """
@@ -76,8 +76,9 @@ class ClusterView:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Start job `job_id` on `gpu_uuids`, reserving `gpu_mem` bytes on each
-    (None: the GPUs are the job's alone).
+    """Start job `job_id` on `gpu_uuids`, reserving `gpu_mem` bytes on each.
+
+    `gpu_mem` None means the GPUs are the job's alone.
     """
 
     job_id: int
