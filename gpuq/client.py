@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuq.config import Config
 from gpuq.errors import DaemonUnavailable, ProtocolError, from_wire
-from gpuq.protocol import MAX_REPLY_BYTES, Envelope, PROTOCOL_VERSION, decode, encode, parse_reply
+from gpuq.wire import MAX_REPLY_BYTES, PROTOCOL_VERSION, Envelope, decode, encode, parse_reply
 
 SOCKET_NAME = "gpuq.sock"
 START_TIMEOUT = 15.0

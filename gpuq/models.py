@@ -150,11 +150,10 @@ class JobSpec:
 def parse_dependency(text: str) -> Dependency:
     """Parse `ID` or `ID:ok|any|notok`; raises ValueError on bad input."""
     job_text, _, kind_text = text.partition(":")
-    job_id = int(job_text)
-    if job_id <= 0:
-        raise ValueError(f"job id must be positive: {text!r}")
-    kind = DependencyKind(kind_text) if kind_text else DependencyKind.OK
-    return Dependency(job_id, kind)
+    kinds = {k.value for k in DependencyKind}
+    if not job_text.isdigit() or int(job_text) <= 0 or (kind_text and kind_text not in kinds):
+        raise ValueError(f"bad dependency {text!r}")
+    return Dependency(int(job_text), DependencyKind(kind_text or "ok"))
 
 
 @dataclass(frozen=True, slots=True)

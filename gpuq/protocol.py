@@ -20,18 +20,32 @@ decoded object into one of them, so handlers only ever see well-typed input.
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
-from gpuq.errors import GpuqError, ProtocolError, UsageError
+from gpuq.errors import ProtocolError, UsageError
 from gpuq.models import DependencyKind, JobSpec, JobState
+from gpuq.wire import (
+    MAX_REPLY_BYTES,
+    MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
+    Envelope,
+    decode,
+    encode,
+    error_reply,
+    parse_reply,
+)
 
-PROTOCOL_VERSION: Final = 1
-MAX_REQUEST_BYTES: Final = 1024 * 1024
-"""Longest request line the daemon accepts (the environment rides along)."""
-MAX_REPLY_BYTES: Final = 512 * 1024 * 1024
-"""Longest reply line a client accepts (a listing of many jobs)."""
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "MAX_REQUEST_BYTES",
+    "PROTOCOL_VERSION",
+    "Envelope",
+    "decode",
+    "encode",
+    "error_reply",
+    "parse_reply",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,24 +312,6 @@ def request_params(request: Request) -> dict[str, Any]:
     }
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    """One protocol line: compact JSON, no NaN, newline-terminated."""
-    return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
-
-
-def decode(line: bytes) -> object:
-    """Decode one protocol line; raises ProtocolError on invalid JSON."""
-    try:
-        return json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"malformed JSON: {exc}", "send one JSON object per line") from exc
-
-
-def error_reply(request_id: object, error: GpuqError) -> dict[str, Any]:
-    """The reply object for a failed request."""
-    return {"id": request_id, "error": error.to_wire()}
-
-
 _SPEC_TYPES: Final = {f.name: str(f.type) for f in dataclasses.fields(JobSpec)}
 _SPEC_WIRE_TYPES: Final = {
     **_SPEC_TYPES,
@@ -396,24 +392,3 @@ class ActionOutcome:
     def to_dict(self) -> dict[str, Any]:
         """JSON encoding used in action replies."""
         return {"id": self.id, "ok": self.ok, "message": self.message, "state": self.state}
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """A decoded reply line: exactly one of result, error or event is set."""
-
-    id: object
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    event: dict[str, Any] | None = field(default=None)
-
-
-def parse_reply(message: object) -> Envelope:
-    """Validate a reply object from the daemon."""
-    if not isinstance(message, dict) or "id" not in message:
-        raise ProtocolError(f"malformed reply from daemon: {message!r:.200}")
-    for key in ("result", "error", "event"):
-        value = message.get(key)
-        if isinstance(value, dict):
-            return Envelope(id=message["id"], **{key: value})
-    raise ProtocolError(f"malformed reply from daemon: {message!r:.200}")

@@ -185,7 +185,6 @@ def build_spec(
 ) -> tuple[dict[str, Any], list[int]]:
     """The wire spec and array indices for parsed options (no I/O but env)."""
     from gpuq import units
-    from gpuq.models import parse_dependency
 
     if not command:
         raise UsageError("no command given", "gpuq submit [options] -- CMD ARGS...")
@@ -196,15 +195,8 @@ def build_spec(
         if not eq or not key:
             raise UsageError(f"--env needs KEY=VALUE, got {item!r}")
         env[key] = val
-    after = []
-    for item in values.get("after", []):
-        for part in item.split(","):
-            try:
-                after.append(str(parse_dependency(part.strip())))
-            except ValueError:
-                raise UsageError(
-                    f"bad dependency {part!r}", "use ID or ID:ok, ID:any, ID:notok"
-                ) from None
+    # The daemon validates each ID[:kind]; here lists are only split.
+    after = [part.strip() for item in values.get("after", []) for part in item.split(",")]
     gpu_mem_text = values.get("gpu_mem")
     gpu_mem = None
     auto = gpu_mem_text == "auto"

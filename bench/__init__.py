@@ -1,0 +1,1 @@
+"""Benchmarks: each prints its figure next to its target, measured in one run."""
