@@ -31,7 +31,16 @@ def parse_directives(text: str) -> list[str]:
     Raises `UsageError` naming the line number when a directive's quoting is
     unbalanced.
     """
-    tokens: list[str] = []
+    return [token for _, tokens in directive_lines(text) for token in tokens]
+
+
+def directive_lines(text: str) -> list[tuple[int, list[str]]]:
+    """The `#GPUQ` lines at the top of a script as (line number, option tokens).
+
+    The line numbers let a caller say which directive an invalid option came
+    from. Raises `UsageError` as `parse_directives` does.
+    """
+    lines: list[tuple[int, list[str]]] = []
     for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), start=1):
         stripped = line.strip()
         if number == 1 and stripped.startswith("#!"):
@@ -44,13 +53,13 @@ def parse_directives(text: str) -> list[str]:
         if rest == stripped or (rest and not rest[0].isspace()):
             continue  # an ordinary comment, or a word such as "#GPUQS"
         try:
-            tokens.extend(shlex.split(_strip_comment(rest)))
+            lines.append((number, shlex.split(_strip_comment(rest))))
         except ValueError as exc:
             raise UsageError(
                 f"line {number}: cannot split #GPUQ directive {stripped!r}: {exc}",
                 "close the quote, or escape a literal quote with a backslash",
             ) from None
-    return tokens
+    return lines
 
 
 def _strip_comment(text: str) -> str:

@@ -20,6 +20,7 @@ decoded object into one of them, so handlers only ever see well-typed input.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -46,6 +47,11 @@ __all__ = [
     "error_reply",
     "parse_reply",
 ]
+
+INT_RANGE: Final = range(-(2**63), 2**63)
+"""Integers a request may carry: what SQLite stores (signed 64 bits)."""
+MAX_BEGIN: Final = 253402300800.0
+"""The first second of the year 10000: a later `begin` cannot be shown as a date."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +247,10 @@ def _check(value: object, type_text: str, where: str) -> object:
     ok: bool
     if base == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and value not in INT_RANGE:
+            raise UsageError(
+                f"invalid value for {where}: out of range", "integers must fit in 64 bits"
+            )
     elif base == "float":
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         if ok:
@@ -352,6 +362,7 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
             f"invalid job spec: {exc}", "dependencies look like ID or ID:ok|any|notok"
         ) from exc
     _check_ranges(spec)
+    _check_os_strings(spec)
     return spec
 
 
@@ -368,8 +379,32 @@ def _check_ranges(spec: JobSpec) -> None:
         raise UsageError("--time must be positive")
     if spec.array_parallel is not None and spec.array_parallel <= 0:
         raise UsageError("the array limit after % must be positive")
+    if any(dep.job_id not in INT_RANGE for dep in spec.after):
+        raise UsageError("spec.after: job id out of range", "integers must fit in 64 bits")
+    if spec.begin is not None and spec.begin >= MAX_BEGIN:
+        raise UsageError("--begin must be before the year 10000")
+    if spec.signal is not None and spec.signal.signal not in signal.valid_signals():
+        raise UsageError(f"--signal: no signal number {spec.signal.signal}", "e.g. USR1@120")
     if any(dep.kind not in DependencyKind for dep in spec.after):  # pragma: no cover
         raise UsageError("unknown dependency kind")
+
+
+def _check_os_strings(spec: JobSpec) -> None:
+    """Strings handed to the OS (argv, paths, environment) cannot hold NUL or bad names."""
+    texts = {
+        "command": spec.command,
+        "cwd": (spec.cwd,),
+        "name": (spec.name,),
+        "output": (spec.output,),
+        "error": (spec.error or "",),
+        "notify": (spec.notify or "",),
+        "env": (*spec.env, *spec.env.values()),
+    }
+    for name, values in texts.items():
+        if any("\0" in text for text in values):
+            raise UsageError(f"spec.{name} contains a NUL character", "the OS cannot pass it on")
+    if any("=" in key for key in spec.env):
+        raise UsageError("spec.env: a variable name cannot contain '='")
 
 
 def parse_states(names: tuple[str, ...]) -> frozenset[JobState]:

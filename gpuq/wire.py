@@ -7,6 +7,7 @@ only sends and receives lines (`gpuq submit`) loads nothing else.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Final, NamedTuple
 
 from gpuq.errors import GpuqError, ProtocolError
@@ -23,12 +24,52 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
 
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text:.40} is out of range")
+    return value
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    """True if a string anywhere in `value` is not valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def decode(line: bytes) -> object:
-    """Decode one protocol line; raises ProtocolError on invalid JSON."""
+    """Decode one protocol line; raises ProtocolError unless it is strict JSON.
+
+    Strict means a value that can be stored and sent back: no NaN or
+    Infinity, no number beyond a double, no string with a lone surrogate,
+    and no nesting deeper than Python's recursion limit.
+    """
+    hint = "send one JSON object per line"
     try:
-        return json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"malformed JSON: {exc}", "send one JSON object per line") from exc
+        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ProtocolError("malformed JSON: nested too deeply", hint) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
+        raise ProtocolError(f"malformed JSON: {exc}", hint) from exc
+    if _has_lone_surrogate(value):
+        raise ProtocolError("malformed JSON: a string is not valid Unicode (lone surrogate)", hint)
+    return value
 
 
 def error_reply(request_id: object, error: GpuqError) -> dict[str, Any]:

@@ -51,6 +51,7 @@ class DaemonHarness:
 
     def __init__(self, root: Path, gpus_toml: str = FAKE_TWO_GPUS, extra_toml: str = "") -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         # Unix socket paths are limited to ~107 bytes: keep the runtime dir short.
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="gq-"))
         self.state_dir = root / "state"

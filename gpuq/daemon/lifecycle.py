@@ -25,6 +25,8 @@ from gpuq.policies.base import Placement
 from gpuq.units import expand_output_pattern
 
 CANCEL_REQUESTED = "cancel requested"
+CHILD_POLL_SECONDS = 0.05
+"""How often a cancel looks again for the process group of a job just started."""
 
 
 def output_paths(state: DaemonState, job: Job) -> tuple[str, str]:
@@ -47,7 +49,11 @@ def output_paths(state: DaemonState, job: Job) -> tuple[str, str]:
 
 
 def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[str, str]:
-    """The job's captured environment plus the GPUQ_* contract."""
+    """The job's captured environment plus the GPUQ_* contract.
+
+    `job` is the job as `start` recorded it, its `attempts` already counting
+    the attempt being launched.
+    """
     spec = state.store.full_spec(job.id)
     job_dir = state.executor.job_dir(job.id)
     environ = dict(spec.env)
@@ -59,7 +65,7 @@ def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[
             job_env.GPU_UUIDS: uuids,
             job_env.JOB_DIR: str(job_dir),
             job_env.CHECKPOINT_DIR: str(job_dir / jobfiles.CHECKPOINTS),
-            job_env.ATTEMPT: str(job.attempts + 1),
+            job_env.ATTEMPT: str(job.attempts),
             job_env.NODE: state.config.daemon.node_name,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": uuids,
@@ -167,11 +173,33 @@ def request_cancel(state: DaemonState, job: Job) -> Job:
     if not job.state.is_active:
         return state.transition(job, JobState.CANCELLED, "cancelled by user", end_time=time.time())
     job = state.transition(job, job.state, CANCEL_REQUESTED)
-    state.executor.signal(job.id, signal.SIGTERM)
-    state.executor.signal(job.id, signal.SIGCONT)  # a stopped job must wake to die
-    grace = state.config.daemon.kill_grace
-    asyncio.get_running_loop().call_later(grace, state.executor.signal, job.id, signal.SIGKILL)
+    _terminate(state, job.id, job.attempts)
     return job
+
+
+def _terminate(state: DaemonState, job_id: int, attempt: int) -> None:
+    """TERM the attempt's process group now and KILL it after the grace period.
+
+    A job cancelled the moment it turned running may not have recorded its
+    process group yet (the shim does so just after starting the command), so
+    this tries again shortly for as long as the attempt is still active.
+    """
+    job = state.active.get(job_id)
+    if job is None or not job.state.is_active or job.attempts != attempt:
+        return
+    loop = asyncio.get_running_loop()
+    if not state.executor.signal(job_id, signal.SIGTERM):
+        loop.call_later(CHILD_POLL_SECONDS, _terminate, state, job_id, attempt)
+        return
+    state.executor.signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
+    loop.call_later(state.config.daemon.kill_grace, _kill, state, job_id, attempt)
+
+
+def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
+    """SIGKILL what is left of the attempt's process group (not a later attempt's)."""
+    job = state.active.get(job_id)
+    if job is not None and job.attempts == attempt:
+        state.executor.signal(job_id, signal.SIGKILL)
 
 
 def notify(state: DaemonState, job_id: int) -> None:

@@ -36,6 +36,7 @@ log = logging.getLogger("gpuq.daemon")
 
 SOCKET_NAME = "gpuq.sock"
 LOCK_NAME = "gpuqd.lock"
+MAX_PASS_BACKOFF = 0.25
 
 
 def socket_path(config: Config) -> Path:
@@ -168,6 +169,11 @@ class Server:
                     len(plan.start),
                     (time.perf_counter() - started) * 1000,
                 )
+            # Keep the scheduler's share of the loop bounded: after a pass of d
+            # seconds, serve requests for at least 2d before the next one, so a
+            # burst of submissions against a long queue is coalesced.
+            elapsed = time.perf_counter() - started
+            await asyncio.sleep(min(2 * elapsed, MAX_PASS_BACKOFF))
             timeout = 5.0
             if state.next_begin is not None:
                 timeout = max(0.05, min(timeout, state.next_begin - time.time()))
