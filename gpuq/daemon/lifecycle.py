@@ -202,6 +202,31 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
         state.executor.signal(job_id, signal.SIGKILL)
 
 
+def request_suspend(state: DaemonState, job: Job) -> Job:
+    """Suspend a running job in stop mode (SIGSTOP of its process group).
+
+    A job submitted with `--signal SIG@SECONDS` gets SIG first and SECONDS to
+    prepare (checkpoint, flush) before it is stopped.
+    """
+    job = state.transition(job, JobState.SUSPENDING, "suspend requested (stop mode)")
+    warning = job.spec.signal
+    if warning is None:
+        return complete_suspend(state, job.id) or job
+    state.executor.signal(job.id, warning.signal)
+    loop = asyncio.get_running_loop()
+    loop.call_later(warning.seconds, complete_suspend, state, job.id)
+    return job
+
+
+def complete_suspend(state: DaemonState, job_id: int) -> Job | None:
+    """Stop the job if a suspend is still pending for it."""
+    job = state.active.get(job_id)
+    if job is None or job.state is not JobState.SUSPENDING:
+        return None
+    state.executor.signal(job_id, signal.SIGSTOP)
+    return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
+
+
 def notify(state: DaemonState, job_id: int) -> None:
     """Run the job's `--notify` command, detached, with the outcome in its env."""
     job = state.store.get(job_id)

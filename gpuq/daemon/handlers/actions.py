@@ -67,11 +67,9 @@ def _apply(state: DaemonState, request: Action, job_id: int) -> str:
             return updated.state.value
         case Suspend():
             job = state.require(job_id, {JobState.RUNNING}, "suspend")
-            job = state.transition(job, JobState.SUSPENDING, "suspend requested (stop mode)")
-            state.executor.signal(job_id, signal.SIGSTOP)
-            return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)").state.value
+            return lifecycle.request_suspend(state, job).state.value
         case Resume():
-            job = state.require(job_id, {JobState.SUSPENDED}, "resume")
+            job = state.require(job_id, {JobState.SUSPENDED, JobState.SUSPENDING}, "resume")
             state.executor.signal(job_id, signal.SIGCONT)
             return state.transition(job, JobState.RUNNING, "resumed by user").state.value
         case _:
