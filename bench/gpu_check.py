@@ -47,10 +47,14 @@ def nvml_latency(samples: int = 200) -> None:
     times.sort()
     print(f"[nvml] driver {backend.driver_version()}, {len(devices)} device(s):")
     for d in devices:
-        print(f"       {d.index} {d.name} {d.uuid} total {d.memory_total / GIB:.1f} GiB "
-              f"used {d.memory_used / GIB:.2f} GiB util {d.utilization}")
-    print(f"[nvml] devices() median {statistics.median(times) * 1000:.2f} ms, "
-          f"p99 {times[int(0.99 * len(times)) - 1] * 1000:.2f} ms over {samples} samples")
+        print(
+            f"       {d.index} {d.name} {d.uuid} total {d.memory_total / GIB:.1f} GiB "
+            f"used {d.memory_used / GIB:.2f} GiB util {d.utilization}"
+        )
+    print(
+        f"[nvml] devices() median {statistics.median(times) * 1000:.2f} ms, "
+        f"p99 {times[int(0.99 * len(times)) - 1] * 1000:.2f} ms over {samples} samples"
+    )
     backend.close()
 
 
@@ -60,33 +64,43 @@ def daemon_on_nvml(root: Path) -> None:
         gpus = daemon.call("gpus")
         assert gpus["backend"] == "nvml", gpus
         uuid = gpus["gpus"][0]["uuid"]
-        foreign = subprocess.Popen([sys.executable, "-c", HOLD, str(3 * GIB), "60"],
-                                   env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid})
+        foreign = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(3 * GIB), "60"],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": uuid},
+        )
         try:
             job = daemon.submit([sys.executable, "-c", HOLD, str(2 * GIB), "20"], gpus=1)
             daemon.wait_state(job, "running")
 
             def attributed() -> dict[str, object] | None:
                 g = daemon.call("gpus")["gpus"][0]
-                return g if g["memory_gpuq"] >= 2 * GIB and g["memory_foreign"] >= 3 * GIB else None
+                seen = g["memory_gpuq"] >= 2 * GIB and g["memory_foreign"] >= 3 * GIB
+                return g if seen else None
 
             g = wait_for(attributed, timeout=60, what="job and foreign memory in gpuq gpus")
-            print(f"[daemon] whole-GPU job {job}: gpuq {g['memory_gpuq'] / GIB:.2f} GiB, "
-                  f"other {g['memory_foreign'] / GIB:.2f} GiB, jobs {g['jobs']}: OK")
+            print(
+                f"[daemon] whole-GPU job {job}: gpuq {g['memory_gpuq'] / GIB:.2f} GiB, "
+                f"other {g['memory_foreign'] / GIB:.2f} GiB, jobs {g['jobs']}: OK"
+            )
             daemon.call("cancel", ids=[job])
             daemon.wait_state(job, "cancelled")
-            shares = [daemon.submit([sys.executable, "-c", HOLD, str(GIB), "15"],
-                                    gpus=1, gpu_mem=4 * GIB) for _ in range(2)]
+            shares = [
+                daemon.submit([sys.executable, "-c", HOLD, str(GIB), "15"], gpus=1, gpu_mem=4 * GIB)
+                for _ in range(2)
+            ]
             for s in shares:
                 daemon.wait_state(s, "running")
 
             def both() -> dict[str, object] | None:
                 g = daemon.call("gpus")["gpus"][0]
-                return g if sorted(g["jobs"]) == sorted(shares) and g["memory_gpuq"] >= 2 * GIB else None
+                packed = sorted(g["jobs"]) == sorted(shares) and g["memory_gpuq"] >= 2 * GIB
+                return g if packed else None
 
             g = wait_for(both, timeout=60, what="two packed jobs on the GPU")
-            print(f"[daemon] packed jobs {shares} on {uuid}: gpuq {g['memory_gpuq'] / GIB:.2f} GiB, "
-                  f"mode {g['mode']}: OK")
+            print(
+                f"[daemon] packed jobs {shares} on {uuid}: gpuq {g['memory_gpuq'] / GIB:.2f} GiB, "
+                f"mode {g['mode']}: OK"
+            )
             for s in shares:
                 daemon.wait_state(s, "succeeded", timeout=60)
                 out = daemon.cli("logs", str(s)).stdout.strip()

@@ -126,7 +126,8 @@ class DaemonHarness:
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """One request on a fresh connection."""
         with self.client() as client:
-            return client.call(method, **params)
+            result: dict[str, Any] = client.call(method, **params)
+        return result
 
     def submit(self, command: list[str], **spec: Any) -> int:
         """Submit one job (cwd: the test root) and return its id."""
@@ -136,7 +137,8 @@ class DaemonHarness:
 
     def job(self, job_id: int) -> dict[str, Any]:
         """The job object of `job_id`."""
-        return self.call("show", id=job_id)["job"]
+        job: dict[str, Any] = self.call("show", id=job_id)["job"]
+        return job
 
     def wait_state(self, job_id: int, *states: str, timeout: float = 20.0) -> dict[str, Any]:
         """Wait until the job is in one of `states`; returns the job."""

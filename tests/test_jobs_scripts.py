@@ -42,7 +42,8 @@ def submitted(daemon: DaemonHarness, *args: str) -> dict[str, Any]:
 
 def no_jobs(daemon: DaemonHarness) -> bool:
     """True when no job was ever submitted."""
-    return json.loads(daemon.cli("ls", "--all", "--json").stdout)["jobs"] == []
+    jobs: list[dict[str, Any]] = json.loads(daemon.cli("ls", "--all", "--json").stdout)["jobs"]
+    return not jobs
 
 
 @pytest.mark.parametrize("executable", [True, False], ids=["executable", "shebang"])

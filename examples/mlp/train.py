@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 
-def make_data(samples: int, features: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def make_data(
+    samples: int, features: int, classes: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Points around `classes` random centres, labelled by their centre."""
     gen = torch.Generator().manual_seed(seed)
     centres = torch.randn(classes, features, generator=gen) * 0.6

@@ -157,27 +157,59 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     return values, []
 
 
-def script_command(command: list[str]) -> tuple[list[str], list[str]]:
-    """For a script file, its `#GPUQ` directive tokens and how to run it."""
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A job script given as the command: its directives and how to run it."""
+
+    name: str
+    directives: list[tuple[int, list[str]]]
+    command: list[str]
+
+
+def script_command(command: list[str]) -> Script | None:
+    """For a script file, its `#GPUQ` directives and how to run it; else None.
+
+    The script runs by its absolute path, so the job runs the file whose
+    directives were read, whatever its working directory (`--cwd`).
+    """
     path = command[0]
     if not os.path.isfile(path):
-        return [], command
+        return None
     try:
         with open(path, "rb") as handle:
             head = handle.read(64 * 1024)
     except OSError:
-        return [], command
+        return None
     if b"\0" in head:  # a binary: nothing to parse
-        return [], command
-    from gpuq.directives import parse_directives
+        return None
+    from gpuq.directives import directive_lines
 
     text = head.decode(errors="replace")
-    tokens = parse_directives(text)
-    if os.access(path, os.X_OK):
-        return tokens, command
-    first = text.splitlines()[0] if text else ""
-    interpreter = shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]
-    return tokens, [*interpreter, *command]
+    try:
+        directives = directive_lines(text)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc.message}", exc.hint) from None
+    run = [os.path.abspath(path), *command[1:]]
+    if not os.access(path, os.X_OK):
+        first = text.splitlines()[0] if text else ""
+        run = [*(shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]), *run]
+    return Script(os.path.basename(path), directives, run)
+
+
+def directive_values(path: str, directives: list[tuple[int, list[str]]]) -> dict[str, Any]:
+    """The submit options of a script's `#GPUQ` lines; errors name the file and line."""
+    values: dict[str, Any] = {}
+    for number, tokens in directives:
+        where = f"{path}: line {number}"
+        try:
+            found, extra = parse_submit_args(tokens)
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc.message}", exc.hint) from None
+        if extra:
+            raise UsageError(f"{where}: #GPUQ directives take options only, got {extra[0]!r}")
+        for dest, value in found.items():
+            values[dest] = [*values.get(dest, []), *value] if isinstance(value, list) else value
+    return values
 
 
 def build_spec(
@@ -241,12 +273,11 @@ def run_submit(argv: Sequence[str]) -> int:
     json_mode = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     try:
         values, command = parse_submit_args(argv)
-        directive_tokens, command = script_command(command) if command else ([], command)
-        if directive_tokens:
-            from_script, extra = parse_submit_args(directive_tokens)
-            if extra:
-                raise UsageError(f"#GPUQ directives take options only, got {extra[0]!r}")
-            values = {**from_script, **values}
+        script = script_command(command) if command else None
+        if script is not None:
+            from_script = directive_values(command[0], script.directives)
+            values = {"name": script.name, **from_script, **values}
+            command = script.command
         from gpuq.config import load_config
 
         config = load_config(values.get("config"))
