@@ -38,7 +38,7 @@ CONTRACT: dict[str, str] = {
     GPU_MEM: "Bytes of GPU memory reserved on each shared GPU; unset for whole GPUs.",
     JOB_DIR: "The job's private directory in the daemon's state directory.",
     CHECKPOINT_DIR: "Where the job should keep checkpoints; survives suspend and retry.",
-    CONTROL_SOCKET: "Unix socket of the job's control channel to the daemon (gpuq.runner).",
+    CONTROL_SOCKET: "Reserved for the control channel of gpuq.runner jobs; not set yet.",
     ATTEMPT: "1 for the first run, 2 for the first retry, and so on.",
     NODE: "Name of the server the job runs on.",
     "CUDA_VISIBLE_DEVICES": "Set to the GPU UUIDs, so CUDA sees only the job's GPUs.",

@@ -423,7 +423,14 @@ class ActionOutcome:
     ok: bool
     message: str = ""
     state: str | None = None
+    code: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON encoding used in action replies."""
-        return {"id": self.id, "ok": self.ok, "message": self.message, "state": self.state}
+        """JSON encoding used in action replies (`code`: the error code, if not ok)."""
+        return {
+            "id": self.id,
+            "ok": self.ok,
+            "message": self.message,
+            "state": self.state,
+            "code": self.code,
+        }

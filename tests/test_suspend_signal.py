@@ -14,7 +14,7 @@ def test_suspend_sends_the_signal_first_then_stops_the_job(daemon: DaemonHarness
     daemon.wait_state(job, "running")
     wait_for(lambda: (daemon.state_dir / "jobs" / str(job) / "child.json").exists())
     result = daemon.call("suspend", ids=[job])["results"][0]
-    assert result == {"id": job, "ok": True, "message": "", "state": "suspending"}
+    assert result == {"id": job, "ok": True, "message": "", "state": "suspending", "code": None}
     wait_for(marker.exists, what="the job to get SIGUSR1")
     daemon.wait_state(job, "suspended")
     reasons = [e["reason"] for e in daemon.call("show", id=job)["events"]]

@@ -156,7 +156,12 @@ def _action(method: str, ids: list[int], config: str | None, json_out: bool, **e
                 print(f"job {item['id']}: {item['state']}")
             else:
                 print(f"gpuq: job {item['id']}: {item['message']}", file=sys.stderr)
-    return 0 if all(r["ok"] for r in results) else int(ExitCode.CONFLICT)
+    failed = [r for r in results if not r["ok"]]
+    if not failed:
+        return 0
+    if all(r.get("code") == "not_found" for r in failed):
+        return int(ExitCode.NOT_FOUND)
+    return int(ExitCode.CONFLICT)
 
 
 def _register_action(method: str, help_text: str) -> None:

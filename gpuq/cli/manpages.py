@@ -37,7 +37,8 @@ EXIT_STATUS: dict[ExitCode, str] = {
     ExitCode.NOT_FOUND: "No such job.",
     ExitCode.CONFLICT: "The job's state does not allow the action (cancelling a finished job, "
     "releasing a job that is not held); with several ids, the action failed for at least "
-    "one of them, and each failure is printed on standard error.",
+    "one of them (3 if every failure was an unknown job), and each failure is printed on "
+    "standard error.",
     ExitCode.UNAVAILABLE: "The daemon cannot be reached or started, or the request can never "
     "be met by this server (more GPUs or GPU memory than it has).",
     ExitCode.PROTOCOL: "The client and the daemon speak different protocol versions, or a "
@@ -173,6 +174,15 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 """Examples per command (key: the words after `gpuq`): a description and shell lines."""
+
+SHELL_COMPLETION = (
+    (
+        "Install completion for the current shell (bash, zsh, fish or PowerShell):",
+        "gpuq --install-completion",
+    ),
+    ("Or enable it in the current bash session only:", 'eval "$(_GPUQ_COMPLETE=source_bash gpuq)"'),
+)
+"""The SHELL COMPLETION section of gpuq(1)."""
 
 RELATED: dict[str, tuple[str, ...]] = {
     "submit": ("ls", "show", "logs", "wait", "cancel"),
@@ -348,6 +358,11 @@ def examples(doc: CommandDoc) -> list[str]:
     entries = EXAMPLES.get(doc.key)
     if not entries:
         raise RuntimeError(f"no EXAMPLES for {doc.invocation!r} in gpuq/cli/manpages.py")
+    return shell_blocks(entries)
+
+
+def shell_blocks(entries: Sequence[tuple[str, str]]) -> list[str]:
+    """Each description as a paragraph, followed by its shell lines, indented."""
     lines: list[str] = []
     for description, shell in entries:
         lines += [".PP", escape(description), ".PP", ".RS 4", ".nf", escape(shell), ".fi", ".RE"]
@@ -397,24 +412,7 @@ def render(doc: CommandDoc, docs: Sequence[CommandDoc]) -> str:
     lines += [".SH EXIT STATUS", *exit_status(doc)]
     lines += [".SH EXAMPLES", *examples(doc)]
     if not doc.words:
-        lines += [
-            ".SH SHELL COMPLETION",
-            escape("Install completion for the current shell (bash, zsh, fish or PowerShell):"),
-            ".PP",
-            ".RS 4",
-            ".nf",
-            escape("gpuq --install-completion"),
-            ".fi",
-            ".RE",
-            ".PP",
-            escape("Or enable it in the current bash session only:"),
-            ".PP",
-            ".RS 4",
-            ".nf",
-            escape('eval "$(_GPUQ_COMPLETE=source_bash gpuq)"'),
-            ".fi",
-            ".RE",
-        ]
+        lines += [".SH SHELL COMPLETION", *shell_blocks(SHELL_COMPLETION)]
     lines += [".SH SEE ALSO", see_also(doc, docs)]
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,14 +151,22 @@ class Executor:
             rc if isinstance(rc, int) else None, data.get("signal"), reason, data.get("end_time")
         )
 
-    def live_shim(self, job_id: int) -> int | None:
-        """The pid of the job's running shim, if one holds the job's lock."""
+    def live_shim(self, job_id: int, settle: float = 10.0) -> int | None:
+        """The pid of the job's running shim, if one holds the job's lock.
+
+        A shim holds the lock from before it starts, so a held lock with no
+        record yet is a shim still starting up: wait up to `settle` seconds
+        for its record rather than mistake it for a dead one.
+        """
         job_dir = self.jobs_dir / str(job_id)
-        if not jobfiles.is_locked(job_dir / jobfiles.LOCK):
-            return None
-        record = jobfiles.read_json(job_dir / jobfiles.SHIM)
-        if record is not None and jobfiles.is_same_process(record):
-            return int(record["pid"])
+        deadline = time.monotonic() + settle
+        while jobfiles.is_locked(job_dir / jobfiles.LOCK):
+            record = jobfiles.read_json(job_dir / jobfiles.SHIM)
+            if record is not None and jobfiles.is_same_process(record):
+                return int(record["pid"])
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job_id}: its lock is held but its shim never reported")
+            time.sleep(0.01)
         return None
 
     def has_exit_record(self, job_id: int) -> bool:

@@ -56,7 +56,8 @@ def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[
     """
     spec = state.store.full_spec(job.id)
     job_dir = state.executor.job_dir(job.id)
-    environ = dict(spec.env)
+    # A job submitted from inside another job must not inherit that job's values.
+    environ = {k: v for k, v in spec.env.items() if k not in job_env.CONTRACT}
     uuids = ",".join(placement.gpu_uuids)
     environ.update(
         {
@@ -193,6 +194,11 @@ def _terminate(state: DaemonState, job_id: int, attempt: int) -> None:
         return
     state.executor.signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
     loop.call_later(state.config.daemon.kill_grace, _kill, state, job_id, attempt)
+
+
+def resume_cancel(state: DaemonState, job: Job) -> None:
+    """Carry on a cancel a previous daemon started (its KILL timer died with it)."""
+    _terminate(state, job.id, job.attempts)
 
 
 def _kill(state: DaemonState, job_id: int, attempt: int) -> None:

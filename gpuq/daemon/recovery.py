@@ -35,7 +35,12 @@ def recover(state: DaemonState) -> dict[str, int]:
     for job in sorted(state.active.values(), key=lambda j: j.id):
         if not job.state.is_active:
             continue
-        pid = state.executor.live_shim(job.id)
+        try:
+            pid = state.executor.live_shim(job.id)
+        except RuntimeError as exc:
+            state.transition(job, JobState.LOST, str(exc), end_time=time.time())
+            counts["lost"] += 1
+            continue
         if pid is not None:
             if job.state is JobState.STARTING:
                 job = state.transition(
@@ -49,6 +54,8 @@ def recover(state: DaemonState) -> dict[str, int]:
                     job, job.state, "re-adopted after daemon restart", time.time()
                 )
             lifecycle.watch(state, job.id, pid)
+            if lifecycle.cancel_requested(state, job):
+                lifecycle.resume_cancel(state, job)
             counts["adopted"] += 1
         elif state.executor.has_exit_record(job.id):
             lifecycle.finish(state, job.id, state.executor.outcome(job.id))

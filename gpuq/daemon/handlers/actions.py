@@ -83,5 +83,5 @@ def handle(state: DaemonState, request: Action) -> dict[str, Any]:
         try:
             outcomes.append(ActionOutcome(job_id, True, state=_apply(state, request, job_id)))
         except GpuqError as exc:
-            outcomes.append(ActionOutcome(job_id, False, exc.message))
+            outcomes.append(ActionOutcome(job_id, False, exc.message, code=exc.code))
     return {"results": [o.to_dict() for o in outcomes]}
