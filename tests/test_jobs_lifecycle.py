@@ -149,6 +149,7 @@ def test_logs_tail_prints_the_last_lines(daemon: DaemonHarness) -> None:
     daemon.wait_state(job_id, "succeeded")
     assert daemon.cli("logs", "--tail", "3", str(job_id)).stdout == "8\n9\n10\n"
     assert daemon.cli("logs", "--tail", "1", str(job_id)).stdout == "10\n"
+    assert daemon.cli("logs", "--tail", "0", str(job_id)).stdout == ""
     assert daemon.cli("logs", "--tail", "50", str(job_id)).stdout == "".join(
         f"{n}\n" for n in range(1, 11)
     )

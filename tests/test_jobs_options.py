@@ -109,6 +109,13 @@ def test_a_gpu_job_sees_its_gpus_by_uuid_and_the_gpuq_contract(daemon: DaemonHar
     assert [j["name"] for j in listed(daemon, "--all")] == ["envdump"]
 
 
+def test_the_default_name_is_the_commands_base_name(daemon: DaemonHarness) -> None:
+    plain = submit(daemon, "--gpus", "0", "--hold", "--", "/bin/sh", "-c", "cd /tmp && true")
+    assert daemon.job(plain)["name"] == "sh"
+    named = submit(daemon, "--gpus", "0", "--hold", "-n", "mine", "--", "true")
+    assert daemon.job(named)["name"] == "mine"
+
+
 def test_a_shared_gpu_job_sees_its_memory_share(daemon: DaemonHarness) -> None:
     job_id = submit(daemon, "--gpu-mem", "10G", "--", "env")
     job = daemon.wait_state(job_id, "succeeded")
@@ -133,6 +140,8 @@ def test_the_submitting_shells_environment_reaches_the_job_and_env_overrides_it(
         "GPUQ_TEST_OVERRIDDEN=new",
         "-E",
         "GPUQ_TEST_ADDED=a=b",
+        "--env",
+        "CUDA_VISIBLE_DEVICES=0",
         "--",
         "env",
     )
@@ -143,6 +152,30 @@ def test_the_submitting_shells_environment_reaches_the_job_and_env_overrides_it(
     assert seen["GPUQ_TEST_FROM_SHELL"] == "captured"
     assert seen["GPUQ_TEST_OVERRIDDEN"] == "new"
     assert seen["GPUQ_TEST_ADDED"] == "a=b"
+    assert seen["CUDA_VISIBLE_DEVICES"] == ""  # the GPUQ contract wins over --env
+
+
+def test_a_job_submitted_from_inside_a_job_does_not_inherit_its_gpuq_variables(
+    daemon: DaemonHarness,
+) -> None:
+    inside_a_job = {
+        "GPUQ_JOB_ID": "999",
+        "GPUQ_ARRAY_ID": "990",
+        "GPUQ_ARRAY_INDEX": "9",
+        "GPUQ_GPU_MEM": "1024",
+        "GPUQ_CONTROL_SOCKET": "/nonexistent/control.sock",
+        "CUDA_VISIBLE_DEVICES": "GPU-of-the-parent",
+    }
+    result = cli_with_env(daemon, inside_a_job, "submit", "-q", "--", "env")
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout)
+    job = daemon.wait_state(job_id, "succeeded")
+    seen = job_env(daemon, job_id)
+    assert seen["GPUQ_JOB_ID"] == str(job_id)
+    assert seen["CUDA_VISIBLE_DEVICES"] == job["gpu_uuids"][0]
+    for name in ("GPUQ_ARRAY_ID", "GPUQ_ARRAY_INDEX", "GPUQ_GPU_MEM", "GPUQ_CONTROL_SOCKET"):
+        assert name not in seen, name
+    assert seen["GPUQ_CONFIG"] == str(daemon.config_path)  # gpuq inside reaches this daemon
 
 
 def test_env_without_an_equals_sign_is_a_usage_error(daemon: DaemonHarness) -> None:
@@ -322,6 +355,7 @@ def test_time_limit_kills_the_job_with_a_reason(daemon: DaemonHarness) -> None:
     assert job["state"] == "failed"
     assert job["reason"] == "time limit of 2s reached"
     assert job["signal"] == "SIGTERM"
+    assert job["exit_code"] == 143
     assert job["spec"]["time_limit"] == 2
 
 

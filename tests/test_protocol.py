@@ -631,9 +631,11 @@ def test_parse_states_lists_the_valid_names_on_a_typo() -> None:
 
 
 def test_an_action_outcome_encodes_every_field() -> None:
-    assert ActionOutcome(3, False, "no job 3").to_dict() == {
+    assert ActionOutcome(3, False, "no job 3", code="not_found").to_dict() == {
         "id": 3,
         "ok": False,
         "message": "no job 3",
         "state": None,
+        "code": "not_found",
     }
+    assert ActionOutcome(4, True, state="held").to_dict()["code"] is None

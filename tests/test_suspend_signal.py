@@ -8,11 +8,10 @@ from tests.daemon_harness import DaemonHarness, wait_for
 
 
 def test_suspend_sends_the_signal_first_then_stops_the_job(daemon: DaemonHarness) -> None:
-    marker = daemon.root / "warned"
-    script = f"trap 'touch {marker}' USR1; while true; do sleep 0.05; done"
+    marker, ready = daemon.root / "warned", daemon.root / "ready"
+    script = f"trap 'touch {marker}' USR1; touch {ready}; while true; do sleep 0.05; done"
     job = daemon.submit(["sh", "-c", script], gpus=0, signal=[int(signal.SIGUSR1), 1.0])
-    daemon.wait_state(job, "running")
-    wait_for(lambda: (daemon.state_dir / "jobs" / str(job) / "child.json").exists())
+    wait_for(ready.exists, what="the job to install its USR1 trap")
     result = daemon.call("suspend", ids=[job])["results"][0]
     assert result == {"id": job, "ok": True, "message": "", "state": "suspending", "code": None}
     wait_for(marker.exists, what="the job to get SIGUSR1")
@@ -24,10 +23,10 @@ def test_suspend_sends_the_signal_first_then_stops_the_job(daemon: DaemonHarness
 
 
 def test_resume_during_the_warning_keeps_the_job_running(daemon: DaemonHarness) -> None:
-    script = "trap '' USR2; sleep 30"  # the warning is ignored; the job must keep running
+    ready = daemon.root / "ready"
+    script = f"trap '' USR2; touch {ready}; sleep 30"  # the warning is ignored
     job = daemon.submit(["sh", "-c", script], gpus=0, signal=[int(signal.SIGUSR2), 2.0])
-    daemon.wait_state(job, "running")
-    wait_for(lambda: (daemon.state_dir / "jobs" / str(job) / "child.json").exists())
+    wait_for(ready.exists, what="the job to ignore USR2")
     daemon.call("suspend", ids=[job])
     daemon.call("resume", ids=[job])
     assert daemon.job(job)["state"] == "running"

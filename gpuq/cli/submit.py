@@ -247,8 +247,7 @@ def build_spec(
         "command": command,
         "cwd": cwd,
         "env": env,
-        "name": values.get("name")
-        or os.path.basename(command[-1] if command[0] in ("/bin/sh",) else command[0]),
+        "name": values.get("name") or os.path.basename(command[0]),
         "gpus": values.get("gpus", defaults.gpus),
         "gpu_mem": gpu_mem,
         "gpu_mem_auto": auto,

@@ -225,11 +225,18 @@ def request_suspend(state: DaemonState, job: Job) -> Job:
 
 
 def complete_suspend(state: DaemonState, job_id: int) -> Job | None:
-    """Stop the job if a suspend is still pending for it."""
+    """Stop the job if a suspend is still pending for it.
+
+    A job suspended the moment it turned running may not have recorded its
+    process group yet: then this tries again shortly, and the job stays
+    `suspending` until it is really stopped.
+    """
     job = state.active.get(job_id)
     if job is None or job.state is not JobState.SUSPENDING:
         return None
-    state.executor.signal(job_id, signal.SIGSTOP)
+    if not state.executor.signal(job_id, signal.SIGSTOP):
+        asyncio.get_running_loop().call_later(CHILD_POLL_SECONDS, complete_suspend, state, job_id)
+        return None
     return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
 
 

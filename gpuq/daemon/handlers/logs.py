@@ -21,6 +21,8 @@ def tail_offset(path: str, lines: int) -> int:
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
         end = pos = handle.tell()
+        if lines <= 0:
+            return end
         found = 0
         while pos > 0 and found <= lines:
             step = min(8192, pos)
