@@ -16,9 +16,9 @@ first. Whatever arrives:
 - a job is created only by a successful `submit`, and then exactly the ids
   it returns.
 
-`shutdown` and `subscribe` are never sent with random parameters, since they
-legitimately end the daemon or never finish; `wait` always gets a short
-timeout and `logs` never follows.
+`shutdown` and `subscribe` are never sent, since they legitimately stop the
+daemon or never finish; `wait` is sent only with a short timeout, and `logs`
+never follows.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ HELLO = {"id": "hello", "method": "hello", "params": {"version": PROTOCOL_VERSIO
 SETTINGS = settings(
     max_examples=200,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow],  # a loaded 2-core CI machine
 )
 
 

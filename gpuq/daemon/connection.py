@@ -100,7 +100,7 @@ async def serve_connection(
                 if isinstance(message, dict):
                     request_id = message.get("id")
                 request_id, request = parse_request(message)
-                if not greeted:
+                if not greeted or isinstance(request, Hello):
                     check_hello(request)
                     greeted = True
 

@@ -79,6 +79,7 @@ class Server:
         self.state: DaemonState | None = None
         self._server: asyncio.AbstractServer | None = None
         self._lock_fd: int | None = None
+        self._bound = False  # only a daemon that bound the socket may remove it
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[None]] = set()
 
@@ -127,6 +128,7 @@ class Server:
             self._server = await asyncio.start_unix_server(
                 on_connect, path=str(path), limit=MAX_REQUEST_BYTES
             )
+            self._bound = True
         finally:
             os.umask(old_umask)
         if cfg.socket_mode != 0o600:
@@ -139,9 +141,10 @@ class Server:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise DaemonUnavailable(
-                "another gpuq daemon is running for this runtime directory",
+                f"another gpuq daemon is running (pid {holder}) for {lock_path.parent}",
                 "gpuq daemon status shows it; gpuq daemon stop stops it",
             ) from None
         os.ftruncate(fd, 0)
@@ -162,7 +165,12 @@ class Server:
         while not state.should_exit.is_set():
             state.wake.clear()
             started = time.perf_counter()
-            plan = scheduler.schedule_pass(state)
+            try:
+                plan = scheduler.schedule_pass(state)
+            except Exception:  # a bad pass must not end scheduling for good
+                log.exception("scheduler pass failed; retrying after a pause")
+                await asyncio.sleep(MAX_PASS_BACKOFF)
+                continue
             if plan.start:
                 log.info(
                     "started %d job(s) in %.1f ms",
@@ -191,8 +199,9 @@ class Server:
             self.state.executor.unwatch_all(asyncio.get_running_loop())
             self.state.backend.close()
             self.state.store.close()
-        with contextlib.suppress(FileNotFoundError):
-            socket_path(self.config).unlink()
+        if self._bound:
+            with contextlib.suppress(FileNotFoundError):
+                socket_path(self.config).unlink()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
 
