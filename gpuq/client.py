@@ -179,7 +179,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 
 def running_daemon_pid(config: Config) -> int | None:
-    """The pid in the daemon's lock file if that daemon answers, else None."""
+    """The pid of the daemon answering on this configuration's socket, or None."""
     try:
         with Client._open(socket_path(config)) as client:
             return int(client.hello.get("pid", 0)) or None

@@ -9,6 +9,7 @@ sleep). On teardown it stops the daemon and kills every job process left.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -183,6 +184,21 @@ class DaemonHarness:
         self.stop()
         self.kill_jobs()
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def submit_cli(daemon: DaemonHarness, *args: str) -> int:
+    """`gpuq submit -q ARGS` through the real CLI; returns the new job's id."""
+    result = daemon.cli("submit", "-q", *args)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+def listed(daemon: DaemonHarness, *args: str) -> list[dict[str, Any]]:
+    """The jobs of `gpuq ls --json ARGS` through the real CLI."""
+    result = daemon.cli("ls", "--json", *args)
+    assert result.returncode == 0, result.stderr
+    jobs: list[dict[str, Any]] = json.loads(result.stdout)["jobs"]
+    return jobs
 
 
 @contextlib.contextmanager

@@ -13,29 +13,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonHarness, wait_for
+from tests.daemon_harness import DaemonHarness, listed, wait_for
+from tests.daemon_harness import submit_cli as submit
 
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 CONFLICT = 4
-
-
-def submit(daemon: DaemonHarness, *args: str) -> int:
-    """`gpuq submit -q ARGS`; returns the new job's id."""
-    result = daemon.cli("submit", "-q", *args)
-    assert result.returncode == 0, result.stderr
-    return int(result.stdout)
-
-
-def listed(daemon: DaemonHarness, *args: str) -> list[dict[str, Any]]:
-    """The jobs of `gpuq ls --json ARGS`."""
-    result = daemon.cli("ls", "--json", *args)
-    assert result.returncode == 0, result.stderr
-    jobs: list[dict[str, Any]] = json.loads(result.stdout)["jobs"]
-    return jobs
 
 
 def ids(daemon: DaemonHarness, *args: str) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -282,7 +283,5 @@ def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | N
                 f"chmod +x {program}, or run it via its interpreter",
             )
         return
-    import shutil
-
     if shutil.which(program, path=path_env) is None:
         raise UsageError(f"command not found: {program!r}", "check the spelling and the job's PATH")

@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuq.config import Config
@@ -85,8 +85,6 @@ class DaemonState:
         """The job with its current waiting reason filled in (pending jobs)."""
         reason = self.waiting_reasons.get(job.id)
         if reason and job.state is JobState.QUEUED:
-            from dataclasses import replace
-
             return replace(job, reason=reason)
         return job
 
