@@ -1,0 +1,176 @@
+"""The interface of elastic, cluster-wide policies: `decide(state, now) -> Decision`.
+
+The papers' policies (Tiresias, Optimus, AFS, Pollux, Gandiva, ONES) and gpuq's
+own decide how many GPUs each job holds on each node, and sometimes its batch
+size, rather than placing one job at a time. They see a `ClusterState`: the
+nodes, and every active job (pending or running) with what is known about
+it. The simulator (`gpuq.sim`) builds the state from its tables and the
+daemon builds it from its store (`gpuq.policies.adapter`); both run the very
+same policy objects.
+
+Conventions, shared by every policy and by both callers:
+
+- An allocation is a tuple with one entry per node of `state.nodes`, in that
+  order: the number of GPUs the job holds there. `()` or all zeros: none.
+- A `Decision` gives the allocation of every job it wants to run; a job it
+  leaves out holds no GPUs (it waits, or is suspended if it was running).
+- Allocations may over-subscribe a node only in policies that time-slice
+  (Gandiva); the caller then shares the node's GPUs round-robin among its
+  jobs. `packed` names groups of jobs that share GPUs at the same time instead.
+- Time is passed in as `now`, in seconds. Policies are deterministic for a
+  given seed, never read the clock, and never mutate the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gpuq.goodput import GoodputFunction
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A server: its name and how many GPUs it has."""
+
+    name: str
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """An active job, as a policy sees it.
+
+    Fields about the job's request:
+    - `gpus_requested`: the GPU count the user asked for (gang policies run
+      the job with exactly this many or not at all);
+    - `batch_size`: the user's total batch size (for non-adaptive jobs, the
+      only one it runs with); `init_batch_size` is M0, the batch size its
+      learning rate was tuned for;
+    - `adaptive`: the job runs gpuq's agent, which picks its own batch size
+      for whatever GPUs it is given (Pollux); `max_batch_size` and
+      `local_bsz_bounds` bound that choice;
+    - `max_gpus`: the most GPUs the job can use at all.
+
+    Fields about its history: `allocation` (current GPUs per node),
+    `attained_service` (GPU-seconds so far), `run_time` (seconds it held any
+    GPU), `num_restarts` (reallocations so far), `max_profiled_gpus` (most
+    GPUs it has ever run on).
+
+    Models (None when unknown): `goodput` is the job's fitted throughput and
+    gradient-noise model (`gpuq.goodput`); `remaining_iterations` is how many
+    more iterations at `batch_size` it needs (exact in the simulator: an
+    oracle; estimated in the daemon). `gpu_utilization` (0-100) and
+    `memory_peak` (bytes per GPU) are its profile on one exclusive GPU, for
+    packing decisions. `epoch` counts epochs completed.
+    """
+
+    id: int
+    submit_time: float
+    gpus_requested: int = 1
+    batch_size: int = 0
+    init_batch_size: int = 0
+    max_batch_size: int = 0
+    local_bsz_bounds: tuple[int, int] = (1, 1 << 30)
+    adaptive: bool = False
+    max_gpus: int = 1 << 30
+    priority: int = 0
+    name: str = ""
+    application: str = ""
+    allocation: tuple[int, ...] = ()
+    attained_service: float = 0.0
+    run_time: float = 0.0
+    num_restarts: int = 0
+    max_profiled_gpus: int = 0
+    epoch: int = 0
+    goodput: GoodputFunction | None = None
+    remaining_iterations: float | None = None
+    gpu_utilization: float | None = None
+    memory_peak: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job holds now, over all nodes."""
+        return sum(self.allocation)
+
+    @property
+    def running(self) -> bool:
+        """True if the job holds any GPU."""
+        return self.gpus > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """Everything a policy may use: nodes, active jobs, and the tick length.
+
+    `jobs` holds pending and running jobs in id order. `interval` is the time
+    until the next decision (the simulator's tick); `restart_penalty` is the
+    seconds of progress a job loses per reallocation (Pollux's delta).
+    `gpu_memory` is each GPU's memory in bytes (for packing), if known.
+    """
+
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobView, ...]
+    interval: float = 60.0
+    restart_penalty: float = 30.0
+    gpu_memory: int | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs in the cluster."""
+        return sum(n.gpus for n in self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer for this instant.
+
+    `allocations`: GPUs per node for every job that should hold GPUs.
+    `batch_sizes`: total batch size the policy chooses for a job (ONES); jobs
+    not named keep their own (adaptive jobs choose for themselves).
+    `packed`: groups of job ids that share the same GPUs at once (Gandiva
+    packing), rather than being time-sliced.
+    `notes`: a short reason per job, for `gpuq show` and debugging.
+    """
+
+    allocations: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    batch_sizes: Mapping[int, int] = field(default_factory=dict)
+    packed: tuple[tuple[int, ...], ...] = ()
+    notes: Mapping[int, str] = field(default_factory=dict)
+
+
+class ElasticPolicy(Protocol):
+    """A cluster-wide policy: a pure function of the state and the time."""
+
+    name: str
+
+    def decide(self, state: ClusterState, now: float) -> Decision:
+        """Return the allocations for this instant; must not mutate `state`."""
+        ...
+
+
+def capacity_violations(state: ClusterState, decision: Decision) -> list[str]:
+    """Every way `decision` over-commits a node (empty when it fits).
+
+    Time-slicing policies may over-subscribe on purpose; every other policy
+    must return a decision for which this is empty (a property test checks).
+    """
+    problems = []
+    used = [0] * len(state.nodes)
+    known = {job.id for job in state.jobs}
+    for job_id, allocation in decision.allocations.items():
+        if job_id not in known:
+            problems.append(f"job {job_id} is not in the state")
+        if allocation and len(allocation) != len(state.nodes):
+            problems.append(f"job {job_id}: allocation has {len(allocation)} entries")
+            continue
+        for i, count in enumerate(allocation):
+            if count < 0:
+                problems.append(f"job {job_id}: negative GPUs on node {i}")
+            used[i] += count
+    for node, count in zip(state.nodes, used, strict=True):
+        if count > node.gpus:
+            problems.append(f"node {node.name}: {count} GPUs allocated of {node.gpus}")
+    return problems
