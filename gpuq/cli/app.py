@@ -329,6 +329,20 @@ def daemon_restart(config: ConfigOpt = None) -> None:
     _run(False, body)
 
 
+@daemon_app.command("run")
+def daemon_run(
+    config: ConfigOpt = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
+) -> None:
+    """Run the daemon in the foreground, logging to stderr (for systemd and containers)."""
+    from gpuq.daemon.__main__ import main as daemon_main
+
+    args = ["--log-level", log_level] + (["--config", config] if config else [])
+    raise typer.Exit(daemon_main(args))
+
+
 @daemon_app.command("status")
 def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
     """Show whether the daemon runs, and its pid, paths and job counts (exit 5 if down)."""

@@ -167,6 +167,9 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "daemon": (("Is the daemon running, and what is it doing?", "gpuq daemon status"),),
     "daemon start": (("Start the daemon ahead of the first command.", "gpuq daemon start"),),
     "daemon stop": (("Stop the daemon; running jobs keep running.", "gpuq daemon stop"),),
+    "daemon run": (
+        ("Run the daemon in the foreground, as systemd does.", "gpuq daemon run --log-level INFO"),
+    ),
     "daemon restart": (("Restart the daemon after an upgrade.", "gpuq daemon restart"),),
     "daemon status": (
         ("The daemon's pid, paths and job counts.", "gpuq daemon status"),
