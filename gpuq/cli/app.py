@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gpuq.cli import render
+from gpuq.cli import render, sim
 from gpuq.cli.errors import render_error
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit
 from gpuq.config import Config, load_config
@@ -377,6 +377,9 @@ def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
     else:
         print_checks(checks)
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
+
+
+app.command("sim")(sim.sim_command)
 
 
 def _register_submit() -> None:

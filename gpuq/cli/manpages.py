@@ -167,6 +167,20 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "daemon": (("Is the daemon running, and what is it doing?", "gpuq daemon status"),),
     "daemon start": (("Start the daemon ahead of the first command.", "gpuq daemon start"),),
     "daemon stop": (("Stop the daemon; running jobs keep running.", "gpuq daemon stop"),),
+    "sim": (
+        (
+            "Simulate Pollux on the first bundled trace (16 nodes x 4 GPUs).",
+            "gpuq sim --policy pollux --workload workload-1",
+        ),
+        (
+            "Compare policies on a generated workload for a 16-GPU lab.",
+            "gpuq sim --compare gpuq,pollux,tiresias --workload gen:1 --nodes 4",
+        ),
+        (
+            "Each policy's average JCT, for a script.",
+            "gpuq sim --compare pollux,optimus -w workload-2 --json | jq '.results[].avg_jct'",
+        ),
+    ),
     "daemon run": (
         ("Run the daemon in the foreground, as systemd does.", "gpuq daemon run --log-level INFO"),
     ),

@@ -1,0 +1,299 @@
+"""Every policy side by side on the Pollux workloads: `python bench/bench_compare.py`.
+
+Runs each registered policy (`gpuq.policies.registry`) on the bundled
+workloads 1-4, their 0.5x-load versions, and 4 generated TunedJobs workloads
+(seeds 1-4), on the paper's 16 x 4-GPU cluster with a 60 s interval and a
+30 s restart penalty, in parallel worker processes (`--jobs`, default: the
+CPUs; each worker one BLAS thread). A policy whose module is not in this
+build is reported as missing; a run that fails is reported with its error.
+
+It prints, on stdout:
+
+- one table per workload: average and p99 JCT, average and worst
+  finish-time fairness (rho), reallocations and decision time, with the
+  published simulator's average JCT beside pollux, tiresias and optimus
+  (Pollux OSDI'21; workloads 1-4 only) and the difference, flagged over 15%;
+- the acceptance checks: pollux's average JCT, averaged over workloads 1-4
+  (the mean of the four averages), at least 25% below tiresias's and 40%
+  below optimus's; pollux below both at 0.5x load; gpuq within 2% of the
+  best average JCT on every workload, with a p99 JCT and worst rho no worse
+  than pollux's; pollux's longest decision against the 0.2 s target;
+- the wall time against the 15-minute budget, and the summed run time of
+  the workload 1-4 runs divided by the workers (the budget's own scope);
+- a markdown table (average JCT per policy and workload, published figures
+  in parentheses) to paste into bench/RESULTS.md.
+
+Progress goes to stderr. No test runs this: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuq.cli.render import table
+from gpuq.cli.sim import SimSettings, resolve_workload, run_policy
+from gpuq.policies.registry import ELASTIC_POLICY_NAMES, available_elastic_policies
+
+BUDGET_S = 15 * 60.0
+DECISION_TARGET_S = 0.2
+MAIN = tuple(f"workload-{i}" for i in range(1, 5))
+HALF = tuple(f"workload-0.5-{i}" for i in range(1, 5))
+GENERATED = tuple(f"gen:{seed}" for seed in range(1, 5))
+PUBLISHED: dict[str, tuple[float, ...]] = {
+    "pollux": (2089, 3323, 2188, 2721),
+    "tiresias": (2474, 5145, 3876, 3280),
+    "optimus": (4087, 6914, 3944, 5968),
+}
+"""The published simulator's average JCT (s) on workloads 1-4 (Tiresias and
+Optimus with TunedJobs, Optimus with the oracle)."""
+SLOW_FIRST = ("optimus", "pollux", "ones", "gpuq", "gandiva", "afs")
+
+
+@dataclass
+class Outcome:
+    """One (policy, workload) run: its summary, or the error that ended it."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str = ""
+
+
+def timed_run(name: str, workload_name: str, settings: SimSettings) -> tuple[dict[str, Any], float]:
+    """Run one policy on one workload in a worker; the summary and the run's seconds."""
+    started = time.perf_counter()
+    gpus = settings.nodes * settings.gpus_per_node
+    jobs = resolve_workload(workload_name, gpus, settings.gpus_per_node)
+    summary = run_policy(name, jobs, settings)
+    return summary, time.perf_counter() - started
+
+
+def _one_thread() -> None:
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
+
+def run_all(
+    policies: list[str], workloads: list[str], settings: SimSettings, workers: int
+) -> dict[tuple[str, str], Outcome]:
+    """Every (policy, workload) outcome, slow policies submitted first."""
+    tasks = sorted(
+        ((p, w) for w in workloads for p in policies),
+        key=lambda task: SLOW_FIRST.index(task[0]) if task[0] in SLOW_FIRST else 99,
+    )
+    outcomes: dict[tuple[str, str], Outcome] = {}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+        futures: dict[Future[tuple[dict[str, Any], float]], tuple[str, str]] = {
+            pool.submit(timed_run, p, w, settings): (p, w) for p, w in tasks
+        }
+        for future in as_completed(futures):
+            task = futures[future]
+            try:
+                summary, seconds = future.result()
+                outcomes[task] = Outcome(summary, seconds)
+            except Exception as error:  # noqa: BLE001 - reported in the tables; others go on
+                traceback.print_exception(error, file=sys.stderr)
+                outcomes[task] = Outcome(error=f"{type(error).__name__}: {error}")
+            done = len(outcomes)
+            print(
+                f"\r{done}/{len(tasks)} runs done ({task[0]} on {task[1]})", end="", file=sys.stderr
+            )
+    print(file=sys.stderr)
+    return outcomes
+
+
+def published(policy: str, workload: str) -> float | None:
+    """The published average JCT of `policy` on `workload`, if there is one."""
+    if policy in PUBLISHED and workload in MAIN:
+        return PUBLISHED[policy][MAIN.index(workload)]
+    return None
+
+
+def workload_table(
+    workload: str, policies: list[str], outcomes: dict[tuple[str, str], Outcome]
+) -> str:
+    """One workload: a row per policy, with the published figure and the difference."""
+    header = [
+        "policy",
+        "avg JCT",
+        "p99 JCT",
+        "rho avg",
+        "rho max",
+        "realloc",
+        "decide ms",
+        "paper",
+        "diff",
+    ]
+    rows = []
+    for policy in policies:
+        outcome = outcomes[(policy, workload)]
+        if outcome.error:
+            rows.append([policy, f"error: {outcome.error[:60]}", *[""] * 7])
+            continue
+        s = outcome.summary
+        paper = published(policy, workload)
+        diff = "" if paper is None else f"{100 * (s['avg_jct'] / paper - 1):+.1f}%"
+        if paper is not None and abs(s["avg_jct"] / paper - 1) > 0.15:
+            diff += " (>15%)"
+        rows.append(
+            [
+                policy,
+                f"{s['avg_jct']:.0f}",
+                f"{s['p99_jct']:.0f}",
+                f"{s['avg_rho']:.2f}",
+                f"{s['max_rho']:.2f}",
+                str(s["reallocations"]),
+                f"{1000 * s['decision_time_mean']:.1f}",
+                "" if paper is None else f"{paper:.0f}",
+                diff,
+            ]
+        )
+    return table(header, rows)
+
+
+def mean_jct(
+    policy: str, workloads: tuple[str, ...], outcomes: dict[tuple[str, str], Outcome]
+) -> float | None:
+    """The mean of a policy's average JCTs over `workloads`, if every run succeeded."""
+    values = [outcomes.get((policy, w), Outcome(error="not run")) for w in workloads]
+    if any(v.error for v in values):
+        return None
+    return sum(float(v.summary["avg_jct"]) for v in values) / len(values)
+
+
+def acceptance(
+    policies: list[str], workloads: list[str], outcomes: dict[tuple[str, str], Outcome]
+) -> list[str]:
+    """The acceptance checks that the runs at hand allow, one line each."""
+    lines = []
+    for group, label in ((MAIN, "workloads 1-4"), (HALF, "0.5x workloads 1-4")):
+        pollux = mean_jct("pollux", group, outcomes)
+        for rival, needed in (("tiresias", 0.25), ("optimus", 0.40)):
+            other = mean_jct(rival, group, outcomes)
+            if pollux is None or other is None:
+                lines.append(f"pollux vs {rival} on {label}: not available")
+                continue
+            cut = 1 - pollux / other
+            target = needed if group is MAIN else 0.0
+            verdict = "ok" if cut >= target else "FAIL"
+            lines.append(
+                f"pollux vs {rival} on {label}: {pollux:.0f} s vs {other:.0f} s, "
+                f"{100 * cut:.1f}% lower (need >= {100 * target:.0f}%): {verdict}"
+            )
+    for workload in workloads:
+        done = {p: outcomes[(p, workload)] for p in policies if not outcomes[(p, workload)].error}
+        if "gpuq" not in done:
+            lines.append(f"gpuq on {workload}: not available")
+            continue
+        best_name = min(done, key=lambda p: done[p].summary["avg_jct"])
+        best = done[best_name].summary["avg_jct"]
+        ours = done["gpuq"].summary
+        ratio = ours["avg_jct"] / best
+        verdict = "ok" if ratio <= 1.02 else "FAIL"
+        line = f"gpuq on {workload}: {ratio:.3f} x best ({best_name}) avg JCT: {verdict}"
+        if "pollux" in done:
+            theirs = done["pollux"].summary
+            p99 = "ok" if ours["p99_jct"] <= theirs["p99_jct"] else "FAIL"
+            rho = "ok" if ours["max_rho"] <= theirs["max_rho"] else "FAIL"
+            line += (
+                f"; p99 {ours['p99_jct']:.0f} vs pollux {theirs['p99_jct']:.0f}: {p99}"
+                f"; rho max {ours['max_rho']:.2f} vs {theirs['max_rho']:.2f}: {rho}"
+            )
+        lines.append(line)
+    slowest = [
+        outcomes[("pollux", w)].summary["decision_time_max"]
+        for w in MAIN
+        if ("pollux", w) in outcomes and not outcomes[("pollux", w)].error
+    ]
+    if slowest:
+        worst = max(slowest)
+        verdict = "ok" if worst < DECISION_TARGET_S else "FAIL"
+        lines.append(
+            f"pollux longest decision on workloads 1-4: {worst:.3f} s "
+            f"(target {DECISION_TARGET_S} s, ratio {worst / DECISION_TARGET_S:.2f}): {verdict}"
+        )
+    return lines
+
+
+def markdown(
+    policies: list[str], workloads: list[str], outcomes: dict[tuple[str, str], Outcome]
+) -> str:
+    """Average JCT (s) per policy and workload, published figures in parentheses."""
+    lines = [
+        "| policy | " + " | ".join(workloads) + " |",
+        "| --- |" + " ---: |" * len(workloads),
+    ]
+    for policy in policies:
+        cells = []
+        for workload in workloads:
+            outcome = outcomes[(policy, workload)]
+            if outcome.error:
+                cells.append("error")
+                continue
+            cell = f"{outcome.summary['avg_jct']:.0f}"
+            paper = published(policy, workload)
+            cells.append(cell if paper is None else f"{cell} ({paper:.0f})")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the comparison and print the tables, checks, timings and markdown."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", default=",".join(ELASTIC_POLICY_NAMES))
+    parser.add_argument("--workloads", default=",".join((*MAIN, *HALF, *GENERATED)))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+
+    wanted = [p for p in args.policies.split(",") if p]
+    available = set(available_elastic_policies())
+    missing = [p for p in wanted if p not in available]
+    policies = [p for p in wanted if p in available]
+    workloads = [w for w in args.workloads.split(",") if w]
+    settings = SimSettings()
+    workers = max(1, args.jobs)
+
+    started = time.perf_counter()
+    outcomes = run_all(policies, workloads, settings, workers)
+    wall = time.perf_counter() - started
+
+    if missing:
+        print(f"missing (no module in this build): {', '.join(missing)}\n")
+    for workload in workloads:
+        count = next(
+            (o.summary["jobs"] for (_, w), o in outcomes.items() if w == workload and not o.error),
+            "?",
+        )
+        print(f"## {workload} ({count} jobs)\n")
+        print(workload_table(workload, policies, outcomes))
+        print()
+    print("## Acceptance\n")
+    for line in acceptance(policies, workloads, outcomes):
+        print(f"- {line}")
+    main_seconds = sum(o.seconds for (_, w), o in outcomes.items() if w in MAIN)
+    print("\n## Time\n")
+    print(
+        f"- wall time: {wall:.0f} s for {len(outcomes)} runs on {workers} workers "
+        f"(budget {BUDGET_S:.0f} s for workloads 1-4 x all policies)"
+    )
+    if main_seconds:
+        estimate = main_seconds / workers
+        print(
+            f"- workloads 1-4 x {len(policies)} policies: {main_seconds:.0f} s of runs, "
+            f"about {estimate:.0f} s on {workers} workers, "
+            f"ratio {estimate / BUDGET_S:.2f} to the budget"
+        )
+    print("\n## Markdown (average JCT, s; published in parentheses)\n")
+    print(markdown(policies, workloads, outcomes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""`gpuq sim`: replay a workload on a simulated cluster under one or more policies.
+
+The simulator (`gpuq.sim`) runs the very policy objects the daemon uses
+(`gpuq.policies.registry`). numpy, scipy and the simulator are imported
+inside the command, so other commands (`gpuq submit` above all) stay light.
+
+Workloads (`--workload`)
+    `FILE`: a CSV in the artifact's format (`name,time,application,
+    num_replicas,batch_size`). `workload-1` ... `workload-4` and
+    `workload-0.5-1` ... `workload-0.5-4`: the bundled Pollux traces (1x and
+    0.5x load). `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the
+    Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
+    by default, load 1). An existing file wins over a bundled name.
+
+Several policies
+    `--compare a,b,c` runs each policy (after `--policy`, if given) on the same
+    workload and prints them side by side. Runs go to `--jobs` worker
+    processes (default: the number of CPUs), each policy in its own; with one
+    worker or one policy everything runs in this process.
+
+Progress
+    Shown on stderr only when stderr is a terminal and `--json` is not given,
+    as one line rewritten in place: the percentage of the workload's jobs
+    finished, for a run in this process, or how many policies have finished
+    when they run in worker processes. Nothing else goes to stderr but errors.
+
+Output
+    A table on stdout: average, median and 99th-percentile job completion
+    time (seconds), makespan (seconds), GPU utilization, finish-time fairness
+    rho (average and worst), reallocations, and the policy's average decision
+    time in milliseconds. `--json` prints `{"schema_version": 1, "workload": ..., "settings":
+    {...}, "results": {policy: summary}}` where each summary has `avg_jct`
+    and the simulator's other metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from gpuq.cli.errors import render_error
+from gpuq.cli.render import table
+from gpuq.errors import GpuqError, UsageError
+from gpuq.models import JSON_SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from gpuq.sim.engine import SimProgress
+    from gpuq.sim.workload import WorkloadJob
+
+WORKLOAD_HINT = (
+    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4) "
+    "or gen:SEED[:tuned|realistic][:LOAD]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    """The cluster and simulator settings shared by every policy of one run."""
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    restart_penalty: float = 30.0
+    interference: float = 0.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise UsageError for settings the simulator cannot run."""
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise UsageError("--nodes and --gpus-per-node must be at least 1")
+        if self.interval <= 0 or self.restart_penalty < 0:
+            raise UsageError("--interval must be positive and --restart-penalty not negative")
+        if not 0.0 <= self.interference < 1.0:
+            raise UsageError(f"--interference must be in [0, 1), got {self.interference}")
+
+
+def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[WorkloadJob, ...]:
+    """The jobs of a `--workload` value (module docstring), for a cluster of `gpus` GPUs."""
+    from gpuq.sim.workload import (
+        BUNDLED_WORKLOADS,
+        bundled_workload,
+        generate_workload,
+        load_workload,
+    )
+
+    if spec.startswith("gen:"):
+        parts = spec.split(":")[1:]
+        try:
+            seed = int(parts[0])
+            variant = "tuned"
+            load = 1.0
+            for part in parts[1:]:
+                if part in ("tuned", "realistic"):
+                    variant = part
+                else:
+                    load = float(part)
+        except (IndexError, ValueError):
+            raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
+        return generate_workload(
+            seed,
+            variant="realistic" if variant == "realistic" else "tuned",
+            load=load,
+            cluster_gpus=gpus,
+            gpus_per_node=gpus_per_node,
+        )
+    if Path(spec).is_file():
+        return load_workload(spec)
+    if spec in BUNDLED_WORKLOADS:
+        return bundled_workload(spec)
+    raise UsageError(f"no workload file or bundled workload {spec!r}", hint=WORKLOAD_HINT)
+
+
+def policy_names(policy: str | None, compare: str | None) -> list[str]:
+    """The policies to run, in order, each known and present (else a UsageError)."""
+    from gpuq.policies.registry import get_elastic_policy
+
+    names: list[str] = []
+    for name in [policy or "", *(compare or "").split(",")]:
+        name = name.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        raise UsageError("no policy given", hint="use --policy NAME or --compare a,b,c")
+    for name in names:
+        get_elastic_policy(name)  # unknown or missing: a UsageError listing the known ones
+    return names
+
+
+def run_policy(
+    name: str,
+    workload: tuple[WorkloadJob, ...],
+    settings: SimSettings,
+    progress: Callable[[SimProgress], None] | None = None,
+) -> dict[str, Any]:
+    """Simulate one policy on `workload`; its summary metrics (JSON-ready)."""
+    from gpuq.policies.registry import get_elastic_policy
+    from gpuq.sim.engine import Simulator
+
+    simulator = Simulator(
+        get_elastic_policy(name, settings.seed),
+        workload,
+        nodes=settings.nodes,
+        gpus_per_node=settings.gpus_per_node,
+        interval=settings.interval,
+        restart_penalty=settings.restart_penalty,
+        interference=settings.interference,
+        seed=settings.seed,
+    )
+    summary: dict[str, Any] = simulator.run(progress=progress).summary()
+    summary.pop("policy", None)
+    return summary
+
+
+class Progress:
+    """One status line on stderr, rewritten in place (silent when disabled)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.shown = ""
+
+    def show(self, text: str) -> None:
+        """Replace the line with `text` if it changed."""
+        if self.enabled and text != self.shown:
+            sys.stderr.write("\r" + text.ljust(len(self.shown)))
+            sys.stderr.flush()
+            self.shown = text
+
+    def percent(self, label: str) -> Callable[[SimProgress], None]:
+        """A simulator callback showing `label: NN% (finished/total jobs)`."""
+
+        def update(snapshot: SimProgress) -> None:
+            done = snapshot.finished / snapshot.total if snapshot.total else 1.0
+            self.show(f"{label}: {int(100 * done)}% ({snapshot.finished}/{snapshot.total} jobs)")
+
+        return update
+
+    def clear(self) -> None:
+        """Erase the line."""
+        if self.enabled and self.shown:
+            sys.stderr.write("\r" + " " * len(self.shown) + "\r")
+            sys.stderr.flush()
+            self.shown = ""
+
+
+def run_policies(
+    names: list[str],
+    workload: tuple[WorkloadJob, ...],
+    settings: SimSettings,
+    workers: int,
+    progress: Progress,
+) -> dict[str, dict[str, Any]]:
+    """Every policy's summary, in `names` order; in worker processes when worthwhile."""
+    if workers <= 1 or len(names) == 1:
+        results = {}
+        for name in names:
+            results[name] = run_policy(name, workload, settings, progress.percent(f"sim {name}"))
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    done: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    pool_size = min(workers, len(names))
+    with ProcessPoolExecutor(pool_size, mp_context=context, initializer=_one_thread) as pool:
+        futures = {pool.submit(run_policy, name, workload, settings): name for name in names}
+        progress.show(f"sim: 0/{len(names)} policies done")
+        for future in as_completed(futures):
+            name = futures[future]
+            done[name] = future.result()
+            elapsed = time.monotonic() - started
+            progress.show(f"sim: {len(done)}/{len(names)} policies done ({name}, {elapsed:.0f} s)")
+    return {name: done[name] for name in names}
+
+
+def _one_thread() -> None:
+    """Keep each worker's numeric libraries to one thread: the workers fill the CPUs."""
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
+
+_COLUMNS = (
+    ("policy", None, ""),
+    ("avg JCT", "avg_jct", "s"),
+    ("median", "median_jct", "s"),
+    ("p99", "p99_jct", "s"),
+    ("makespan", "makespan", "s"),
+    ("util", "gpu_utilization", "%"),
+    ("rho avg", "avg_rho", "x"),
+    ("rho max", "max_rho", "x"),
+    ("realloc", "reallocations", "n"),
+    ("decide ms", "decision_time_mean", "ms"),
+)
+
+
+def _cell(value: object, unit: str) -> str:
+    if not isinstance(value, int | float):
+        return "-"
+    if unit == "s":
+        return f"{value:.0f}"
+    if unit == "%":
+        return f"{100 * value:.1f}%"
+    if unit == "x":
+        return f"{value:.2f}"
+    if unit == "ms":
+        return f"{1000 * value:.2f}"
+    return f"{value:.0f}"
+
+
+def results_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The summary table: one row per policy, times in seconds."""
+    header = [title for title, _, _ in _COLUMNS]
+    rows = [
+        [name, *(_cell(summary.get(key or ""), unit) for _, key, unit in _COLUMNS[1:])]
+        for name, summary in results.items()
+    ]
+    return table(header, rows)
+
+
+def sim_command(
+    workload: Annotated[
+        str,
+        typer.Option(
+            "--workload",
+            "-w",
+            metavar="SPEC",
+            help="CSV file, workload-N, workload-0.5-N or gen:SEED[:variant][:load].",
+        ),
+    ],
+    policy: Annotated[
+        str | None, typer.Option("--policy", "-p", metavar="NAME", help="Policy to simulate.")
+    ] = None,
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            "--compare", metavar="A,B,...", help="Comma-separated policies to run side by side."
+        ),
+    ] = None,
+    nodes: Annotated[int, typer.Option("--nodes", help="Nodes in the cluster.")] = 16,
+    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")] = 4,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between scheduling decisions.")
+    ] = 60.0,
+    restart_penalty: Annotated[
+        float, typer.Option("--restart-penalty", help="Seconds a job loses per reallocation.")
+    ] = 30.0,
+    interference: Annotated[
+        float,
+        typer.Option(
+            "--interference", help="Slowdown of distributed jobs sharing a node, in [0, 1)."
+        ),
+    ] = 0.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulator and policies.")] = 0,
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", help="Worker processes for --compare (default: CPUs)."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Simulate a workload under one or more scheduling policies and compare them.
+
+    The workload is a CSV file (name,time,application,num_replicas,batch_size),
+    a bundled Pollux trace (workload-1 to workload-4, workload-0.5-1 to
+    workload-0.5-4) or gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
+    recipe for this cluster. The table gives the average, median and p99 job
+    completion time and the makespan in seconds, GPU utilization, finish-time
+    fairness (rho, average and worst), reallocations and the average decision
+    time in milliseconds; --json gives the same per policy under "results".
+    """
+    try:
+        settings = SimSettings(nodes, gpus_per_node, interval, restart_penalty, interference, seed)
+        settings.check()
+        names = policy_names(policy, compare)
+        workers = jobs if jobs is not None else (os.cpu_count() or 1)
+        if workers < 1:
+            raise UsageError("--jobs must be at least 1")
+        jobs_list = resolve_workload(workload, nodes * gpus_per_node, gpus_per_node)
+        progress = Progress(enabled=not json_out and sys.stderr.isatty())
+        try:
+            results = run_policies(names, jobs_list, settings, workers, progress)
+        finally:
+            progress.clear()
+    except GpuqError as error:
+        raise typer.Exit(render_error(error, json_out)) from None
+    if json_out:
+        document = {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "workload": workload,
+            "settings": asdict(settings),
+            "results": results,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(results_table(results))

@@ -1,0 +1,225 @@
+"""Gandiva's introspection: measured progress rates and greedy, measured packing.
+
+Measurement. Gandiva judges every change by the jobs' mini_batch_time before
+and after it. A policy sees no clock and no step times, so `Tracker` measures
+progress between two decisions from `JobView.remaining_iterations`: over the
+interval from the previous decision (at t0) to this one (at t1),
+
+    rate = (remaining(t0) - remaining(t1)) / (t1 - t0)   iterations per second.
+
+An interval counts only if the job ran all of it in one configuration: it held
+the allocation this policy gave it at t0 (the caller applied it), that
+allocation was not a change (so no restart penalty fell in it), and both
+remaining counts are known. The configuration also records the job's packed
+partner and its time-slicing share s (GPUs over demand on its most loaded
+node, a packed pair's GPU counted once, as the caller shares it). Then:
+
+- unpacked: the job's *solo rate* is rate / s (its exclusive speed);
+- packed: its *packed rate* is rate / (s * solo rate), a fraction of solo.
+
+Remaining work (for migration decisions) is remaining_iterations over the solo
+rate, or over the goodput model's throughput where the job runs divided by its
+batch size before any measurement; unknown (None) without either.
+
+Packing (only during overload; paper sections 4.1 and 4.2.2). Candidates are
+1-GPU jobs whose solo rate has been measured (Gandiva profiles jobs alone
+first), with a known `gpu_utilization` and `memory_peak`; a job whose
+utilization or memory is unknown is treated as high-utilization and never
+packed, and nothing is packed when `ClusterState.gpu_memory` is unknown.
+Guests are candidates that are time-sliced (their node is over-subscribed) or
+waiting, lowest utilization first; each is packed onto the host of lowest
+utilization (ties: the guest's own node, then node order, then id), if
+both memory peaks fit in one GPU, their utilizations add up to at most
+`max_utilization` (gpuq's gate against hopeless trials; the paper tries any
+pair), both have the same priority (so packing never mixes priorities), the
+pair has not failed before, and the host is on the guest's node or, when
+migration is allowed, on a node that is not over-subscribed (a guest never
+moves into time-slicing). A waiting guest may join any such host. Only pairs
+are packed.
+
+Keep or undo. Time-slicing one GPU between the two jobs gives each half its
+solo rate, 1.0 of solo in all; packing must beat that. A pack is kept while the sum
+of its members' latest packed rates exceeds `keep_threshold` (default 1.0)
+and undone (the guest stays on its node, time-sliced) the first time it does
+not; a failed pair is never tried again, and the guest tries the next GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuq.policies.elastic import ClusterState, JobView
+from gpuq.policies.gandiva_book import Book
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    time: float
+    remaining: float | None
+    allocation: tuple[int, ...]
+    partner: int | None
+    share: float
+    restarted: bool
+
+
+@dataclass(slots=True)
+class Pack:
+    """A packed pair under watch: its host and each member's latest packed rate."""
+
+    host: int
+    since: float
+    rates: dict[int, float] = field(default_factory=dict)
+
+
+class Tracker:
+    """Progress rates measured between decisions (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, _Seen] = {}
+        self.solo: dict[int, float] = {}
+        """Each job's latest measured exclusive rate, iterations per second."""
+        self.packed: dict[int, tuple[int, float]] = {}
+        """Partner and packed rate measured at this decision, per packed job."""
+
+    def observe(self, state: ClusterState, now: float) -> None:
+        """Measure every job's rate over the interval that ends now."""
+        self.packed = {}
+        present = {job.id for job in state.jobs}
+        self.solo = {j: rate for j, rate in self.solo.items() if j in present}
+        for job in state.jobs:
+            seen = self._seen.get(job.id)
+            if (
+                seen is None
+                or seen.restarted
+                or seen.remaining is None
+                or job.remaining_iterations is None
+                or job.allocation != seen.allocation
+                or now <= seen.time
+                or seen.share <= 0.0
+            ):
+                continue
+            rate = (seen.remaining - job.remaining_iterations) / (now - seen.time)
+            if rate < 0.0:
+                continue
+            if seen.partner is None:
+                self.solo[job.id] = rate / seen.share
+            elif self.solo.get(job.id, 0.0) > 0.0:
+                self.packed[job.id] = (seen.partner, rate / (seen.share * self.solo[job.id]))
+
+    def record(self, book: Book, state: ClusterState, now: float) -> None:
+        """Remember each job's configuration as decided now, for the next interval."""
+        self._seen = {}
+        for job in state.jobs:
+            allocation = tuple(book.alloc.get(job.id, ()))
+            self._seen[job.id] = _Seen(
+                now,
+                job.remaining_iterations,
+                allocation,
+                book.partner(job.id),
+                book.share(job.id) if allocation else 0.0,
+                allocation != job.allocation,
+            )
+
+    def remaining_work(self, job: JobView, book: Book) -> float | None:
+        """Seconds of exclusive work the job has left where it runs (None if unknown)."""
+        remaining = job.remaining_iterations
+        if remaining is None:
+            return None
+        rate = self.solo.get(job.id, 0.0)
+        model, gpus = job.goodput, book.gpus(job.id)
+        if rate <= 0.0 and model is not None and gpus and job.batch_size >= 1:
+            local_bsz = max(1, -(-job.batch_size // gpus))
+            spanned = len(book.nodes_of(job.id))
+            rate = model.throughput(spanned, gpus, local_bsz, 0) / job.batch_size
+        return remaining / rate if rate > 0.0 else None
+
+
+def review_packs(
+    book: Book,
+    tracker: Tracker,
+    packs: dict[int, Pack],
+    failed: set[frozenset[int]],
+    keep_threshold: float,
+) -> None:
+    """Update each pack's measured rates; undo those no better than time-slicing."""
+    for guest, pack in sorted(packs.items()):
+        if book.host_of.get(guest) != pack.host:
+            continue
+        for job_id, partner in ((guest, pack.host), (pack.host, guest)):
+            measured = tracker.packed.get(job_id)
+            if measured is not None and measured[0] == partner:
+                pack.rates[job_id] = measured[1]
+        where = book.nodes[book.node_of(guest)].name
+        if len(pack.rates) < 2:
+            book.notes[guest] = f"packed with job {pack.host} on {where}: trial, measuring"
+            book.notes[pack.host] = f"packed with job {guest} on {where}: trial, measuring"
+            continue
+        total = pack.rates[guest] + pack.rates[pack.host]
+        rates = f"{pack.rates[guest]:.2f}+{pack.rates[pack.host]:.2f} of solo"
+        if total > keep_threshold:
+            text = f"on {where}: kept, {total:.2f}x time-slicing ({rates})"
+            book.notes[guest] = f"packed with job {pack.host} {text}"
+            book.notes[pack.host] = f"packed with job {guest} {text}"
+        else:
+            book.unpack(guest)
+            failed.add(frozenset((guest, pack.host)))
+            text = f"undone on {where}, {total:.2f}x time-slicing ({rates})"
+            book.notes[guest] = f"unpacked from job {pack.host}: {text}"
+            book.notes[pack.host] = f"unpacked from job {guest}: {text}"
+
+
+def try_packs(
+    book: Book,
+    tracker: Tracker,
+    packs: dict[int, Pack],
+    failed: set[frozenset[int]],
+    gpu_memory: int,
+    max_utilization: float,
+    migration: bool,
+    now: float,
+) -> None:
+    """Greedy packing: lowest-utilization guest onto the lowest-utilization GPU."""
+
+    def profile(job_id: int) -> tuple[float, int] | None:
+        job = book.jobs[job_id]
+        if job.gpus_requested != 1 or job_id in book.base or book.packed(job_id):
+            return None
+        if job.gpu_utilization is None or job.memory_peak is None:
+            return None
+        if tracker.solo.get(job_id, 0.0) <= 0.0 or book.gpus(job_id) > 1:
+            return None
+        return job.gpu_utilization, job.memory_peak
+
+    def waits(job_id: int) -> bool:
+        return job_id not in book.alloc or book.over(book.node_of(job_id))
+
+    profiles = {j: p for j in sorted(book.jobs) if (p := profile(j)) is not None}
+    guests = sorted((j for j in profiles if waits(j)), key=lambda j: (profiles[j][0], j))
+    for guest in guests:
+        if book.packed(guest) or not waits(guest):
+            continue
+        home = book.node_of(guest) if guest in book.alloc else None
+        mobile = migration or home is None
+        util, memory = profiles[guest]
+        options = [
+            host
+            for host in profiles
+            if host in book.alloc
+            and book.can_pair(guest, host)
+            and frozenset((guest, host)) not in failed
+            and memory + profiles[host][1] <= gpu_memory
+            and util + profiles[host][0] <= max_utilization
+            and book.jobs[host].priority == book.jobs[guest].priority
+            and (book.node_of(host) == home or (mobile and not book.over(book.node_of(host))))
+        ]
+        if not options:
+            continue
+        host = min(
+            options,
+            key=lambda h: (profiles[h][0], book.node_of(h) != home, book.node_of(h), h),
+        )
+        book.pack(guest, host)
+        packs[guest] = Pack(host, now)
+        where = book.nodes[book.node_of(host)].name
+        book.notes[guest] = f"packed with job {host} on {where}: trial (utilization {util:g}%)"
+        book.notes[host] = f"packed with job {guest} on {where}: trial"

@@ -1,0 +1,88 @@
+"""The elastic-policy registry: `get_elastic_policy(name, seed=0)`.
+
+The simulator, `gpuq sim`, the benchmark and the daemon's adapter build
+elastic policies (`gpuq.policies.elastic`) by name through this one table.
+Each policy module is imported only when its policy is asked for, so
+importing the registry stays light (no numpy, no scipy) and a policy whose
+module is missing from a build makes only that policy unavailable.
+
+A policy class is built with `seed=seed` when its constructor takes a `seed`
+parameter, and with no arguments otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from typing import Any
+
+from gpuq.errors import UsageError
+from gpuq.policies.elastic import ElasticPolicy
+
+_POLICIES: dict[str, tuple[str, str]] = {
+    "fifo": ("gpuq.policies.baselines", "FifoPolicy"),
+    "srtf": ("gpuq.policies.baselines", "SrtfPolicy"),
+    "srsf": ("gpuq.policies.baselines", "SrsfPolicy"),
+    "tiresias": ("gpuq.policies.tiresias", "TiresiasPolicy"),
+    "optimus": ("gpuq.policies.optimus", "OptimusPolicy"),
+    "afs": ("gpuq.policies.afs", "AfsPolicy"),
+    "pollux": ("gpuq.policies.pollux", "PolluxPolicy"),
+    "gandiva": ("gpuq.policies.gandiva", "GandivaPolicy"),
+    "ones": ("gpuq.policies.ones", "OnesPolicy"),
+    "gpuq": ("gpuq.policies.gpuq_default", "GpuqPolicy"),
+}
+
+ELASTIC_POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
+"""Every name `get_elastic_policy` knows, baselines first."""
+
+
+def _known() -> str:
+    return ", ".join(ELASTIC_POLICY_NAMES)
+
+
+def policy_location(name: str) -> tuple[str, str]:
+    """The module path and class name of policy `name`; unknown names list the known ones."""
+    location = _POLICIES.get(name)
+    if location is None:
+        raise UsageError(
+            f"unknown policy {name!r}; known: {_known()}",
+            hint="pick one of the names listed, or several with --compare a,b,c",
+        )
+    return location
+
+
+def elastic_policy_available(name: str) -> bool:
+    """True when policy `name` is known and its module is present in this build."""
+    location = _POLICIES.get(name)
+    return location is not None and importlib.util.find_spec(location[0]) is not None
+
+
+def available_elastic_policies() -> tuple[str, ...]:
+    """The known policies whose module is present, in registry order."""
+    return tuple(name for name in ELASTIC_POLICY_NAMES if elastic_policy_available(name))
+
+
+def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
+    """A fresh elastic policy object by name, seeded when the policy takes a seed."""
+    module_name, class_name = policy_location(name)
+    if importlib.util.find_spec(module_name) is None:
+        raise UsageError(
+            f"policy {name!r} is not available in this build (no module {module_name})",
+            hint=f"available: {', '.join(available_elastic_policies())}",
+        )
+    cls: Any = getattr(importlib.import_module(module_name), class_name)
+    if "seed" in inspect.signature(cls).parameters:
+        policy: ElasticPolicy = cls(seed=seed)
+    else:
+        policy = cls()
+    return policy
+
+
+__all__ = [
+    "ELASTIC_POLICY_NAMES",
+    "available_elastic_policies",
+    "elastic_policy_available",
+    "get_elastic_policy",
+    "policy_location",
+]

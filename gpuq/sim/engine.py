@@ -1,0 +1,363 @@
+"""The simulator loop: replay a workload against a policy on a simulated cluster.
+
+Every tick of `interval` seconds, at time `now`:
+
+1. jobs whose submission time is at most `now` join the active set;
+2. the policy gets a `ClusterState` with one `JobView` per active job (in
+   submission order, ids are workload positions) and returns a `Decision`;
+   its wall time is recorded as the decision time;
+3. allocations are applied: a job whose allocation changed to a non-empty
+   one pays `restart_penalty` seconds without progress (`gpuq.sim.jobs`);
+   `Decision.batch_sizes` sets the batch of non-adaptive jobs;
+4. every running job advances by `interval` seconds, completing at the
+   exact (interpolated) moment its last epoch ends.
+
+Idle ticks before an arrival are skipped. The run ends when every job has
+finished; it raises `SimulationError` on a malformed decision, or when no
+job arrives or finishes for `stall_limit` seconds (30 days): a policy that
+never runs some job, or moves it every tick with a penalty longer than the
+tick, would otherwise loop forever.
+
+Sharing, applied in step 4 (choices the papers leave to the simulator):
+
+- Time-slicing: a node whose allocations exceed its GPUs runs its jobs
+  round-robin, so each progresses at `gpus / demand` of its rate; a job
+  spanning several nodes runs at the smallest share among them. A
+  `Decision.packed` group shares the same GPUs at once and counts once in
+  the node's demand, with the group's largest allocation there.
+- Packing: the tables measure exclusive GPUs only and give no utilization
+  profile, so every job is taken to saturate its GPUs: `k` jobs packed
+  together each hold `1/k` of the GPUs' time and run `packing_overhead`
+  slower than that (Gandiva measured 11-16% losses packing GPU-saturating
+  jobs, Table 1), so packing never beats time-slicing here.
+- Interference (Pollux 3.7, off by default): a job spanning several nodes
+  runs `interference` slower when any node it uses hosts another such job.
+
+`JobView` fields: `gpus_requested` is the workload's GPU count (capped at
+the cluster size), `batch_size` the batch a non-adaptive job runs with (its
+user's, or the last one a policy set); `adaptive` is the policy class's
+`adaptive_jobs` attribute (Pollux-style policies set it) except for NCF,
+which the artifact always runs at batch 32768. `max_gpus` is the cluster
+size, further capped at `max_batch // min_local` (adaptive) or
+`batch // min_local` (fixed batch: the artifact's Optimus cap) and at the
+application's limit (NCF: one GPU), but never below the request.
+`goodput` is the job's own fitted model, `remaining_iterations` the oracle
+at `batch_size`. `gpu_utilization` and `memory_peak` are None: the tables
+do not measure them.
+
+`seed` drives the optional `grad_noise`: the gradient variance the agent
+and the policy see is multiplied by lognormal noise of that sigma, drawn
+per job and epoch (progress always uses the true value).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuq.errors import GpuqError
+from gpuq.policies.elastic import ClusterState, Decision, ElasticPolicy, JobView, NodeView
+from gpuq.sim.apps import get_application
+from gpuq.sim.jobs import SimJob, noise_factors
+from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
+from gpuq.sim.workload import WorkloadJob
+
+
+class SimulationError(GpuqError):
+    """The simulation cannot go on: a malformed decision, or no job can ever run."""
+
+    code = "simulation"
+
+
+@dataclass(frozen=True, slots=True)
+class SimProgress:
+    """A snapshot for progress displays, passed to the `run` callback."""
+
+    now: float
+    finished: int
+    active: int
+    total: int
+
+
+class Simulator:
+    """A discrete-time simulation of one policy on one workload (module docstring)."""
+
+    def __init__(
+        self,
+        policy: ElasticPolicy,
+        workload: Sequence[WorkloadJob],
+        nodes: int = 16,
+        gpus_per_node: int = 4,
+        interval: float = 60.0,
+        restart_penalty: float = 30.0,
+        interference: float = 0.0,
+        seed: int = 0,
+        packing_overhead: float = 0.13,
+        grad_noise: float = 0.0,
+        progress_every: int = 60,
+        stall_limit: float = 30 * 86400.0,
+    ) -> None:
+        if nodes < 1 or gpus_per_node < 1 or interval <= 0 or restart_penalty < 0:
+            raise ValueError("need nodes, gpus_per_node >= 1, interval > 0, restart_penalty >= 0")
+        if not 0 <= interference < 1 or not 0 <= packing_overhead < 1:
+            raise ValueError("interference and packing_overhead must be in [0, 1)")
+        self.policy = policy
+        self.nodes = tuple(NodeView(f"node{i}", gpus_per_node) for i in range(nodes))
+        self.capacity = (gpus_per_node,) * nodes
+        self.interval = float(interval)
+        self.restart_penalty = float(restart_penalty)
+        self.interference = interference
+        self.packing_overhead = packing_overhead
+        self.progress_every = max(1, progress_every)
+        self.stall_limit = stall_limit
+        self.adaptive = bool(getattr(type(policy), "adaptive_jobs", False))
+        rng = np.random.default_rng(seed)
+        total = nodes * gpus_per_node
+        ordered = sorted(workload, key=lambda job: job.time)
+        self.jobs = [
+            SimJob(
+                i,
+                spec,
+                get_application(spec.application),
+                self.adaptive,
+                self.restart_penalty,
+                noise_factors(rng, grad_noise, get_application(spec.application).max_epochs),
+            )
+            for i, spec in enumerate(ordered)
+        ]
+        self._max_gpus = [self._job_max_gpus(job, total) for job in self.jobs]
+        self._requested = [min(job.spec.num_replicas, total) for job in self.jobs]
+
+    def _job_max_gpus(self, job: SimJob, total: int) -> int:
+        app = job.app
+        batch = app.max_batch_size if job.adaptive else job.batch_size
+        cap = min(total, max(1, batch // app.local_bsz_bounds[0]), app.max_replicas or total)
+        return max(cap, min(job.spec.num_replicas, total))
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def run(self, progress: Callable[[SimProgress], None] | None = None) -> SimResult:
+        """Simulate until every job completes (once per `Simulator`).
+
+        `progress` is called every `progress_every` ticks and at the end.
+        """
+        jobs = self.jobs
+        pending = 0  # next job to admit
+        active: list[SimJob] = []
+        now = 0.0
+        ticks = 0
+        last_event = 0.0  # the last arrival or completion
+        decision_times: list[float] = []
+        active_counts: list[int] = []
+        reallocations = 0
+        while pending < len(jobs) or active:
+            if not active and jobs[pending].spec.time > now:  # skip idle ticks
+                first = math.ceil(jobs[pending].spec.time / self.interval)
+                active_counts.extend([0] * (first - ticks))
+                ticks = first
+                now = ticks * self.interval
+            while pending < len(jobs) and jobs[pending].spec.time <= now:
+                active.append(jobs[pending])
+                pending += 1
+                last_event = now
+            active_counts.append(len(active))
+            if active:
+                state = self._state(active)
+                started = time.perf_counter()
+                decision = self.policy.decide(state, now)
+                decision_times.append(time.perf_counter() - started)
+                reallocations += self._apply(decision, active)
+                self._advance(decision, active, now)
+                if any(job.finish_time is not None for job in active):
+                    last_event = now
+                elif now - last_event > self.stall_limit:
+                    raise SimulationError(
+                        f"policy {self.policy.name!r}: no job finished in "
+                        f"{self.stall_limit / 86400:g} days, with {len(active)} active",
+                        hint="check that every job's request fits the cluster",
+                    )
+                active = [job for job in active if job.finish_time is None]
+            ticks += 1
+            now = ticks * self.interval
+            if progress is not None and ticks % self.progress_every == 0:
+                finished = pending - len(active)
+                progress(SimProgress(now, finished, len(active), len(jobs)))
+        if progress is not None:
+            progress(SimProgress(now, len(jobs), 0, len(jobs)))
+        return self._result(decision_times, active_counts, reallocations)
+
+    def _state(self, active: list[SimJob]) -> ClusterState:
+        views = []
+        for job in active:
+            app = job.app
+            views.append(
+                JobView(
+                    id=job.id,
+                    submit_time=job.spec.time,
+                    gpus_requested=self._requested[job.id],
+                    batch_size=job.batch_size,
+                    init_batch_size=app.init_batch_size,
+                    max_batch_size=app.max_batch_size,
+                    local_bsz_bounds=app.local_bsz_bounds,
+                    adaptive=job.adaptive,
+                    max_gpus=self._max_gpus[job.id],
+                    name=job.spec.name,
+                    application=app.name,
+                    allocation=job.allocation,
+                    attained_service=job.attained_service,
+                    run_time=job.run_time,
+                    num_restarts=job.num_restarts,
+                    max_profiled_gpus=job.max_profiled_gpus,
+                    epoch=job.epoch,
+                    goodput=job.goodput(),
+                    remaining_iterations=job.remaining_iterations(),
+                )
+            )
+        return ClusterState(
+            nodes=self.nodes,
+            jobs=tuple(views),
+            interval=self.interval,
+            restart_penalty=self.restart_penalty,
+        )
+
+    def _apply(self, decision: Decision, active: list[SimJob]) -> int:
+        """Apply allocations and batch sizes; the number of restarts it causes."""
+        by_id = {job.id: job for job in active}
+        width = len(self.nodes)
+        for job_id, allocation in decision.allocations.items():
+            if job_id not in by_id:
+                raise SimulationError(f"policy {self.policy.name!r} allocated unknown job {job_id}")
+            if allocation and (len(allocation) != width or min(allocation) < 0):
+                raise SimulationError(
+                    f"policy {self.policy.name!r} gave job {job_id} a malformed "
+                    f"allocation {allocation} for {width} nodes"
+                )
+        restarts = 0
+        for job in active:
+            before = job.num_restarts
+            allocation = tuple(decision.allocations.get(job.id, ()))
+            job.reallocate(allocation if any(allocation) else ())
+            restarts += job.num_restarts - before
+        for job_id, batch_size in decision.batch_sizes.items():
+            if job_id in by_id:
+                by_id[job_id].set_batch_size(int(batch_size))
+        return restarts
+
+    def _advance(self, decision: Decision, active: list[SimJob], now: float) -> None:
+        allocations = {job.id: job.allocation for job in active if job.placement}
+        factors = sharing(
+            self.capacity, allocations, decision.packed, self.interference, self.packing_overhead
+        )
+        for job in active:
+            if job.id in factors:
+                share, speed = factors[job.id]
+                job.advance(now, self.interval, share, speed)
+
+    def _result(
+        self, decision_times: list[float], active_counts: list[int], reallocations: int
+    ) -> SimResult:
+        counts = np.asarray(active_counts, dtype=np.float64)
+        total_gpus = sum(self.capacity)
+        gpus_per_node = self.capacity[0]
+        records = []
+        for job in self.jobs:
+            finish = job.finish_time
+            if finish is None:
+                raise SimulationError(f"job {job.spec.name} did not finish")
+            contention = _mean_over(counts, self.interval, job.spec.time, finish)
+            records.append(
+                JobRecord(
+                    name=job.spec.name,
+                    application=job.app.name,
+                    submit=job.spec.time,
+                    start=job.start_time if job.start_time is not None else finish,
+                    finish=finish,
+                    gpu_time=job.attained_service,
+                    restarts=job.num_restarts,
+                    isolated_jct=isolated_jct(
+                        job.app,
+                        self._requested[job.id],
+                        job.spec.batch_size,
+                        gpus_per_node,
+                        total_gpus,
+                        contention,
+                        self.restart_penalty,
+                    ),
+                )
+            )
+        return SimResult(
+            policy=self.policy.name,
+            jobs=tuple(records),
+            total_gpus=total_gpus,
+            reallocations=reallocations,
+            decision_times=tuple(decision_times),
+        )
+
+
+def _mean_over(counts: np.ndarray, interval: float, start: float, end: float) -> float:
+    """Time-average of a per-tick series over `[start, end]` (at least 1)."""
+    if end <= start:
+        return max(1.0, float(counts[min(int(start // interval), len(counts) - 1)]))
+    first = int(start // interval)
+    last = min(int(end // interval), len(counts) - 1)
+    edges = np.arange(first, last + 2, dtype=np.float64) * interval
+    overlap = np.minimum(edges[1:], end) - np.maximum(edges[:-1], start)
+    weights = np.clip(overlap, 0.0, None)
+    values = counts[first : last + 1]
+    return max(1.0, float(np.dot(values, weights) / weights.sum()))
+
+
+def sharing(
+    capacity: Sequence[int],
+    allocations: Mapping[int, tuple[int, ...]],
+    packed: Sequence[Sequence[int]],
+    interference: float,
+    packing_overhead: float,
+) -> dict[int, tuple[float, float]]:
+    """`(share, speed)` of each allocated job: its time share and its slowdown factor.
+
+    A job progresses at `share * speed` of its exclusive rate and holds its
+    GPUs `share` of the time (module docstring: time-slicing, packing,
+    interference).
+    """
+    width = len(capacity)
+    group_of: dict[int, int] = {}
+    for index, group in enumerate(packed):
+        members = [job_id for job_id in group if job_id in allocations]
+        if len(members) > 1:
+            group_of.update((job_id, index) for job_id in members)
+    group_size = Counter(group_of.values())
+    demand = [0] * width
+    group_use: dict[int, list[int]] = {}
+    for job_id, allocation in allocations.items():
+        number = group_of.get(job_id)
+        if number is None:
+            demand = [d + a for d, a in zip(demand, allocation, strict=True)]
+        else:
+            use = group_use.get(number, [0] * width)
+            group_use[number] = [max(u, a) for u, a in zip(use, allocation, strict=True)]
+    for use in group_use.values():
+        demand = [d + u for d, u in zip(demand, use, strict=True)]
+    node_share = [min(1.0, c / d) if d else 1.0 for c, d in zip(capacity, demand, strict=True)]
+    spread = {job_id for job_id, a in allocations.items() if sum(1 for g in a if g) > 1}
+    crowding = [0] * width
+    for job_id in spread:
+        crowding = [c + (a > 0) for c, a in zip(crowding, allocations[job_id], strict=True)]
+    factors = {}
+    for job_id, allocation in allocations.items():
+        used = [i for i, a in enumerate(allocation) if a]
+        share = min(node_share[i] for i in used)
+        speed = 1.0
+        number = group_of.get(job_id)
+        if number is not None:
+            share /= group_size[number]
+            speed = 1.0 - packing_overhead
+        if interference and job_id in spread and any(crowding[i] > 1 for i in used):
+            speed *= 1.0 - interference
+        factors[job_id] = (share, speed)
+    return factors

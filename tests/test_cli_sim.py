@@ -1,0 +1,160 @@
+"""`gpuq sim`: workloads, policies, the table and the JSON document, and errors.
+
+See the docstring of gpuq/cli/sim.py for the behaviour tested here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from gpuq.cli.app import app
+from gpuq.cli.sim import (
+    Progress,
+    SimSettings,
+    policy_names,
+    resolve_workload,
+    results_table,
+    run_policies,
+)
+from gpuq.errors import UsageError
+from gpuq.policies.registry import ELASTIC_POLICY_NAMES
+
+TINY = """name,time,application,num_replicas,batch_size
+a,0,cifar10,1,128
+b,60,ncf,1,32768
+c,120,cifar10,2,256
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.csv"
+    path.write_text(TINY)
+    return str(path)
+
+
+def sim(*args: str) -> Result:
+    return CliRunner().invoke(app, ["sim", *args], prog_name="gpuq")
+
+
+def test_json_has_the_average_jct_of_each_policy(tiny: str) -> None:
+    result = sim("-p", "fifo", "-w", tiny, "--nodes", "2", "--gpus-per-node", "4", "--json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    document = json.loads(result.stdout)
+    assert document["schema_version"] == 1
+    assert document["settings"]["nodes"] == 2
+    fifo = document["results"]["fifo"]
+    assert fifo["jobs"] == 3
+    assert fifo["avg_jct"] > 0
+    assert fifo["median_jct"] <= fifo["p99_jct"] <= fifo["makespan"]
+
+
+def test_compare_prints_one_row_per_policy_in_order(tiny: str) -> None:
+    result = sim("--policy", "tiresias", "--compare", "fifo", "-w", tiny, "--nodes", "2", "-j", "1")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:3] == ["policy", "avg", "JCT"]
+    assert [line.split()[0] for line in lines[1:]] == ["tiresias", "fifo"]
+
+
+def test_an_unknown_policy_exits_2_and_lists_the_known_ones(tiny: str) -> None:
+    result = sim("--policy", "lottery", "--workload", tiny)
+    assert result.exit_code == 2
+    assert "unknown policy 'lottery'" in result.stderr
+    assert ", ".join(ELASTIC_POLICY_NAMES) in result.stderr
+    assert result.stdout == ""
+
+
+def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:
+    result = sim("--compare", "fifo,lottery", "--workload", tiny, "--json")
+    assert result.exit_code == 2
+    assert json.loads(result.stderr)["error"]["code"] == "invalid"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-p", "fifo", "-w", "no-such-file.csv"], "no workload file or bundled workload"),
+        (["-p", "fifo", "-w", "gen:x"], "bad generated workload"),
+        (["-w", "workload-1"], "no policy given"),
+        (["-p", "fifo", "-w", "workload-1", "--nodes", "0"], "--nodes"),
+        (["-p", "fifo", "-w", "workload-1", "--interference", "1"], "--interference"),
+        (["-p", "fifo", "-w", "workload-1", "--jobs", "0"], "--jobs"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_hint(args: list[str], message: str) -> None:
+    result = sim(*args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "count"),
+    [
+        ("gen:1", 20),  # 160 jobs scaled to 8 of 64 GPUs
+        ("gen:1:0.5", 10),
+        ("gen:1:realistic", 20),
+        ("gen:2:realistic:2", 40),
+        ("workload-1", 160),
+        ("workload-0.5-1", 80),
+    ],
+)
+def test_workload_specs(spec: str, count: int) -> None:
+    assert len(resolve_workload(spec, gpus=8, gpus_per_node=4)) == count
+
+
+def test_a_file_is_read_as_a_workload(tiny: str) -> None:
+    assert [job.name for job in resolve_workload(tiny, 8, 4)] == ["a", "b", "c"]
+
+
+def test_policy_names_keep_order_and_drop_repeats() -> None:
+    assert policy_names("tiresias", "fifo, tiresias,optimus,") == ["tiresias", "fifo", "optimus"]
+    with pytest.raises(UsageError, match="unknown policy"):
+        policy_names(None, "fifo,nope")
+
+
+def test_the_table_formats_seconds_percentages_and_milliseconds() -> None:
+    summary = {
+        "avg_jct": 2089.4,
+        "median_jct": 900.0,
+        "p99_jct": 20000.0,
+        "makespan": 30000.0,
+        "gpu_utilization": 0.8125,
+        "avg_rho": 1.234,
+        "max_rho": 4.5,
+        "reallocations": 12,
+        "decision_time_mean": 0.0123,
+    }
+    lines = results_table({"pollux": summary, "odd": {}}).splitlines()
+    assert lines[1].split() == [
+        "pollux", "2089", "900", "20000", "30000", "81.2%", "1.23", "4.50", "12", "12.30"
+    ]  # fmt: skip
+    assert lines[2].split() == ["odd", *["-"] * 9]
+
+
+def test_policies_run_in_worker_processes_give_the_same_results(tiny: str) -> None:
+    workload = resolve_workload(tiny, 8, 4)
+    settings = SimSettings(nodes=2, gpus_per_node=4)
+    quiet = Progress(enabled=False)
+    parallel = run_policies(["fifo", "srtf"], workload, settings, 2, quiet)
+    serial = run_policies(["fifo", "srtf"], workload, settings, 1, quiet)
+    assert list(parallel) == ["fifo", "srtf"]
+    for name in serial:
+        for key in ("avg_jct", "p99_jct", "reallocations"):
+            assert parallel[name][key] == serial[name][key]
+
+
+def test_the_command_tree_loads_the_simulator_only_when_sim_runs() -> None:
+    probe = (
+        "import sys, gpuq.cli.app; heavy = ('numpy', 'scipy', 'gpuq.sim', 'gpuq.goodput'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
