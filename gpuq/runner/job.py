@@ -1,0 +1,246 @@
+"""The job handle: whether this process runs under gpuq, and its suspend flag.
+
+`init()` reads the GPUQ_* contract (`gpuq.env`). Outside gpuq (no
+``GPUQ_JOB_ID``) it returns a handle that does nothing: no signal handlers,
+no files, no threads. Inside gpuq it installs handlers for SIGUSR1 and SIGTERM
+that only set a flag asking for a checkpoint-mode suspend; the flag is
+honoured at the next iteration boundary (`gpuq.runner.step`), never inside the
+handler. These handlers replace the script's own for the two signals until
+`job.close()`, which also runs at exit, puts the previous ones back. Repeated
+signals are idempotent: the job still suspends once. A job that never reaches
+a boundary again (stuck, or past its loop) is killed by the daemon after its
+grace period, as any job is.
+
+This module imports neither torch nor anything else heavy.
+"""
+
+from __future__ import annotations
+
+import atexit
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from gpuq import env
+from gpuq.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpuq.runner.state import State
+
+SuspendMode = Literal["checkpoint", "park"]
+SUSPEND_MODES: tuple[str, ...] = get_args(SuspendMode)
+SUSPEND_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+"""Signals that ask a job inside gpuq for a checkpoint-mode suspend."""
+
+ACK_FILE = "suspended.json"
+"""Written into the checkpoint directory when the job has suspended."""
+
+
+class RunnerError(UsageError):
+    """The training script asked the runner for something it cannot do."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one iteration boundary measured; passed to step hooks."""
+
+    step: int
+    epoch: int
+    seconds: float | None
+    """Wall time since the previous boundary (None at the first one)."""
+    memory_boundary_bytes: int | None
+    """`torch.cuda.memory_allocated()` at the boundary; None without CUDA."""
+    memory_peak_bytes: int | None
+    """Peak `torch.cuda.max_memory_allocated()` during the iteration; None without CUDA."""
+    loss: Any
+    """The `loss` given to `step()`, detached; never synchronised by the runner."""
+
+
+@dataclass(frozen=True)
+class SuspendReport:
+    """One suspend: how much state moved and how long it took."""
+
+    mode: SuspendMode
+    step: int
+    bytes: int
+    """Checkpoint mode: size of the checkpoint file; park mode: bytes copied to host."""
+    seconds: float
+    """Time from the boundary until the state was saved (or parked)."""
+    resume_seconds: float | None = None
+    """Park mode: time to copy the state back to the device."""
+    paused_seconds: float | None = None
+    """Park mode: time spent waiting for the resume."""
+
+
+class Job:
+    """A handle on the gpuq job this process belongs to (or on none at all)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.job_id: int | None = env.job_id(environ)
+        self.attempt: int = env.attempt(environ)
+        directory = env.checkpoint_dir(environ) if self.job_id is not None else None
+        self.checkpoint_dir: Path | None = Path(directory) if directory else None
+        self.step = 0
+        """Iterations completed so far, across restarts."""
+        self.epoch = 0
+        """The epoch `gpuq.runner.epochs()` is in (or will start)."""
+        self.last_step: StepInfo | None = None
+        self.boundary_time: float | None = None
+        """`time.perf_counter()` when the last boundary finished (suspends excluded)."""
+        self.suspends: list[SuspendReport] = []
+        self.closed = False
+        self.state: State | None = None
+        """The `State` the boundary saves or parks; set by `State(...)`."""
+        self.loaders: dict[str, Any] = {}
+        """Resumable data loaders by name; their positions go into checkpoints."""
+        self.pending_loader_states: dict[str, dict[str, Any]] = {}
+        """Positions restored before their loader was created, by loader name."""
+        self._suspend: SuspendMode | None = None
+        self._continue = False
+        self._resume_event = threading.Event()
+        self._parked = False
+        self._hooks: list[Callable[[StepInfo], None]] = []
+        self._previous_handlers: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        where = f"job {self.job_id} attempt {self.attempt}" if self.inside_gpuq else "outside gpuq"
+        return f"<gpuq.runner.Job {where}, step {self.step}>"
+
+    @property
+    def inside_gpuq(self) -> bool:
+        """True when gpuq started this process (GPUQ_JOB_ID is set)."""
+        return self.job_id is not None
+
+    @property
+    def suspend_requested(self) -> SuspendMode | None:
+        """The suspend mode waiting for the next boundary, if any."""
+        return self._suspend
+
+    @property
+    def is_parked(self) -> bool:
+        """True while the job waits in park mode for `resume()`."""
+        return self._parked
+
+    def request_suspend(self, mode: SuspendMode = "checkpoint") -> None:
+        """Ask for a suspend at the next iteration boundary; safe from any thread.
+
+        A checkpoint request wins over a park request, and also ends a park in
+        progress (the job then saves and exits instead of waiting).
+        """
+        if mode not in SUSPEND_MODES:
+            raise RunnerError(f"unknown suspend mode {mode!r}", hint=f"use one of {SUSPEND_MODES}")
+        if self._suspend != "checkpoint":
+            self._suspend = mode
+
+    def resume(self) -> None:
+        """End the park in progress; safe from any thread (not from a signal handler)."""
+        self._resume_event.set()
+
+    def add_step_hook(self, hook: Callable[[StepInfo], None]) -> None:
+        """Call `hook` at every iteration boundary, before a suspend is honoured."""
+        self._hooks.append(hook)
+
+    def close(self) -> None:
+        """Restore the signal handlers found at `init()`; the next `init()` starts afresh."""
+        global _current
+        if self.closed:
+            return
+        self.closed = True
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+        atexit.unregister(self.close)
+        if _current is self:
+            _current = None
+
+    # The methods below are for gpuq.runner's own modules.
+
+    def record_step(self, info: StepInfo) -> None:
+        """Keep the measurements of a boundary and pass them to the hooks."""
+        self.last_step = info
+        for hook in self._hooks:
+            hook(info)
+
+    def take_suspend_request(self) -> SuspendMode | None:
+        """Return and clear the pending request (called at a boundary)."""
+        mode, self._suspend = self._suspend, None
+        return mode
+
+    def wait_while_parked(self, poll_seconds: float = 0.02) -> None:
+        """Block until `resume()`, SIGCONT or a checkpoint request.
+
+        A resume that arrived before the park began does not end it.
+        """
+        self._resume_event.clear()
+        self._continue = False
+        previous = signal.signal(signal.SIGCONT, self._on_continue) if _in_main_thread() else None
+        self._parked = True
+        try:
+            while not (self._resume_event.is_set() or self._continue):
+                if self._suspend == "checkpoint":
+                    return
+                self._resume_event.wait(poll_seconds)
+        finally:
+            self._parked = False
+            self._resume_event.clear()
+            self._continue = False
+            if previous is not None:
+                signal.signal(signal.SIGCONT, previous)
+
+    def install_signal_handlers(self) -> None:
+        """Make SIGUSR1 and SIGTERM request a checkpoint-mode suspend."""
+        if not _in_main_thread():
+            warnings.warn(
+                "gpuq.runner.init() was called outside the main thread: SIGUSR1/SIGTERM "
+                "will not suspend this job at an iteration boundary",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        for signum in SUSPEND_SIGNALS:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_suspend_signal)
+
+    def _on_suspend_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: the boundary does the work (a handler may interrupt anything).
+        if self._suspend != "checkpoint":
+            self._suspend = "checkpoint"
+
+    def _on_continue(self, signum: int, frame: FrameType | None) -> None:
+        self._continue = True
+
+
+_current: Job | None = None
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def init(environ: Mapping[str, str] | None = None) -> Job:
+    """Return this process's job handle, creating it on the first call.
+
+    Outside gpuq the handle does nothing. Inside gpuq the first call installs
+    the SIGUSR1/SIGTERM handlers and removes the previous attempt's
+    acknowledgement file. Later calls return the same handle until it is closed.
+    """
+    global _current
+    if _current is not None and not _current.closed:
+        return _current
+    job = Job(environ)
+    if job.inside_gpuq:
+        job.install_signal_handlers()
+        atexit.register(job.close)
+        if job.checkpoint_dir is not None:
+            (job.checkpoint_dir / ACK_FILE).unlink(missing_ok=True)
+    _current = job
+    return job
+
+
+def current_job() -> Job:
+    """The open job handle; `init()` is called for scripts that did not call it."""
+    return _current if _current is not None and not _current.closed else init()
