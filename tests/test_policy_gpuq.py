@@ -10,7 +10,7 @@ from gpuq.policies.elastic import ClusterState, JobView, capacity_violations
 from gpuq.policies.gpuq_default import GpuqPolicy
 from gpuq.policies.pollux import PolluxPolicy
 from gpuq.policies.registry import get_elastic_policy
-from tests.test_policy_pollux import LINEAR, LOCAL, POOR, NOW, cluster, job
+from tests.test_policy_pollux import LINEAR, LOCAL, NOW, POOR, cluster, job
 
 
 def busy_state() -> ClusterState:
