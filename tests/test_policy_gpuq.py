@@ -87,3 +87,9 @@ def test_jobs_without_models_still_get_gpus() -> None:
     fresh: JobView = replace(job(1, None), max_profiled_gpus=0)
     decision = GpuqPolicy().decide(ClusterState(cluster(4), (fresh,)), NOW)
     assert sum(decision.allocations.get(1, ())) >= 1
+
+
+def test_a_current_allocation_above_the_cap_is_never_offered_back() -> None:
+    over = replace(job(1, None), adaptive=False, max_gpus=1, allocation=(1, 1))
+    decision = GpuqPolicy(seed=0).decide(ClusterState(cluster(1, 1), (over,)), NOW)
+    assert sum(decision.allocations.get(1, ())) <= 1

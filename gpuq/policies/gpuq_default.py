@@ -65,7 +65,7 @@ class GpuqPolicy(PolluxPolicy):
             trial = best.copy()
             trial[:, row] = problem.base[:, row]
             if not feasible(problem, trial[None])[0]:
-                continue
+                continue  # an earlier revert took the GPUs back
             if float(evaluate(problem, trial[None])[0][0]) >= target:
                 best = trial
                 reverted.append(row)
@@ -89,6 +89,12 @@ class GpuqPolicy(PolluxPolicy):
         trials = np.repeat(best[None], rows.size, axis=0)
         for i, row in enumerate(rows):
             trials[i, :, row] = problem.base[:, row]
+        # A current allocation may break today's caps (a cap can shrink): such a
+        # revert is infeasible, and its speedup is not even tabulated.
+        ok = feasible(problem, trials)
+        if not ok.any():
+            return []
+        rows, trials = rows[ok], trials[ok]
         fitness = evaluate(problem, trials)[0]
         order = np.argsort(-fitness, kind="stable")
         return [int(rows[i]) for i in order]
