@@ -195,17 +195,3 @@ class Executor:
     def _kill_orphan(self, job_id: int) -> None:
         """With its shim gone, nobody supervises the command: stop it."""
         self.signal(job_id, signal.SIGKILL)
-
-    def child_pids(self, job_id: int) -> set[int]:
-        """Pids in the job's process group (for matching GPU processes)."""
-        child = self._child(job_id)
-        if child is None:
-            return set()
-        pgid = int(child["pgid"])
-        pids = set()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError):
-                    if os.getpgid(int(entry.name)) == pgid:
-                        pids.add(int(entry.name))
-        return pids
