@@ -11,17 +11,24 @@ object with a ``type``; the dataclasses below are the whole vocabulary, and
 A session, newest message last::
 
     runner -> {"type": "hello", "version": 1, "job_id": 7, "attempt": 1, "pid": 4242,
-               "features": ["checkpoint", "park", "metrics"]}
+               "features": ["checkpoint", "park", "metrics", "resize"]}
     daemon -> {"type": "welcome", "version": 1, "metrics_interval": 5.0}
     runner -> {"type": "metrics", "sample": {"time": ..., "step": 120, ...}}
     daemon -> {"type": "suspend", "mode": "checkpoint"}
-    runner -> {"type": "ack", "request": "suspend", "ok": true, "detail": {"bytes": ...}}
+    runner -> {"type": "ack", "request": "suspend", "ok": true,
+               "detail": {"mode": "checkpoint", "step": 121, "bytes": ..., "seconds": ...}}
     (the job exits with SUSPEND_EXIT_CODE; the daemon records it as suspended)
 
-The runner reconnects when the daemon restarts (the daemon re-creates the
-socket when it re-adopts the job); a message it cannot parse is logged and
-skipped, never fatal to the training job. This module is part of the shared
-core: stdlib only, imported by both the daemon and the runner.
+The daemon's end is `gpuq.daemon.control` (sockets) and
+`gpuq.daemon.suspend` (what the messages do); the runner's is
+`gpuq.runner.control`. The runner reconnects when the daemon restarts (the
+daemon re-creates the socket when it re-adopts the job); a message it
+cannot parse is logged and skipped, never fatal to the training job. The
+daemon closes a connection that sends anything malformed, oversized or not
+a runner's message. A checkpoint-mode suspend counts only when the job
+exits with `SUSPEND_EXIT_CODE` and `ACK_FILE` names the job and attempt;
+the `Ack` over the socket is for the event log. This module is part of the
+shared core: stdlib only, imported by both the daemon and the runner.
 """
 
 from __future__ import annotations
@@ -128,7 +135,7 @@ class SuspendRequest:
 
 @dataclass(frozen=True, slots=True)
 class ResumeRequest:
-    """Daemon -> runner: end a park-mode suspend (restore state to the device)."""
+    """Daemon -> runner: end a park (state back to the device), or withdraw a pending request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +152,11 @@ class ResizeRequest:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """Runner -> daemon: a request was honoured (or refused, with `ok` false)."""
+    """Runner -> daemon: a request was honoured (or refused, with `ok` false).
+
+    A checkpoint or park suspend is acknowledged once the state is safe; a
+    suspend the job cannot honour (no `gpuq.runner.State`) is refused at once.
+    """
 
     request: str
     ok: bool = True

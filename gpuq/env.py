@@ -38,7 +38,10 @@ CONTRACT: dict[str, str] = {
     GPU_MEM: "Bytes of GPU memory reserved on each shared GPU; unset for whole GPUs.",
     JOB_DIR: "The job's private directory in the daemon's state directory.",
     CHECKPOINT_DIR: "Where the job should keep checkpoints; survives suspend and retry.",
-    CONTROL_SOCKET: "Reserved for the control channel of gpuq.runner jobs; not set yet.",
+    CONTROL_SOCKET: (
+        "The job's control socket (a Unix socket of the daemon): gpuq.runner connects to it "
+        "to report metrics and to receive suspend and resume requests."
+    ),
     ATTEMPT: "1 for the first run, 2 for the first retry, and so on.",
     NODE: "Name of the server the job runs on.",
     "CUDA_VISIBLE_DEVICES": "Set to the GPU UUIDs, so CUDA sees only the job's GPUs.",

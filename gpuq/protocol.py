@@ -132,9 +132,15 @@ class SetPriority:
 
 @dataclass(frozen=True, slots=True)
 class Suspend:
-    """Suspend running jobs (stop mode: SIGSTOP of the process group)."""
+    """Suspend running jobs in `mode`, one of `SUSPEND_MODES`.
+
+    ``auto``: checkpoint if the job's gpuq.runner is connected, else stop;
+    ``checkpoint``: save and exit, freeing the GPUs (resume requeues it);
+    ``park``: state to host memory, GPUs kept; ``stop``: SIGSTOP.
+    """
 
     ids: tuple[int, ...]
+    mode: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,15 @@ class Logs:
     stream: str = "stdout"
     tail: int | None = None
     follow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class JobMetrics:
+    """A job's metrics samples (from its gpuq.runner) taken after `since`, oldest first."""
+
+    id: int
+    since: float = 0.0
+    limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +222,7 @@ Request = (
     | Resume
     | Wait
     | Logs
+    | JobMetrics
     | Gpus
     | DaemonStatus
     | Shutdown
@@ -228,6 +244,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "resume": Resume,
     "wait": Wait,
     "logs": Logs,
+    "metrics": JobMetrics,
     "gpus": Gpus,
     "status": DaemonStatus,
     "shutdown": Shutdown,
@@ -235,7 +252,9 @@ METHODS: Final[dict[str, type[Request]]] = {
     "subscribe": Subscribe,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}
-STREAM_TOPICS: Final = ("jobs", "gpus")
+STREAM_TOPICS: Final = ("jobs", "gpus", "metrics")
+SUSPEND_MODES: Final = ("auto", "checkpoint", "park", "stop")
+"""Modes of the `suspend` request; see `Suspend`."""
 
 
 def _check(value: object, type_text: str, where: str) -> object:

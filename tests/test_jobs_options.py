@@ -159,8 +159,9 @@ def test_a_job_submitted_from_inside_a_job_does_not_inherit_its_gpuq_variables(
     seen = job_env(daemon, job_id)
     assert seen["GPUQ_JOB_ID"] == str(job_id)
     assert seen["CUDA_VISIBLE_DEVICES"] == job["gpu_uuids"][0]
-    for name in ("GPUQ_ARRAY_ID", "GPUQ_ARRAY_INDEX", "GPUQ_GPU_MEM", "GPUQ_CONTROL_SOCKET"):
+    for name in ("GPUQ_ARRAY_ID", "GPUQ_ARRAY_INDEX", "GPUQ_GPU_MEM"):
         assert name not in seen, name
+    assert seen["GPUQ_CONTROL_SOCKET"].endswith(f"/{job_id}.sock")  # its own, not the parent's
     assert seen["GPUQ_CONFIG"] == str(daemon.config_path)  # gpuq inside reaches this daemon
 
 

@@ -37,6 +37,7 @@ from gpuq.protocol import (
     Gpus,
     Hello,
     Hold,
+    JobMetrics,
     ListJobs,
     Logs,
     Release,
@@ -95,10 +96,13 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
     ("retry", {"ids": []}, Retry(())),
     ("priority", {"ids": [4], "priority": -2}, SetPriority((4,), -2)),
     ("suspend", {"ids": [5]}, Suspend((5,))),
+    ("suspend", {"ids": [5], "mode": "park"}, Suspend((5,), "park")),
     ("resume", {"ids": [5]}, Resume((5,))),
     ("wait", {"ids": [1]}, Wait((1,))),
     ("wait", {"ids": [1, 2], "any": True, "timeout": 2.5}, Wait((1, 2), True, 2.5)),
     ("logs", {"id": 1}, Logs(1)),
+    ("metrics", {"id": 3}, JobMetrics(3)),
+    ("metrics", {"id": 3, "since": 17, "limit": 10}, JobMetrics(3, 17.0, 10)),
     (
         "logs",
         {"id": 1, "stream": "stderr", "tail": 10, "follow": True},
@@ -111,6 +115,7 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
     ("clean", {"older_than": 3600, "dry_run": True}, Clean(3600.0, True)),
     ("subscribe", {}, Subscribe()),
     ("subscribe", {"topics": ["jobs", "gpus"]}, Subscribe(("jobs", "gpus"))),
+    ("subscribe", {"topics": ["metrics"]}, Subscribe(("metrics",))),
 ]
 
 

@@ -77,8 +77,10 @@ def _when(stamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
-def job_detail(job: dict[str, Any], events: Sequence[dict[str, Any]]) -> str:
-    """The `gpuq show` text: spec, state, GPUs, timings and history."""
+def job_detail(
+    job: dict[str, Any], events: Sequence[dict[str, Any]], metrics: dict[str, Any] | None = None
+) -> str:
+    """The `gpuq show` text: spec, state, GPUs, timings, latest metrics and history."""
     spec = job["spec"]
     lines = [
         f"Job {job['id']}: {job['name']}",
@@ -112,10 +114,32 @@ def job_detail(job: dict[str, Any], events: Sequence[dict[str, Any]]) -> str:
     for label, value in optional.items():
         if value:
             lines.append(f"  {label + ':':<11} {value}")
+    if metrics:
+        lines.append(f"  Metrics:    {metrics_line(metrics)} ({_when(metrics['time'])})")
     lines.append("  History:")
     for event in events:
         lines.append(f"    {_when(event['time'])}  {event['state']:<10}  {event['reason']}")
     return "\n".join(lines)
+
+
+def metrics_line(sample: dict[str, Any]) -> str:
+    """One sample in a line: `step 120, epoch 2, 0.031s/step, 2064 samples/s, batch 64, ...`."""
+    parts = [f"step {sample['step']}", f"epoch {sample.get('epoch', 0)}"]
+    if sample.get("step_seconds") is not None:
+        parts.append(f"{sample['step_seconds']:.3g}s/step")
+    if sample.get("samples_per_second") is not None:
+        parts.append(f"{sample['samples_per_second']:.4g} samples/s")
+    if sample.get("batch_size") is not None:
+        parts.append(f"batch {sample['batch_size']}")
+    if sample.get("loss") is not None:
+        parts.append(f"loss {sample['loss']:.4g}")
+    if sample.get("memory_peak_bytes") is not None:
+        low = sample.get("memory_min_bytes")
+        low_text = "?" if low is None else format_size(low)
+        parts.append(f"memory {low_text}..{format_size(sample['memory_peak_bytes'])}")
+    if sample.get("goodput") is not None:
+        parts.append(f"goodput {sample['goodput']:.4g}")
+    return ", ".join(parts)
 
 
 def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:

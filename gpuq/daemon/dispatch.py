@@ -12,6 +12,7 @@ from gpuq.daemon.handlers import (
     hello,
     listing,
     logs,
+    metrics,
     show,
     shutdown,
     status,
@@ -27,6 +28,7 @@ from gpuq.protocol import (
     Gpus,
     Hello,
     Hold,
+    JobMetrics,
     ListJobs,
     Logs,
     Release,
@@ -62,6 +64,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return await wait.handle(state, request, emit)
         case Logs():
             return await logs.handle(state, request, emit)
+        case JobMetrics():
+            return metrics.handle(state, request)
         case Gpus():
             return gpus.handle(state, request)
         case DaemonStatus():

@@ -1,7 +1,8 @@
 """Job lifecycle rules: start an attempt, end it, retry, notify.
 
 held -> queued -> starting -> running -> succeeded | failed | cancelled | lost,
-with running -> suspending -> suspended -> running (stop mode). Each step is
+with running -> suspending -> suspended -> running (stop and park modes) or
+-> queued (checkpoint mode; see `gpuq.daemon.suspend`). Each step is
 committed (with its reason) before the process-level action it announces.
 """
 
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 from gpuq import env as job_env
-from gpuq.daemon import faults, jobfiles
+from gpuq.daemon import faults, jobfiles, suspend
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
@@ -49,7 +50,9 @@ def output_paths(state: DaemonState, job: Job) -> tuple[str, str]:
     return stdout, stderr
 
 
-def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[str, str]:
+def job_environment(
+    state: DaemonState, job: Job, placement: Placement, control_socket: Path | None = None
+) -> dict[str, str]:
     """The job's captured environment plus the GPUQ_* contract.
 
     `job` is the job as `start` recorded it, its `attempts` already counting
@@ -75,6 +78,8 @@ def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[
     )
     if placement.gpu_mem is not None:
         environ[job_env.GPU_MEM] = str(placement.gpu_mem)
+    if control_socket is not None:
+        environ[job_env.CONTROL_SOCKET] = str(control_socket)
     if spec.array_index is not None:
         environ[job_env.ARRAY_INDEX] = str(spec.array_index)
         environ[job_env.ARRAY_ID] = str(job.array_id or job.id)
@@ -84,6 +89,7 @@ def job_environment(state: DaemonState, job: Job, placement: Placement) -> dict[
 def start(state: DaemonState, job: Job, placement: Placement) -> None:
     """Start one attempt of `job` on the placement's GPUs."""
     stdout, stderr = output_paths(state, job)
+    state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
     job = state.transition(
         job,
         JobState.STARTING,
@@ -105,7 +111,7 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
         launch = LaunchSpec(
             command=spec.command,
             cwd=spec.cwd,
-            env=job_environment(state, job, placement),
+            env=job_environment(state, job, placement, state.control.open(job.id)),
             stdout=stdout,
             stderr=stderr,
             time_limit=spec.time_limit,
@@ -116,6 +122,7 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
         pid = state.executor.launch(job.id, launch)
         faults.crash_point("shim-spawned")
     except (OSError, RuntimeError) as exc:
+        state.control.close(job.id)
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
         return
     job = state.transition(job, JobState.RUNNING, "started", start_time=time.time())
@@ -134,6 +141,7 @@ def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
     if job is None or job.state.is_terminal:
         return
     faults.crash_point("exit-observed")
+    state.control.close(job_id)
     end_time = outcome.end_time or time.time()
     peak = state.memory_peaks.pop(job_id, None)
     if peak:
@@ -141,6 +149,8 @@ def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
     fields = {"exit_code": outcome.exit_code, "signal": outcome.signal, "end_time": end_time}
     if cancel_requested(state, job):
         state.transition(job, JobState.CANCELLED, "cancelled by user", **fields)
+    elif suspend.suspended_by_exit(state, job, outcome):
+        return
     elif outcome.returncode == 0:
         state.transition(job, JobState.SUCCEEDED, outcome.reason or "exited with code 0", **fields)
     else:
@@ -150,8 +160,9 @@ def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
             ended = JobState.FAILED
             sig = f" ({outcome.signal})" if outcome.signal else ""
             why = outcome.reason or f"exited with code {outcome.exit_code}{sig}"
-        if job.attempts <= job.spec.retries:
-            retry = f"{why}; retrying (attempt {job.attempts + 1} of {job.spec.retries + 1})"
+        tries = job.attempts - state.store.checkpoint_restarts(job.id, job.attempts)
+        if tries <= job.spec.retries:
+            retry = f"{why}; retrying (attempt {tries + 1} of {job.spec.retries + 1})"
             state.transition(
                 job, JobState.QUEUED, retry, gpu_uuids=(), gpu_mem_reserved=None, **fields
             )
@@ -172,7 +183,7 @@ def cancel_requested(state: DaemonState, job: Job) -> bool:
 
 def request_cancel(state: DaemonState, job: Job) -> Job:
     """Cancel a job: at once if pending, else TERM its group, KILL after grace."""
-    if not job.state.is_active:
+    if not job.state.is_active or suspend.is_checkpointed(state, job):
         return state.transition(job, JobState.CANCELLED, "cancelled by user", end_time=time.time())
     job = state.transition(job, job.state, CANCEL_REQUESTED)
     _terminate(state, job.id, job.attempts)
@@ -207,38 +218,6 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
     job = state.active.get(job_id)
     if job is not None and job.attempts == attempt:
         state.executor.signal(job_id, signal.SIGKILL)
-
-
-def request_suspend(state: DaemonState, job: Job) -> Job:
-    """Suspend a running job in stop mode (SIGSTOP of its process group).
-
-    A job submitted with `--signal SIG@SECONDS` gets SIG first and SECONDS to
-    prepare (checkpoint, flush) before it is stopped.
-    """
-    job = state.transition(job, JobState.SUSPENDING, "suspend requested (stop mode)")
-    warning = job.spec.signal
-    if warning is None:
-        return complete_suspend(state, job.id) or job
-    state.executor.signal(job.id, warning.signal)
-    loop = asyncio.get_running_loop()
-    loop.call_later(warning.seconds, complete_suspend, state, job.id)
-    return job
-
-
-def complete_suspend(state: DaemonState, job_id: int) -> Job | None:
-    """Stop the job if a suspend is still pending for it.
-
-    A job suspended the moment it turned running may not have recorded its
-    process group yet: then this tries again shortly, and the job stays
-    `suspending` until it is really stopped.
-    """
-    job = state.active.get(job_id)
-    if job is None or job.state is not JobState.SUSPENDING:
-        return None
-    if not state.executor.signal(job_id, signal.SIGSTOP):
-        asyncio.get_running_loop().call_later(CHILD_POLL_SECONDS, complete_suspend, state, job_id)
-        return None
-    return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
 
 
 def notify(state: DaemonState, job_id: int) -> None:

@@ -56,6 +56,27 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
         );
         """,
     ),
+    (
+        "0002_control_channel",
+        """
+        CREATE TABLE profiles (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            time REAL NOT NULL,
+            sample TEXT NOT NULL
+        );
+        CREATE INDEX profiles_by_job ON profiles(job_id, time);
+        CREATE TABLE job_suspends (
+            job_id INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            mode TEXT NOT NULL,
+            requested REAL NOT NULL,
+            completed REAL,
+            PRIMARY KEY (job_id, attempt)
+        );
+        """,
+    ),
 )
 
 

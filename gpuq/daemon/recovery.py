@@ -3,8 +3,10 @@
 Run once at daemon start, before any request is served. For every job the
 store says may have a process (starting, running, suspending, suspended):
 
-1. a live shim holds the job's lock: re-adopt it (watch its pid; finish a
-   half-done suspend);
+0. a job suspended to a checkpoint has no process by design: nothing to do;
+1. a live shim holds the job's lock: re-adopt it (watch its pid, re-create
+   its control socket, for which the runner reconnects by itself; finish a
+   half-done stop-mode suspend, or keep waiting for a checkpoint or park);
 2. no live shim, but the shim wrote `exit.json`: record the true outcome
    (exit code, signal), applying retries as usual;
 3. no shim and no record while `starting`: the daemon died before the job
@@ -20,10 +22,9 @@ exists.
 
 from __future__ import annotations
 
-import signal
 import time
 
-from gpuq.daemon import lifecycle
+from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.state import DaemonState
 from gpuq.models import JobState
@@ -33,7 +34,7 @@ def recover(state: DaemonState) -> dict[str, int]:
     """Reconcile every job that may have had a process; returns counts."""
     counts = {"adopted": 0, "finished": 0, "requeued": 0, "lost": 0}
     for job in sorted(state.active.values(), key=lambda j: j.id):
-        if not job.state.is_active:
+        if not job.state.is_active or suspend.is_checkpointed(state, job):
             continue
         try:
             pid = state.executor.live_shim(job.id)
@@ -47,12 +48,12 @@ def recover(state: DaemonState) -> dict[str, int]:
                     job, JobState.RUNNING, "re-adopted after daemon restart", start_time=time.time()
                 )
             elif job.state is JobState.SUSPENDING:
-                state.executor.signal(job.id, signal.SIGSTOP)
-                job = state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
+                job = suspend.readopt(state, job)
             else:
                 state.store.transition(
                     job, job.state, "re-adopted after daemon restart", time.time()
                 )
+            state.control.open(job.id)
             lifecycle.watch(state, job.id, pid)
             if lifecycle.cancel_requested(state, job):
                 lifecycle.resume_cancel(state, job)

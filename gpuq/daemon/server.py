@@ -2,9 +2,11 @@
 
 Startup takes the single-instance lock, refuses a live socket and removes a
 stale one, opens the store, samples the GPUs, recovers jobs (before serving
-anyone), and binds the socket with restrictive permissions. The main loop
-runs the scheduler and the GPU monitor. Shutdown stops serving and leaves
-every job running under its shim, to be re-adopted by the next daemon.
+anyone; re-adopted jobs get their control sockets back), and binds the
+socket with restrictive permissions. The main loop
+runs the scheduler and the GPU monitor. Shutdown stops serving, closes the
+per-job control sockets and leaves every job running under its shim, to be
+re-adopted by the next daemon.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 
 from gpuq.config import Config
-from gpuq.daemon import monitor, recovery, scheduler
+from gpuq.daemon import monitor, recovery, scheduler, suspend
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.executor import Executor
 from gpuq.daemon.state import DaemonState
@@ -109,6 +111,7 @@ class Server:
             get_policy(self.config.scheduler.policy),
         )
         self.state = state
+        state.control.listener = suspend.ChannelListener(state)
         state.load()
         await monitor.sample_once(state, {})
         counts = recovery.recover(state)
@@ -196,6 +199,7 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
         if self.state is not None:
+            self.state.control.close_all()
             self.state.executor.unwatch_all(asyncio.get_running_loop())
             self.state.backend.close()
             self.state.store.close()

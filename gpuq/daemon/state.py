@@ -1,9 +1,10 @@
 """The daemon's in-memory state and the one place job transitions happen.
 
 `DaemonState` owns the store, the cache of unfinished jobs, the latest GPU
-sample and the event fan-out. Every transition goes through `transition`,
-which commits to SQLite first and only then updates memory and tells
-subscribers: the database is the truth, memory is a cache of it.
+sample, the per-job control sockets and the event fan-out. Every transition
+goes through `transition`, which commits to SQLite first and only then
+updates memory and tells subscribers: the database is the truth, memory is
+a cache of it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuq.config import Config
+from gpuq.daemon.control import CONTROL_DIR, ControlHub
 from gpuq.daemon.executor import Executor
 from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError
@@ -46,12 +48,15 @@ class DaemonState:
         backend: GpuBackend,
         executor: Executor,
         policy: Policy,
+        control: ControlHub | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.backend = backend
         self.executor = executor
         self.policy = policy
+        self.control = control or ControlHub(config.daemon.runtime_dir / CONTROL_DIR)
+        """The per-job control sockets to `gpuq.runner` (`gpuq.daemon.control`)."""
         self.started = time.time()
         self.active: dict[int, Job] = {}
         self.waiting_reasons: dict[int, str] = {}

@@ -23,6 +23,8 @@ from gpuq.daemon.migrations import migrate
 from gpuq.errors import StateError
 from gpuq.models import Job, JobEvent, JobSpec, JobState
 
+MAX_SAMPLES_PER_JOB = 2000
+"""Metrics samples kept per job; older ones are thinned beyond this."""
 _COLUMNS = (
     "id, state, reason, spec, submit_time, start_time, end_time, exit_code, signal, "
     "gpu_uuids, gpu_mem_reserved, node, attempts, array_id, stdout_path, stderr_path"
@@ -54,8 +56,17 @@ class NewJob:
     array_first: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SuspendRecord:
+    """The latest suspend asked of one attempt: its mode, when, and when it was done."""
+
+    mode: str
+    requested: float
+    completed: float | None
+
+
 class Store:
-    """Typed access to the jobs, their events and learned memory peaks."""
+    """Typed access to jobs, their events, metrics samples, suspends and memory peaks."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         self._conn = conn
@@ -165,6 +176,8 @@ class Store:
         rows = [(i,) for i in ids]
         with self._transaction():
             self._conn.executemany("DELETE FROM job_events WHERE job_id=?", rows)
+            self._conn.executemany("DELETE FROM profiles WHERE job_id=?", rows)
+            self._conn.executemany("DELETE FROM job_suspends WHERE job_id=?", rows)
             self._conn.executemany("DELETE FROM jobs WHERE id=?", rows)
 
     def record_memory_peak(self, name: str, peak: int, now: float) -> None:
@@ -176,6 +189,81 @@ class Store:
                 "updated=excluded.updated",
                 (name, peak, now),
             )
+
+    def add_sample(
+        self, job_id: int, attempt: int, sample: dict[str, Any], keep: int = MAX_SAMPLES_PER_JOB
+    ) -> None:
+        """Store one metrics sample of a job; past `keep`, thin the oldest ones.
+
+        Thinning drops every other one of the oldest `keep` samples, so a long
+        job keeps its whole history at a resolution that falls with age.
+        """
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO profiles (job_id, attempt, time, sample) VALUES (?,?,?,?)",
+                (job_id, attempt, float(sample["time"]), json.dumps(sample)),
+            )
+            (count,) = self._conn.execute(
+                "SELECT count(*) FROM profiles WHERE job_id=?", (job_id,)
+            ).fetchone()
+            if count > keep:
+                oldest = self._conn.execute(
+                    "SELECT id FROM profiles WHERE job_id=? ORDER BY time, id LIMIT ?",
+                    (job_id, keep),
+                ).fetchall()
+                self._conn.executemany("DELETE FROM profiles WHERE id=?", oldest[1::2])
+
+    def samples(
+        self, job_id: int, since: float = 0.0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A job's metrics samples taken after `since`, oldest first (the newest `limit`)."""
+        newest = "SELECT id, time, sample FROM profiles WHERE job_id=? AND time>? "
+        newest += "ORDER BY time DESC, id DESC LIMIT ?"
+        rows = self._conn.execute(
+            f"SELECT sample FROM ({newest}) ORDER BY time, id",
+            (job_id, since, -1 if limit is None else limit),
+        )
+        return [json.loads(row[0]) for row in rows]
+
+    def latest_sample(self, job_id: int) -> dict[str, Any] | None:
+        """The newest metrics sample of a job, or None."""
+        found = self.samples(job_id, limit=1)
+        return found[0] if found else None
+
+    def record_suspend(self, job_id: int, attempt: int, mode: str, now: float) -> None:
+        """Remember that a suspend of `mode` was asked of this attempt (intent first)."""
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO job_suspends (job_id, attempt, mode, requested) VALUES (?,?,?,?) "
+                "ON CONFLICT(job_id, attempt) DO UPDATE SET mode=excluded.mode, "
+                "requested=excluded.requested, completed=NULL",
+                (job_id, attempt, mode, now),
+            )
+
+    def complete_suspend(self, job_id: int, attempt: int, now: float) -> None:
+        """Mark the attempt's suspend as done (the job reached `suspended`)."""
+        with self._transaction():
+            self._conn.execute(
+                "UPDATE job_suspends SET completed=? WHERE job_id=? AND attempt=?",
+                (now, job_id, attempt),
+            )
+
+    def suspend_of(self, job_id: int, attempt: int) -> SuspendRecord | None:
+        """The latest suspend asked of this attempt of a job, or None."""
+        row = self._conn.execute(
+            "SELECT mode, requested, completed FROM job_suspends WHERE job_id=? AND attempt=?",
+            (job_id, attempt),
+        ).fetchone()
+        return None if row is None else SuspendRecord(str(row[0]), float(row[1]), row[2])
+
+    def checkpoint_restarts(self, job_id: int, before_attempt: int) -> int:
+        """How many attempts before `before_attempt` ended in a checkpoint suspend."""
+        (count,) = self._conn.execute(
+            "SELECT count(*) FROM job_suspends WHERE job_id=? AND attempt<? "
+            "AND mode='checkpoint' AND completed IS NOT NULL",
+            (job_id, before_attempt),
+        ).fetchone()
+        return int(count)
 
     # -- reads ----------------------------------------------------------
 

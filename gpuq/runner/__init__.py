@@ -6,7 +6,8 @@ without losing a step::
     import gpuq.runner as gq
 
     job = gq.init()                        # a no-op handle outside gpuq
-    state = gq.State(model=model, optimizer=opt, lr_scheduler=sched)
+    state = gq.State(model=model, optimizer=opt, lr_scheduler=sched,
+                     lr_scaling="adascale")  # optional: tune the batch size for goodput
     state.restore()                        # resumes from the last checkpoint, if any
     loader = gq.AdaptiveDataLoader(dataset, batch_size=128, max_batch_size=4096)
     for epoch in gq.epochs(90):
@@ -18,8 +19,19 @@ without losing a step::
 
 Outside gpuq (no ``GPUQ_JOB_ID``) nothing changes: no signal handlers, no
 files, no threads, and the script trains exactly as without the runner.
-Inside gpuq, SIGUSR1 or SIGTERM asks for a suspend; the job honours it at the
-next ``gq.step()``. What scripts must make idempotent is in the docstrings of
+Inside gpuq, a background thread keeps a control channel to the daemon
+(``GPUQ_CONTROL_SOCKET``, `gpuq.runner.control`): it sends metrics every few
+seconds (step time, samples/s, memory at the minimum and peak, batch size,
+loss, gradient-noise statistics) and receives suspend, resume, checkpoint and
+resize requests. SIGUSR1 or SIGTERM also asks for a suspend. Every request is
+honoured at the next ``gq.step()``.
+
+With ``lr_scaling`` and a loader whose ``max_batch_size`` exceeds its
+``batch_size``, the loader picks the batch size and gradient-accumulation
+steps that maximize goodput (Pollux: throughput x statistical efficiency,
+`gpuq.runner.tuning`) and the learning rate follows the rule.
+
+What scripts must make idempotent is in the docstrings of
 `gpuq.runner.loop` (epochs) and `gpuq.runner.state` (random numbers).
 
 Importing this package is cheap and has no side effects: torch is imported
@@ -40,6 +52,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gpuq.control import SUSPEND_EXIT_CODE
 from gpuq.runner.job import Job, RunnerError, StepInfo, SuspendMode, SuspendReport, init
 
 if TYPE_CHECKING:
@@ -47,9 +60,6 @@ if TYPE_CHECKING:
     from gpuq.runner.data import AdaptiveDataLoader
     from gpuq.runner.loop import epochs, step
     from gpuq.runner.state import State
-
-SUSPEND_EXIT_CODE = 75
-"""Exit status of a job that saved a checkpoint and stopped because gpuq asked it to."""
 
 _LAZY = {
     "AdaptiveDataLoader": "gpuq.runner.data",

@@ -5,11 +5,15 @@
 no files, no threads. Inside gpuq it installs handlers for SIGUSR1 and SIGTERM
 that only set a flag asking for a checkpoint-mode suspend; the flag is
 honoured at the next iteration boundary (`gpuq.runner.step`), never inside the
-handler. These handlers replace the script's own for the two signals until
-`job.close()`, which also runs at exit, puts the previous ones back. Repeated
-signals are idempotent: the job still suspends once. A job that never reaches
-a boundary again (stuck, or past its loop) is killed by the daemon after its
-grace period, as any job is.
+handler. Inside gpuq it also creates `job.metrics` (a `MetricsRecorder` fed
+by every boundary) and, when ``GPUQ_CONTROL_SOCKET`` is set, starts the
+control-channel thread (`gpuq.runner.control`; rank 0 only under torchrun),
+through which the daemon asks for suspends and receives metrics. The signal
+handlers replace the script's own for the two signals until `job.close()`,
+which also runs at exit, puts the previous ones back and stops the thread.
+Repeated signals are idempotent: the job still suspends once. A job that
+never reaches a boundary again (stuck, or past its loop) is killed by the
+daemon after its grace period, as any job is.
 
 This module imports neither torch nor anything else heavy.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import atexit
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,18 +32,19 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpuq import env
-from gpuq.errors import UsageError
+from gpuq.control import ACK_FILE as ACK_FILE  # re-exported: one definition, in gpuq.control
+from gpuq.control import Ack
+from gpuq.errors import GpuqError, UsageError
 
 if TYPE_CHECKING:
+    from gpuq.runner.control import ControlClient
+    from gpuq.runner.metrics import MetricsRecorder
     from gpuq.runner.state import State
 
 SuspendMode = Literal["checkpoint", "park"]
 SUSPEND_MODES: tuple[str, ...] = get_args(SuspendMode)
 SUSPEND_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 """Signals that ask a job inside gpuq for a checkpoint-mode suspend."""
-
-ACK_FILE = "suspended.json"
-"""Written into the checkpoint directory when the job has suspended."""
 
 
 class RunnerError(UsageError):
@@ -106,6 +112,13 @@ class Job:
         self._parked = False
         self._hooks: list[Callable[[StepInfo], None]] = []
         self._previous_handlers: dict[int, Any] = {}
+        self._checkpoint_requested = False
+        self._daemon_request = False
+        self._park_armed = False
+        self.metrics: MetricsRecorder | None = None
+        """What the boundaries measured, for the daemon; created by `init()` inside gpuq."""
+        self.channel: ControlClient | None = None
+        """The control-channel thread to the daemon, if `init()` started one."""
 
     def __repr__(self) -> str:
         where = f"job {self.job_id} attempt {self.attempt}" if self.inside_gpuq else "outside gpuq"
@@ -134,12 +147,31 @@ class Job:
         """
         if mode not in SUSPEND_MODES:
             raise RunnerError(f"unknown suspend mode {mode!r}", hint=f"use one of {SUSPEND_MODES}")
+        from gpuq.runner.distributed import check_suspend_mode  # no park under torchrun
+
+        check_suspend_mode(mode)
         if self._suspend != "checkpoint":
-            self._suspend = mode
+            self._suspend, self._daemon_request = mode, False
 
     def resume(self) -> None:
         """End the park in progress; safe from any thread (not from a signal handler)."""
         self._resume_event.set()
+
+    def request_suspend_for_daemon(self, mode: SuspendMode) -> None:
+        """`request_suspend` on the daemon's behalf, which `withdraw_daemon_request` may undo."""
+        pending = self._suspend
+        self.request_suspend(mode)
+        if self._suspend != pending:
+            self._daemon_request = True
+
+    def withdraw_daemon_request(self) -> None:
+        """Drop the daemon's pending request; one from a signal or the script stays."""
+        if self._daemon_request:
+            self._suspend, self._daemon_request = None, False
+
+    def request_checkpoint(self) -> None:
+        """Ask for a checkpoint at the next boundary, after which training goes on."""
+        self._checkpoint_requested = True
 
     def add_step_hook(self, hook: Callable[[StepInfo], None]) -> None:
         """Call `hook` at every iteration boundary, before a suspend is honoured."""
@@ -154,6 +186,8 @@ class Job:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
+        if self.channel is not None:
+            self.channel.stop()
         atexit.unregister(self.close)
         if _current is self:
             _current = None
@@ -166,18 +200,66 @@ class Job:
         for hook in self._hooks:
             hook(info)
 
+    def honour_checkpoint_request(self) -> None:
+        """Save the checkpoint the daemon asked for, if it did, and acknowledge it."""
+        if not self._checkpoint_requested:
+            return
+        self._checkpoint_requested = False
+        if self.state is None or self.state.checkpoint_dir is None:
+            self.send_ack("checkpoint", ok=False, error="the script has no gpuq.runner.State")
+            return
+        start = time.perf_counter()
+        try:
+            written = self.state.save()
+        except (OSError, GpuqError) as exc:
+            self.send_ack("checkpoint", ok=False, error=str(exc))
+            return
+        seconds = round(time.perf_counter() - start, 6)
+        self.send_ack("checkpoint", step=self.step, bytes=written.bytes, seconds=seconds)
+
+    def report_suspend(self, report: SuspendReport) -> None:
+        """Tell the daemon a suspend happened (called by the boundary once state is safe).
+
+        For a park, a resume from now on ends it: one that arrives between the
+        acknowledgement and the wait is not lost.
+        """
+        if report.mode == "park":
+            self._resume_event.clear()
+            self._continue = False
+            self._park_armed = self._parked = True
+        seconds = round(report.seconds, 6)
+        self.send_ack(
+            "suspend", mode=report.mode, step=report.step, bytes=report.bytes, seconds=seconds
+        )
+
+    def report_resume(self, report: SuspendReport) -> None:
+        """Tell the daemon a park ended and the state is back on the device."""
+        paused = None if report.paused_seconds is None else round(report.paused_seconds, 6)
+        seconds = None if report.resume_seconds is None else round(report.resume_seconds, 6)
+        self.send_ack(
+            "resume", step=report.step, bytes=report.bytes, seconds=seconds, paused_seconds=paused
+        )
+
+    def send_ack(self, request: str, ok: bool = True, **detail: Any) -> None:
+        """Acknowledge a request over the control channel, if there is one; never raises."""
+        if self.channel is not None:
+            self.channel.send(Ack(request, ok, detail))
+
     def take_suspend_request(self) -> SuspendMode | None:
         """Return and clear the pending request (called at a boundary)."""
-        mode, self._suspend = self._suspend, None
+        mode, self._suspend, self._daemon_request = self._suspend, None, False
         return mode
 
     def wait_while_parked(self, poll_seconds: float = 0.02) -> None:
         """Block until `resume()`, SIGCONT or a checkpoint request.
 
-        A resume that arrived before the park began does not end it.
+        A resume that arrived before the park began (before `report_suspend`)
+        does not end it.
         """
-        self._resume_event.clear()
-        self._continue = False
+        if not self._park_armed:
+            self._resume_event.clear()
+            self._continue = False
+        self._park_armed = False
         previous = signal.signal(signal.SIGCONT, self._on_continue) if _in_main_thread() else None
         self._parked = True
         try:
@@ -207,8 +289,7 @@ class Job:
 
     def _on_suspend_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only set a flag: the boundary does the work (a handler may interrupt anything).
-        if self._suspend != "checkpoint":
-            self._suspend = "checkpoint"
+        self._suspend, self._daemon_request = "checkpoint", False
 
     def _on_continue(self, signum: int, frame: FrameType | None) -> None:
         self._continue = True
@@ -225,8 +306,9 @@ def init(environ: Mapping[str, str] | None = None) -> Job:
     """Return this process's job handle, creating it on the first call.
 
     Outside gpuq the handle does nothing. Inside gpuq the first call installs
-    the SIGUSR1/SIGTERM handlers and removes the previous attempt's
-    acknowledgement file. Later calls return the same handle until it is closed.
+    the SIGUSR1/SIGTERM handlers, removes the previous attempt's
+    acknowledgement file, creates `job.metrics` and starts the control
+    channel. Later calls return the same handle until it is closed.
     """
     global _current
     if _current is not None and not _current.closed:
@@ -237,8 +319,27 @@ def init(environ: Mapping[str, str] | None = None) -> Job:
         atexit.register(job.close)
         if job.checkpoint_dir is not None:
             (job.checkpoint_dir / ACK_FILE).unlink(missing_ok=True)
+        _start_reporting(job, environ)
     _current = job
     return job
+
+
+def _start_reporting(job: Job, environ: Mapping[str, str] | None) -> None:
+    """Create the metrics recorder and, on the coordinating rank, the control channel."""
+    from gpuq.runner import distributed
+    from gpuq.runner.control import ControlClient
+    from gpuq.runner.metrics import MetricsRecorder
+
+    job.metrics = MetricsRecorder()
+    job.add_step_hook(job.metrics.on_step)
+    path = env.control_socket(environ)
+    if path is None or not distributed.is_coordinator(environ):
+        return
+    features = ["checkpoint", "metrics", "resize"]
+    if distributed.world_size(environ) == 1:
+        features.insert(1, "park")
+    job.channel = ControlClient(job, path, tuple(features))
+    job.channel.start()
 
 
 def current_job() -> Job:

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from gpuq.runner import SUSPEND_EXIT_CODE
+from gpuq.runner.distributed import agree_on_suspend, suspend_all_ranks
 from gpuq.runner.job import ACK_FILE, Job, RunnerError, StepInfo, SuspendReport, current_job
 from gpuq.runner.state import State, cuda_in_use
 
@@ -81,12 +82,13 @@ def step(loss: Any = None) -> None:
     if isinstance(loss, torch.Tensor):
         loss = loss.detach()
     job.record_step(StepInfo(job.step, job.epoch, seconds, boundary, peak, loss))
-    mode = job.take_suspend_request()
+    job.honour_checkpoint_request()  # one the daemon asked for; training goes on
+    mode = agree_on_suspend(job)  # under torchrun: the same answer on every rank
     if mode == "park":
         _park(job, now)
         mode, now = job.take_suspend_request(), time.perf_counter()
     if mode == "checkpoint":
-        _suspend_to_checkpoint(job, now)
+        suspend_all_ranks(job, lambda: _suspend_to_checkpoint(job, now))
     job.boundary_time = time.perf_counter()
 
 
@@ -116,6 +118,7 @@ def _suspend_to_checkpoint(job: Job, start: float) -> None:
     job.suspends.append(report)
     extra = {"checkpoint": written.path.name, "sha256": written.sha256}
     _acknowledge(state.checkpoint_dir, job, report, extra)
+    job.report_suspend(report)  # over the control channel, before the exit
     _say(f"suspended at step {job.step}: {written.bytes} bytes saved in {report.seconds:.3f}s")
     job.close()
     raise SystemExit(SUSPEND_EXIT_CODE)
@@ -201,6 +204,7 @@ def _park(job: Job, start: float) -> None:
     parked_seconds = time.perf_counter() - start
     report = SuspendReport("park", job.step, moved_bytes, parked_seconds)
     _acknowledge(state.checkpoint_dir, job, report, {})
+    job.report_suspend(report)
     _say(f"parked at step {job.step}: {moved_bytes} bytes to host in {parked_seconds:.3f}s")
     waited = time.perf_counter()
     job.wait_while_parked()
@@ -222,6 +226,7 @@ def _park(job: Job, start: float) -> None:
     job.suspends.append(
         SuspendReport("park", job.step, moved_bytes, parked_seconds, resume_seconds, paused)
     )
+    job.report_resume(job.suspends[-1])
     if state.checkpoint_dir is not None:
         (state.checkpoint_dir / ACK_FILE).unlink(missing_ok=True)
     _say(f"resumed at step {job.step}: {moved_bytes} bytes back in {resume_seconds:.3f}s")

@@ -7,15 +7,15 @@ the others (the CLI exits non-zero if any failed).
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any, assert_never
 
-from gpuq.daemon import lifecycle
+from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import ConflictError, GpuqError
+from gpuq.errors import ConflictError, GpuqError, UsageError
 from gpuq.models import JobState
 from gpuq.protocol import (
+    SUSPEND_MODES,
     ActionOutcome,
     Cancel,
     Hold,
@@ -67,17 +67,20 @@ def _apply(state: DaemonState, request: Action, job_id: int) -> str:
             return updated.state.value
         case Suspend():
             job = state.require(job_id, {JobState.RUNNING}, "suspend")
-            return lifecycle.request_suspend(state, job).state.value
+            return suspend.request(state, job, request.mode).state.value
         case Resume():
             job = state.require(job_id, {JobState.SUSPENDED, JobState.SUSPENDING}, "resume")
-            state.executor.signal(job_id, signal.SIGCONT)
-            return state.transition(job, JobState.RUNNING, "resumed by user").state.value
+            return suspend.resume(state, job).state.value
         case _:
             assert_never(request)
 
 
 def handle(state: DaemonState, request: Action) -> dict[str, Any]:
     """Apply the action to each id; report per-job outcomes."""
+    if isinstance(request, Suspend) and request.mode not in SUSPEND_MODES:
+        raise UsageError(
+            f"unknown suspend mode {request.mode!r}", f"modes: {', '.join(SUSPEND_MODES)}"
+        )
     outcomes = []
     for job_id in request.ids:
         try:

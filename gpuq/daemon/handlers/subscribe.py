@@ -1,4 +1,4 @@
-"""subscribe: stream job and GPU events until the client goes away."""
+"""subscribe: stream job, GPU and metrics events until the client goes away."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ async def handle(
         raise UsageError(
             f"unknown topic(s): {', '.join(unknown)}", f"topics: {', '.join(STREAM_TOPICS)}"
         )
-    topics = {"jobs": "job", "gpus": "gpus"}
+    topics = {"jobs": "job", "gpus": "gpus", "metrics": "metrics"}
     wanted = {topics[t] for t in request.topics}
     queue = state.subscribe()
     try:
