@@ -18,8 +18,45 @@ Loaders are told apart in checkpoints by name, ``loader0``, ``loader1``... in
 order of creation; give ``name=`` when a script creates several in an order
 that may change.
 
-The batch size is fixed for now: ``max_batch_size`` is validated and kept for
-the goodput tuning that will change ``batch_size`` between passes.
+**Adaptive batch size.** A loader with ``max_batch_size`` above its
+``batch_size``, in a script whose `gpuq.runner.State` names a learning-rate
+rule, tunes its batch size for goodput (`gpuq.runner.tuning`)::
+
+    state = gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(dataset, batch_size=128, max_batch_size=4096)
+
+``batch_size`` is then the initial batch size M0. At the start of each epoch
+the loader may switch to another (local batch, accumulation steps) between M0
+and ``max_batch_size`` (accumulation only with ``gradient_accumulation=True``)
+and yields micro-batches of the local size; the State's optimizer absorbs all
+but the last micro-batch of a step and steps on their mean gradient, with the
+learning rate scaled by the rule. An epoch ends when the scale-invariant
+progress reaches a dataset's worth of samples at M0: exactly one pass at M0,
+more than one (each a new permutation) with larger, less efficient batches,
+so epoch-keyed schedules keep their meaning. This runs outside gpuq too: it
+is training logic (only its reports to the daemon need gpuq). It runs in
+single-process jobs; under torchrun the batch size stays fixed, with a
+warning. Without the rule or ``max_batch_size`` the batch size is fixed.
+
+What the loop must do: call ``optimizer.step()`` after every batch, exactly
+as with a fixed batch size. Right::
+
+    for x, y in loader:
+        loss_fn(model(x), y).backward()
+        opt.step(); opt.zero_grad()       # every batch: the runner accumulates
+        gq.step()
+
+Wrong: counting micro-batches and stepping every k-th batch (the runner does
+that already), clipping gradients before ``step()`` while accumulating (it
+clips each micro-batch, not their mean), or `torch.amp.GradScaler` with
+accumulation (it finds no gradients on the absorbed micro-batches).
+
+The tuner's state (noise-scale averages, step-time profile, progress,
+configuration, gradients held between micro-batches) is part of the loader's
+`state_dict`: a resume continues with the same configuration and statistics
+bit for bit. Later decisions depend on measured step times, so they match an
+uninterrupted run only as far as those measurements do (the tests make them
+reproducible with a deterministic clock).
 
 The loader draws nothing from torch's global generator (a plain DataLoader
 draws its worker seed there at every ``iter()``), so resuming does not shift
@@ -31,13 +68,16 @@ generators and is exact.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from gpuq.runner import distributed
 from gpuq.runner.job import RunnerError, current_job
+from gpuq.runner.tuning import BatchTuner
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -45,6 +85,11 @@ _MIX = 0x9E3779B97F4A7C15
 def _seed_for(seed: int, epoch: int, stream: int) -> int:
     """A distinct 63-bit seed per (seed, epoch, stream)."""
     return (seed * _MIX + epoch * 1_000_003 + stream) % (1 << 63)
+
+
+def _order_stream(pass_number: int) -> int:
+    """The stream of a pass's permutation: 0 for an epoch's first pass, as without tuning."""
+    return 0 if pass_number == 0 else 1 + pass_number
 
 
 class _PositionedBatchSampler(Sampler[list[int]]):
@@ -55,11 +100,12 @@ class _PositionedBatchSampler(Sampler[list[int]]):
     ) -> None:
         self.size, self.batch_size, self.shuffle = size, batch_size, shuffle
         self.seed, self.drop_last = seed, drop_last
-        self.epoch, self.start = 0, 0
+        self.epoch, self.pass_number, self.start = 0, 0, 0
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
-            generator = torch.Generator().manual_seed(_seed_for(self.seed, self.epoch, 0))
+            stream = _order_stream(self.pass_number)
+            generator = torch.Generator().manual_seed(_seed_for(self.seed, self.epoch, stream))
             order: list[int] = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))
@@ -84,6 +130,7 @@ class AdaptiveDataLoader:
         batch_size: int = 1,
         *,
         max_batch_size: int | None = None,
+        gradient_accumulation: bool = False,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -102,7 +149,9 @@ class AdaptiveDataLoader:
         if clashing & set(loader_kwargs):
             raise RunnerError(f"AdaptiveDataLoader sets {sorted(clashing & set(loader_kwargs))}")
         self.dataset = dataset
+        self.init_batch_size = batch_size
         self.max_batch_size = max_batch_size
+        self.gradient_accumulation = gradient_accumulation
         self.seed = seed
         self._sampler = _PositionedBatchSampler(len(dataset), batch_size, shuffle, seed, drop_last)
         self._generator = torch.Generator()
@@ -110,9 +159,16 @@ class AdaptiveDataLoader:
             dataset, batch_sampler=self._sampler, generator=self._generator, **loader_kwargs
         )
         self.epoch = -1
-        """The pass under way (-1 before the first)."""
+        """The epoch under way (-1 before the first)."""
+        self.pass_number = 0
+        """Passes over the dataset completed in this epoch (more than 0 only when tuning)."""
         self.index = 0
         """Samples of this pass the training loop has received."""
+        self.tuner: BatchTuner | None = None
+        """The goodput tuner, once the loader turned out to be adaptive (first ``iter()``)."""
+        self._pending_tuner: dict[str, Any] | None = None
+        self._fixed = False  # tuning refused (several processes): never ask again
+        self._accum_steps = 0
         self._in_progress = False
         self._finish_interrupted_pass = False
         job = current_job()
@@ -126,38 +182,143 @@ class AdaptiveDataLoader:
 
     @property
     def batch_size(self) -> int:
-        """Samples per batch (fixed for now; goodput tuning will change it between passes)."""
+        """Samples per batch the loop receives now (a micro-batch when accumulating)."""
         return self._sampler.batch_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches absorbed before each optimizer step (0: none)."""
+        return self._accum_steps
+
+    @property
+    def adaptive(self) -> bool:
+        """True when the batch size is tuned for goodput (creates the tuner on first use)."""
+        return self._tuner() is not None
 
     def __len__(self) -> int:
         """Batches in a full pass."""
         return len(self._sampler)
 
     def __iter__(self) -> Iterator[Any]:
+        tuner = self._tuner()
         if self._finish_interrupted_pass:
             self._finish_interrupted_pass = False
         else:
-            self.epoch, self.index = self.epoch + 1, 0
-        self._sampler.epoch, self._sampler.start = self.epoch, self.index
+            self.epoch, self.pass_number, self.index = self.epoch + 1, 0, 0
+            if tuner is not None:
+                self._use(tuner.retune().local_bsz, tuner.config.accum_steps)
         self._generator.manual_seed(_seed_for(self.seed, self.epoch, 1))
         self._in_progress = True
         try:
-            for batch in self._loader:
-                self.index = min(self.index + self.batch_size, self._sampler.size)
-                yield batch
+            if tuner is None:
+                yield from self._pass()
+                return
+            while True:
+                steps = tuner.steps
+                yield from self._pass(tuner)
+                if tuner.progress >= tuner.epoch_target(self.epoch, self._sampler.size):
+                    return  # enough progress for this epoch
+                if tuner.steps == steps:
+                    return  # a pass without training (evaluation): stop rather than loop
+                self.pass_number, self.index = self.pass_number + 1, 0
         finally:  # the loop ended, or broke out and dropped this generator
             self._in_progress = False
 
+    def _pass(self, tuner: BatchTuner | None = None) -> Iterator[Any]:
+        """The rest of the current pass; with a tuner, micro-batches announced and timed."""
+        sampler, size = self._sampler, self._sampler.size
+        sampler.epoch, sampler.pass_number, sampler.start = self.epoch, self.pass_number, self.index
+        if tuner is None:
+            for batch in self._loader:
+                self.index = min(self.index + sampler.batch_size, size)
+                yield batch
+            return
+        tuner.start_pass()
+        local, micro_batches = sampler.batch_size, self._accum_steps + 1
+        announce, target = tuner.gns.micro_batch, tuner.epoch_target(self.epoch, size)
+        batches = iter(self._loader)
+        while True:  # runs once a batch: kept lean (see bench/bench_adaptive.py)
+            start = self.index
+            end = min(start + local, size)
+            if start >= size or (sampler.drop_last and end - start < local):
+                return
+            position = (start // local) % micro_batches
+            if position == 0 and tuner.progress >= target:  # the epoch is done
+                return
+            final = end + (local if sampler.drop_last else 1) > size
+            last = position == micro_batches - 1 or final
+            batch = next(batches)
+            announce(end - start, last)
+            self.index = end
+            yield batch
+            if last:
+                tuner.step_ended(timed=position == micro_batches - 1 and end - start == local)
+
+    def _use(self, local_bsz: int, accum_steps: int) -> None:
+        self._sampler.batch_size, self._accum_steps = local_bsz, accum_steps
+
+    def _tuner(self) -> BatchTuner | None:
+        """The goodput tuner, created on first need if this loader is adaptive."""
+        if self.tuner is not None or self._fixed:
+            return self.tuner
+        state = current_job().state
+        rule = getattr(state, "lr_scaling", None)
+        optimizer = None if state is None else state.objects.get("optimizer")
+        max_batch = self.max_batch_size
+        if max_batch is None or max_batch <= self.init_batch_size or rule is None:
+            return None
+        if optimizer is None:
+            return None
+        if distributed.world_size() > 1:
+            self._fixed = True
+            warnings.warn(
+                "goodput batch tuning runs in single-process jobs only: under torchrun "
+                f"the batch size stays at {self.init_batch_size}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        self.tuner = BatchTuner(
+            optimizer,
+            current_job(),
+            init_batch_size=self.init_batch_size,
+            max_batch_size=max_batch,
+            lr_scaling=rule,
+            accumulation=self.gradient_accumulation,
+        )
+        if self._pending_tuner is not None:
+            self.tuner.load_state_dict(self._pending_tuner)
+            self._pending_tuner = None
+        self._use(self.tuner.config.local_bsz, self.tuner.config.accum_steps)
+        return self.tuner
+
     def state_dict(self) -> dict[str, Any]:
-        """The position: the latest pass, the samples it delivered, and whether it goes on."""
-        return {
+        """The position: the latest pass, the samples it delivered, and whether it goes on.
+
+        An adaptive loader adds the pass within the epoch and its tuner's state.
+        """
+        position = {
             "epoch": self.epoch,
             "index": self.index,
             "in_progress": self._in_progress or self._finish_interrupted_pass,
             "batch_size": self.batch_size,
         }
+        tuner = self.tuner.state_dict() if self.tuner is not None else self._pending_tuner
+        if tuner is None:  # a fixed batch size: the position alone
+            return position
+        extra = {"pass": self.pass_number, "accumulation_steps": self._accum_steps, "tuner": tuner}
+        return position | extra
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """On the next ``iter()``, finish the saved pass if it was in progress, else go on."""
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self.pass_number = int(state.get("pass", 0))
         self._finish_interrupted_pass = bool(state["in_progress"])
+        tuner = state.get("tuner")
+        if tuner is None:
+            return
+        if self.tuner is not None:
+            self.tuner.load_state_dict(tuner)
+            self._use(self.tuner.config.local_bsz, self.tuner.config.accum_steps)
+        else:
+            self._pending_tuner = tuner  # applied when the tuner is created (first iter())

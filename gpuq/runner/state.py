@@ -8,6 +8,9 @@ tracker). A checkpoint also holds the random number generators (Python
 CUDA is in use, every CUDA device), the job's step and epoch, and the
 position of each `AdaptiveDataLoader`. `state.restore()` loads the newest
 valid checkpoint, if any, so the loop continues at the exact next step.
+``lr_scaling="adascale"`` (or ``"sqrt"``, ``"linear"``) lets a loader with a
+``max_batch_size`` tune its batch size for goodput, scaling the optimizer's
+learning rate by that rule (`gpuq.runner.data`, `gpuq.runner.tuning`).
 
 Generators the script makes itself (``torch.Generator``,
 ``numpy.random.default_rng``) are not found automatically: seed them from the
@@ -47,6 +50,7 @@ import torch
 
 from gpuq.runner import checkpoint
 from gpuq.runner.job import Job, RunnerError, current_job
+from gpuq.runner.tuning import LR_SCALING_RULES
 
 FORMAT = 1
 """Version of the payload layout inside the checkpoint file."""
@@ -63,6 +67,7 @@ class State:
         scaler: Any = None,
         *,
         checkpoint_dir: str | os.PathLike[str] | None = None,
+        lr_scaling: str | None = None,
         **extra: Any,
     ) -> None:
         named = {"model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
@@ -78,6 +83,13 @@ class State:
         given = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_dir: Path | None = given or self.job.checkpoint_dir
         self.restored_from: Path | None = None
+        if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:
+            raise RunnerError(
+                f"unknown lr_scaling {lr_scaling!r}",
+                hint="use 'adascale' (SGD), 'sqrt' (Adam, AdamW) or 'linear'",
+            )
+        self.lr_scaling = lr_scaling
+        """The learning-rate rule that lets an `AdaptiveDataLoader` tune its batch size."""
         self.job.state = self
 
     def __repr__(self) -> str:

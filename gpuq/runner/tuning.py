@@ -1,0 +1,404 @@
+"""Goodput batch tuning inside the job: profile, fit, choose, scale the LR, count progress.
+
+`BatchTuner` is what an adaptive `gpuq.runner.AdaptiveDataLoader` runs on
+(see that module for when a loader is adaptive):
+
+- **Profile.** The loader times every optimizer step from the end of the
+  previous one (data loading, forward, backward, update: all of it), per
+  configuration (local batch m, accumulation steps s); the first step of
+  each pass and any step with a park in it are left out, and the median of
+  the latest `PROFILE_WINDOW` times of a configuration is used, so a stray
+  slow step (a checkpoint written in the loop) does not move the model. On
+  CUDA the per-iteration peak of allocated memory is kept per m too.
+- **Fit.** `gpuq.goodput.fit_perf_params` fits Pollux's step-time model to
+  these times (one process: T_iter = (s + 1) T_grad(m)). It minimizes the
+  RMSLE with scipy's bounded TNC solver rather than L-BFGS-B, as documented
+  in `gpuq.goodput`: same objective, bounds and optimum.
+- **Choose.** With the noise scale from `gpuq.runner.gns`,
+  `GoodputFunction.optimize` picks the (m, s) of best goodput for batch sizes
+  between the initial one and the loader's ``max_batch_size``, with m under
+  the memory bound: from the profiled peaks (linear in m), 90% of the
+  device's memory, or no bound on the CPU. The tuner switches only when the
+  prediction beats the current configuration by more than 5%
+  (`SPEEDUP_THRESHOLD`), and only at the start of an epoch, so every decision
+  depends on checkpointed numbers alone.
+- **Scale the learning rate.** Around each optimizer step the learning rate
+  of every parameter group is multiplied by the rule's factor and put back
+  afterwards, so the script's own scheduler never sees it: ``"adascale"``
+  (the gain r = (var + sqr) / (var / S + sqr), for SGD), ``"sqrt"`` (sqrt(S),
+  for Adam and AdamW) or ``"linear"`` (S), with S = batch / initial batch. At
+  or below the initial batch size the factor is 1.
+- **Count progress.** Each step adds its samples times min(1, efficiency):
+  samples of the initial batch size's worth. An epoch ends when progress
+  reaches (epoch + 1) x dataset size, which at the initial batch size is
+  exactly one pass; with larger, less efficient batches an epoch takes more
+  than one pass, so schedules keyed on epochs keep their meaning.
+- **Report.** When the job has a metrics recorder (inside gpuq), each new
+  configuration goes to ``update_batch`` (accumulation steps counted as
+  micro-batches per step, and each ``gq.step()`` marked as one micro-batch) and each step's
+  statistics, gain, efficiency and progress to ``update_goodput``, with the
+  fitted model and predicted goodput at each epoch start. ``grad_var`` is
+  reported as tr(Sigma), the recorder's unit, not tr(Sigma) / M0.
+
+Timing uses `step_clock` (``time.perf_counter``); tests replace it with a
+deterministic clock to make decisions reproducible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any, Literal, get_args
+
+import torch
+
+from gpuq.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
+from gpuq.runner.gns import GradientNoiseScale
+from gpuq.runner.job import Job, StepInfo
+
+LrScaling = Literal["adascale", "sqrt", "linear"]
+LR_SCALING_RULES: tuple[str, ...] = get_args(LrScaling)
+SPEEDUP_THRESHOLD = 1.05
+"""A new configuration must be predicted this much faster (goodput) to be taken."""
+PROFILE_WINDOW = 32
+"""Step times kept per configuration; their median is what the fit sees."""
+MEMORY_HEADROOM = 0.9
+"""Share of the device's memory the per-iteration peak may grow to."""
+PRIOR = GradParams(0.0, 1.0)
+"""Gradient statistics before any are measured: efficiency 1 at every batch size."""
+
+step_clock: Callable[[], float] = time.perf_counter
+"""The clock steps are timed with."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchConfig:
+    """Local (per-GPU) batch size and accumulation steps: (accum_steps + 1) micro-batches a step."""
+
+    local_bsz: int
+    accum_steps: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.local_bsz * (self.accum_steps + 1)
+
+
+def gain(grad: GradParams | None, init_batch: int, batch: int) -> float:
+    """AdaScale's gain r = S * efficiency, as `gpuq.goodput.adascale_gain`, in plain floats.
+
+    The training loop calls this at every step; numpy's scalar overhead is not worth it there.
+    """
+    grad = grad or PRIOR
+    scale = batch / init_batch
+    denominator = grad.var / scale + grad.sqr
+    return (grad.var + grad.sqr) / denominator if denominator > 0 else 1.0
+
+
+def lr_factor(rule: LrScaling, grad: GradParams | None, init_batch: int, batch: int) -> float:
+    """The learning-rate multiplier for a step of `batch` samples under `rule` (1 up to M0)."""
+    scale = batch / init_batch
+    if scale <= 1:
+        return 1.0
+    if rule == "adascale":
+        return gain(grad, init_batch, batch)
+    if rule == "sqrt":
+        return math.sqrt(scale)
+    return scale
+
+
+def progress_of(grad: GradParams | None, init_batch: int, batch: int) -> float:
+    """Scale-invariant progress of one step: its samples times min(1, efficiency)."""
+    if batch <= init_batch:
+        return float(batch)
+    return batch * min(1.0, gain(grad, init_batch, batch) * init_batch / batch)
+
+
+def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
+    """The largest local batch whose predicted peak memory fits `capacity`; None without data.
+
+    The peak is taken as linear in the local batch, fitted by least squares;
+    with one batch size seen, as proportional to it (which over-predicts larger ones).
+    """
+    if not peaks:
+        return None
+    sizes = sorted(peaks)
+    if len(sizes) == 1:
+        per_sample, base = peaks[sizes[0]] / sizes[0], 0.0
+    else:
+        mean_m = statistics.fmean(sizes)
+        mean_p = statistics.fmean(peaks[m] for m in sizes)
+        spread = sum((m - mean_m) ** 2 for m in sizes)
+        per_sample = sum((m - mean_m) * (peaks[m] - mean_p) for m in sizes) / spread
+        base = mean_p - per_sample * mean_m
+    if per_sample <= 0:
+        return None
+    return max(1, math.floor((capacity - base) / per_sample))
+
+
+def choose_config(
+    goodput_fn: GoodputFunction,
+    current: BatchConfig,
+    *,
+    max_batch_size: int,
+    max_local: int,
+    accumulation: bool,
+    threshold: float = SPEEDUP_THRESHOLD,
+) -> BatchConfig:
+    """The configuration of best predicted goodput on one GPU, if `threshold` x `current`'s."""
+    max_local = max(1, min(max_local, max_batch_size))
+    best, local, accum = goodput_fn.optimize(
+        1, 1, max_batch_size, (1, max_local), accumulation=accumulation
+    )
+    if best <= 0:
+        return current
+    fits = current.local_bsz <= max_local
+    now = goodput_fn.evaluate(1, 1, current.local_bsz, current.accum_steps) if fits else 0.0
+    return BatchConfig(local, accum) if best > threshold * now else current
+
+
+class StepProfile:
+    """Measured step times per configuration and peak memory per local batch size."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = {}
+        """Step times by "local,accum"; the latest `PROFILE_WINDOW` of each count."""
+        self.peaks: dict[int, int] = {}
+
+    def window(self, config: BatchConfig) -> list[float]:
+        """The list of `config`'s step times (created empty), which `record_time` appends to."""
+        key = f"{config.local_bsz},{config.accum_steps}"
+        return self.times.setdefault(key, [])
+
+    def record_time(self, config: BatchConfig, seconds: float) -> None:
+        """Keep one optimizer step's wall time under its configuration."""
+        window = self.window(config)
+        window.append(seconds)
+        if len(window) >= 2 * PROFILE_WINDOW:
+            del window[:PROFILE_WINDOW]
+
+    def record_peak(self, local_bsz: int, peak_bytes: int) -> None:
+        """Keep the largest per-iteration memory peak seen at `local_bsz`."""
+        self.peaks[local_bsz] = max(self.peaks.get(local_bsz, 0), peak_bytes)
+
+    def compute_times(self) -> dict[int, float]:
+        """Median time of one micro-batch (T_grad) per local batch size."""
+        pooled: dict[int, list[float]] = {}
+        for key, window in self.times.items():
+            local, accum = (int(v) for v in key.split(","))
+            pooled.setdefault(local, []).extend(t / (accum + 1) for t in window[-PROFILE_WINDOW:])
+        return {m: statistics.median(v) for m, v in sorted(pooled.items()) if v}
+
+    def fit(self) -> PerfParams | None:
+        """Pollux's step-time model fitted to the medians; None before any step was timed."""
+        times = self.compute_times()
+        if not times or min(times.values()) <= 0:
+            return None
+        sizes, seconds = list(times), list(times.values())
+        ones = [1] * len(sizes)
+        return fit_perf_params(ones, ones, sizes, seconds, seconds)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The measurements, for a checkpoint."""
+        peaks = {str(m): p for m, p in self.peaks.items()}
+        return {"times": {k: list(v) for k, v in self.times.items()}, "peaks": peaks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what `state_dict` returned."""
+        self.times = {str(k): [float(t) for t in v] for k, v in state["times"].items()}
+        self.peaks = {int(m): int(p) for m, p in state["peaks"].items()}
+
+
+class BatchTuner:
+    """One adaptive loader's tuning: noise scale, profile, configuration, LR scaling, progress."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        job: Job,
+        *,
+        init_batch_size: int,
+        max_batch_size: int,
+        lr_scaling: LrScaling,
+        accumulation: bool = False,
+    ) -> None:
+        self.optimizer, self.job = optimizer, job
+        self.init_batch_size, self.max_batch_size = init_batch_size, max_batch_size
+        self.lr_scaling, self.accumulation = lr_scaling, accumulation
+        self.gns = GradientNoiseScale(optimizer, init_batch_size, hook=False)  # see _before_step
+        self.config = BatchConfig(init_batch_size)
+        self.profile = StepProfile()
+        self.perf: PerfParams | None = None
+        self.progress = 0.0
+        """Scale-invariant samples trained on (see the module docstring)."""
+        self.steps = 0
+        """Optimizer steps taken (micro-batches absorbed by accumulation excluded)."""
+        self.capacity = _device_memory(optimizer)
+        self._saved_lrs: list[Any] | None = None
+        self._group_start: float | None = None
+        self._group_suspends = 0
+        self._pre_hook = optimizer.register_step_pre_hook(self._before_step)
+        self._post_hook: Any = None  # restores the LR; only while steps exceed M0
+        if self.capacity is not None:
+            job.add_step_hook(self._on_boundary)
+        self._use(self.config)
+
+    def close(self) -> None:
+        """Remove the optimizer hooks (a job's step hook stays, and records nothing new)."""
+        self.gns.close()
+        self._pre_hook.remove()
+        if self._post_hook is not None:
+            self._post_hook.remove()
+            self._post_hook = None
+
+    def _use(self, config: BatchConfig) -> None:
+        """Adopt `config`: report it, and restore scaled LRs only while it can scale them."""
+        self.config = config
+        self._window = self.profile.window(config)
+        if config.batch_size > self.init_batch_size and self._post_hook is None:
+            self._post_hook = self.optimizer.register_step_post_hook(self._restore_lr)
+        elif config.batch_size <= self.init_batch_size and self._post_hook is not None:
+            self._post_hook.remove()
+            self._post_hook = None
+        metrics = self.job.metrics
+        if metrics is not None:
+            metrics.update_batch(
+                local_batch_size=config.local_bsz,
+                accumulation_steps=config.accum_steps + 1,
+                boundary_per_micro_batch=True,
+            )
+
+    # The data loader's side.
+
+    def start_pass(self) -> None:
+        """A pass begins: its first step is not timed (workers start, caches warm)."""
+        self._group_start = None
+
+    def before_micro_batch(self, size: int, last: bool) -> None:
+        """The loop is about to receive a micro-batch of `size`; `last` if a step follows it."""
+        self.gns.micro_batch(size, last)
+
+    def step_ended(self, timed: bool = True) -> None:
+        """The loop asked for the micro-batch after a step's last one: time that step.
+
+        Steps cut short by the end of a pass are not `timed`: they are not
+        representative of their configuration.
+        """
+        now, suspends = step_clock(), len(self.job.suspends)
+        if timed and self._group_start is not None and suspends == self._group_suspends:
+            window = self._window  # `StepProfile.record_time`, inlined: this runs every step
+            window.append(now - self._group_start)
+            if len(window) >= 2 * PROFILE_WINDOW:
+                del window[:PROFILE_WINDOW]
+        self._group_start, self._group_suspends = now, suspends
+
+    def epoch_target(self, epoch: int, dataset_size: int) -> float:
+        """The progress at which `epoch` ends: `epoch` + 1 passes' worth of samples at M0."""
+        return float(dataset_size * (epoch + 1))
+
+    def epoch_done(self, epoch: int, dataset_size: int) -> bool:
+        """True once progress reaches `epoch_target`."""
+        return self.progress >= self.epoch_target(epoch, dataset_size)
+
+    def retune(self) -> BatchConfig:
+        """Refit the model and adopt the best configuration if it is worth it (epoch starts)."""
+        perf = self.profile.fit()
+        if perf is None:
+            return self.config
+        self.perf = perf
+        goodput_fn = GoodputFunction(perf, self.gns.estimate() or PRIOR, self.init_batch_size)
+        bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
+        chosen = choose_config(
+            goodput_fn,
+            self.config,
+            max_batch_size=self.max_batch_size,
+            max_local=self.max_batch_size if bound is None else bound,
+            accumulation=self.accumulation,
+        )
+        if chosen != self.config:
+            self._use(chosen)
+        metrics = self.job.metrics
+        if metrics is not None:
+            predicted = goodput_fn.evaluate(1, 1, chosen.local_bsz, chosen.accum_steps)
+            metrics.update_goodput(goodput=predicted, perf_params=dataclasses.astuple(perf))
+        return self.config
+
+    # Hooks.
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Let the GNS see the gradients, count progress, scale the LR (`_restore_lr` undoes it).
+
+        One hook for both rather than two: it runs at every step.
+        """
+        self.gns.before_step()
+        samples = self.gns.step_samples
+        if self.gns.accumulated or samples == 0:
+            return
+        self.steps += 1
+        init = self.init_batch_size
+        grad = None
+        if samples <= init:  # efficiency >= 1 and an LR factor of 1
+            self.progress += samples
+        else:
+            grad = self.gns.estimate()
+            self.progress += progress_of(grad, init, samples)
+            factor = lr_factor(self.lr_scaling, grad, init, samples)
+            if factor != 1.0:
+                self._saved_lrs = [group["lr"] for group in optimizer.param_groups]
+                for group in optimizer.param_groups:
+                    group["lr"] = group["lr"] * factor
+        metrics = self.job.metrics
+        if metrics is None:
+            return
+        grad = grad or self.gns.estimate()
+        if grad is not None:
+            batch = self.config.batch_size
+            metrics.update_goodput(
+                grad_sqr=grad.sqr,
+                grad_var=grad.var * init,  # tr(Sigma), as the sample documents
+                gain=gain(grad, init, batch),
+                efficiency=gain(grad, init, batch) * init / batch,
+                progress=self.progress,
+            )
+
+    def _restore_lr(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._saved_lrs is not None:
+            for group, lr in zip(optimizer.param_groups, self._saved_lrs, strict=True):
+                group["lr"] = lr
+            self._saved_lrs = None
+
+    def _on_boundary(self, info: StepInfo) -> None:
+        if info.memory_peak_bytes is not None:
+            self.profile.record_peak(self.config.local_bsz, info.memory_peak_bytes)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a decision or a step depends on, for a checkpoint."""
+        return {
+            "config": [self.config.local_bsz, self.config.accum_steps],
+            "progress": self.progress,
+            "steps": self.steps,
+            "profile": self.profile.state_dict(),
+            "gns": self.gns.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what `state_dict` returned."""
+        local, accum = (int(v) for v in state["config"])
+        self.progress, self.steps = float(state["progress"]), int(state["steps"])
+        self.profile.load_state_dict(state["profile"])
+        self.gns.load_state_dict(state["gns"])
+        self._use(BatchConfig(local, accum))
+
+
+def _device_memory(optimizer: torch.optim.Optimizer) -> int | None:
+    """Usable bytes on the parameters' CUDA device; None on the CPU."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.device.type == "cuda":
+                total = torch.cuda.get_device_properties(param.device).total_memory
+                return int(total * MEMORY_HEADROOM)
+            return None
+    return None

@@ -1,0 +1,307 @@
+"""The adaptive data loader: goodput-tuned batch sizes inside a plain training loop.
+
+Step times come from a deterministic clock that the loop advances by a cost
+per micro-batch (a fixed overhead plus a cost per sample), so the tuner's
+decisions are reproducible; the gradients are real. The noise scale of the
+tiny model is measured at every step, as Pollux does (by default the runner
+measures one step in 32, see `gpuq.runner.gns.MEASURE_EVERY`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import gpuq.runner as gq
+import gpuq.runner.gns
+import gpuq.runner.loop
+import gpuq.runner.tuning
+from gpuq.runner import checkpoint
+from gpuq.runner.tuning import BatchTuner
+
+pytestmark = [pytest.mark.torch]
+
+SAMPLES, M0 = 512, 16
+
+
+@dataclass
+class FakeClock:
+    """Seconds that pass only when the training loop says so."""
+
+    now: float = 0.0
+    overhead: float = 0.01
+    per_sample: float = 0.0001
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, samples: int) -> None:
+        self.now += self.overhead + self.per_sample * samples
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
+    fake = FakeClock()
+    monkeypatch.setattr(gpuq.runner.tuning, "step_clock", fake)
+    monkeypatch.setattr(gpuq.runner.gns, "MEASURE_EVERY", 1)  # measure every step, as Pollux
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    gq.init(environ={}).close()
+    yield fake
+    gq.init(environ={}).close()
+    torch.set_num_threads(threads)
+
+
+def noisy_regression(signal: float = 0.1) -> TensorDataset:
+    """Targets x . w plus much noise: a large noise scale, so big batches stay efficient."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(SAMPLES, 8, generator=generator)
+    w = signal * torch.randn(8, 1, generator=generator)
+    y = x @ w + 3.0 * torch.randn(SAMPLES, 1, generator=generator)
+    return TensorDataset(x, y)
+
+
+@dataclass
+class Run:
+    """What a training run left behind, for comparisons."""
+
+    final: dict[str, Any]
+    batches: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, size, accum)
+    passes: list[int] = field(default_factory=list)  # passes per epoch
+    lrs: list[float] = field(default_factory=list)  # during each optimizer step
+
+
+def train(
+    clock: FakeClock,
+    epochs: int,
+    *,
+    lr_scaling: str | None = "adascale",
+    accumulation: bool = True,
+    max_batch_size: int = 256,
+    suspend_at: frozenset[int] = frozenset(),
+    run: Run | None = None,
+    signal: float = 0.1,
+) -> Run:
+    """Train for `epochs`; may exit with SystemExit at a step in `suspend_at` (inside gpuq)."""
+    model = nn.Linear(8, 1)
+    nn.init.zeros_(model.weight)  # near the optimum: the gradient is mostly noise
+    nn.init.zeros_(model.bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    run = run or Run({})
+    opt.register_step_pre_hook(lambda o, a, k: run.lrs.append(o.param_groups[0]["lr"]))
+    job = gq.init()
+    job.add_step_hook(lambda info: job.request_suspend() if info.step in suspend_at else None)
+    state = gq.State(model=model, optimizer=opt, lr_scheduler=sched, lr_scaling=lr_scaling)
+    state.restore()
+    loader = gq.AdaptiveDataLoader(
+        noisy_regression(signal),
+        batch_size=M0,
+        max_batch_size=max_batch_size,
+        gradient_accumulation=accumulation,
+    )
+    for epoch in gq.epochs(epochs):
+        for x, y in loader:
+            clock.work(len(x))
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+        run.batches.append((epoch, loader.batch_size, loader.accumulation_steps))
+        run.passes.append(loader.pass_number + 1)
+        sched.step()
+    run.final = {
+        "model": {k: v.clone() for k, v in model.state_dict().items()},
+        "momentum": [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+        "step": job.step,
+    }
+    return run
+
+
+def test_without_an_lr_rule_max_batch_size_only_bounds_a_fixed_batch(clock: FakeClock) -> None:
+    run = train(clock, 3, lr_scaling=None)
+    assert [size for _, size, _ in run.batches] == [M0] * 3
+    assert run.passes == [1, 1, 1] and run.final["step"] == 3 * SAMPLES // M0
+
+
+def test_at_its_initial_batch_an_adaptive_loader_trains_bit_for_bit_like_a_fixed_one(
+    clock: FakeClock,
+) -> None:
+    fixed = train(clock, 1, lr_scaling=None)
+    gq.init(environ={}).close()
+    adaptive = train(clock, 1)  # the first epoch always runs at the initial batch size
+    assert adaptive.passes == [1] and adaptive.final["step"] == fixed.final["step"]
+    assert all(torch.equal(v, adaptive.final["model"][k]) for k, v in fixed.final["model"].items())
+    assert set(adaptive.lrs) == {0.002}
+
+
+def test_with_cheap_large_batches_and_noisy_gradients_the_batch_grows(clock: FakeClock) -> None:
+    run = train(clock, 4)
+    sizes = [size * (accum + 1) for _, size, accum in run.batches]
+    assert sizes[0] == M0 and max(sizes) > 4 * M0
+    grown = [i for i, size in enumerate(sizes) if size > M0]
+    assert all(run.batches[i][2] >= 1 for i in grown)  # one process: accumulate at least once
+    job = gq.init()
+    loader = job.loaders["loader0"]
+    tuner = loader.tuner
+    assert isinstance(tuner, BatchTuner) and tuner.perf is not None
+    assert max(run.lrs) > 0.002 * 0.9**3  # AdaScale raised the LR during the large steps ...
+    assert job.state is not None
+    assert job.state.objects["optimizer"].param_groups[0]["lr"] == pytest.approx(0.002 * 0.9**4)
+
+
+def test_an_epoch_of_less_efficient_large_batches_takes_more_than_one_pass(
+    clock: FakeClock,
+) -> None:
+    run = train(clock, 4, accumulation=False, signal=0.5)
+    sizes = [size for _, size, _ in run.batches]
+    tuner = gq.init().loaders["loader0"].tuner
+    grad = tuner.gns.estimate()
+    assert grad is not None and grad.sqr > 0  # efficiency below 1 at larger batches
+    assert run.passes[0] == 1 and max(sizes) > M0
+    assert any(passes > 1 for passes, size in zip(run.passes, sizes, strict=True) if size > M0)
+    assert tuner.progress == pytest.approx(4 * SAMPLES, abs=max(sizes))
+
+
+def test_a_pass_without_optimizer_steps_ends_the_epoch(clock: FakeClock) -> None:
+    train(clock, 2)
+    loader = gq.init().loaders["loader0"]
+    assert loader.adaptive
+    batches = list(loader)  # evaluation: nobody steps the optimizer
+    assert 0 < len(batches) <= len(loader) and loader.pass_number == 0
+
+
+def test_a_resumed_adaptive_run_is_bitwise_equal_to_an_uninterrupted_one(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    reference = train(clock, 5)
+    assert len({(size, accum) for _, size, accum in reference.batches}) > 1
+    steps = reference.final["step"]
+    # Suspends at the start, in accumulation groups, at epoch ends, and near the finish.
+    suspend_at = frozenset({1, 31, 32, 33, 47, steps // 2, steps // 2 + 1, steps - 2})
+    resumed = Run({})
+    held: list[bool] = []  # whether each checkpoint holds micro-batch gradients of a step
+    for attempt in itertools.count(1):
+        gq.init(environ={}).close()
+        environ = {"GPUQ_JOB_ID": "5", "GPUQ_CHECKPOINT_DIR": str(tmp_path)}
+        gq.init(environ=environ | {"GPUQ_ATTEMPT": str(attempt)})
+        try:
+            train(clock, 5, suspend_at=suspend_at, run=resumed)
+            break
+        except SystemExit as exit_:
+            assert exit_.code == gq.SUSPEND_EXIT_CODE
+            saved = checkpoint.load_latest(tmp_path)
+            assert saved is not None
+            held.append(bool(saved.payload["loaders"]["loader0"]["tuner"]["gns"]["sizes"]))
+        assert attempt < 20
+    assert attempt == len(suspend_at) + 1
+    assert any(held) and not all(held)
+    assert resumed.final["step"] == steps
+    for key, value in reference.final["model"].items():
+        assert torch.equal(value, resumed.final["model"][key]), key
+    for ours, theirs in zip(reference.final["momentum"], resumed.final["momentum"], strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_the_tuner_reports_its_batch_and_goodput_to_the_job_metrics(clock: FakeClock) -> None:
+    recorded: dict[str, list[dict[str, Any]]] = {"batch": [], "goodput": []}
+
+    class Recorder:
+        def update_batch(self, **kwargs: Any) -> None:
+            recorded["batch"].append(kwargs)
+
+        def update_goodput(self, **kwargs: Any) -> None:
+            recorded["goodput"].append(kwargs)
+
+    gq.init().metrics = Recorder()  # type: ignore[assignment]
+    train(clock, 3)
+    assert recorded["batch"][0] == {
+        "local_batch_size": M0,
+        "accumulation_steps": 1,
+        "boundary_per_micro_batch": True,  # its loop marks every micro-batch with gq.step()
+    }
+    assert any(b["local_batch_size"] * b["accumulation_steps"] > M0 for b in recorded["batch"])
+    perf = [g["perf_params"] for g in recorded["goodput"] if "perf_params" in g]
+    assert perf and all(len(p) == 7 for p in perf)
+    progress = [g["progress"] for g in recorded["goodput"] if "progress" in g]
+    assert progress == sorted(progress) and progress[-1] > 2 * SAMPLES
+    assert all(1.0 <= g["gain"] for g in recorded["goodput"] if "gain" in g)
+
+
+def test_under_torchrun_the_batch_stays_fixed_with_a_warning(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # each rank would tune on its own timings
+    with pytest.warns(RuntimeWarning, match="single-process"):
+        run = train(clock, 2)
+    assert [size for _, size, _ in run.batches] == [M0, M0] and run.passes == [1, 1]
+
+
+def test_an_unknown_lr_rule_is_refused_with_the_known_ones(clock: FakeClock) -> None:
+    with pytest.raises(gq.RunnerError, match="lr_scaling") as refused:
+        gq.State(model=nn.Linear(2, 1), lr_scaling="cubic")
+    assert "adascale" in (refused.value.hint or "")
+
+
+def test_the_local_batch_stays_under_the_memory_bound_learned_from_peaks(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, per_sample, fits = 1000, 100, 40  # peak bytes = base + per_sample x local batch
+    received = [M0]
+    monkeypatch.setattr(
+        gpuq.runner.loop, "_cuda_memory", lambda: (base, base + per_sample * received[-1])
+    )
+    capacity = base + per_sample * fits  # as 90% of a device's memory would be
+    monkeypatch.setattr(gpuq.runner.tuning, "_device_memory", lambda optimizer: capacity)
+    model = nn.Linear(8, 1)
+    nn.init.zeros_(model.weight)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(
+        noisy_regression(), batch_size=M0, max_batch_size=256, gradient_accumulation=True
+    )
+    assert loader.adaptive and loader.tuner is not None
+    assert loader.tuner.capacity == base + per_sample * fits
+    configs = []
+    for _ in gq.epochs(5):
+        for x, y in loader:
+            received.append(len(x))
+            clock.work(len(x))
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+        configs.append((loader.batch_size, loader.accumulation_steps))
+    assert max(received) <= fits
+    assert any(local * (accum + 1) > fits for local, accum in configs)  # accumulation goes on
+    assert loader.tuner.profile.peaks[M0] == base + per_sample * M0
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_tuner_learns_peaks_and_the_device_memory(clock: FakeClock) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model = nn.Linear(8, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(noisy_regression(), batch_size=M0, max_batch_size=256)
+    for _ in gq.epochs(3):
+        for x, y in loader:
+            clock.work(len(x))
+            (model(x.cuda()) - y.cuda()).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+    tuner = loader.tuner
+    assert tuner is not None and tuner.capacity is not None
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert 0.8 * total < tuner.capacity < total
+    assert tuner.profile.peaks and all(peak > 0 for peak in tuner.profile.peaks.values())

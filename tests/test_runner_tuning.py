@@ -1,0 +1,176 @@
+"""Batch tuning rules: LR scaling, progress, the profile's fit, the memory bound, the choice."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpuq.goodput import GoodputFunction, GradParams, PerfParams, adascale_gain, efficiency
+from gpuq.runner.tuning import (
+    SPEEDUP_THRESHOLD,
+    BatchConfig,
+    StepProfile,
+    choose_config,
+    gain,
+    lr_factor,
+    memory_bound,
+    progress_of,
+)
+
+pytestmark = [pytest.mark.torch]
+
+grad_params = st.builds(GradParams, st.floats(0.0, 1e3), st.floats(0.0, 1e3))
+ONE_GPU = PerfParams(0.02, 0.0005, 0.0, 0.0, 0.0, 0.0, 1.0)  # 20 ms a step, 0.5 ms a sample
+
+
+@given(grad_params, st.integers(1, 512), st.integers(1, 8192))
+def test_the_plain_gain_is_goodputs_adascale_gain(grad: GradParams, init: int, batch: int) -> None:
+    assert gain(grad, init, batch) == pytest.approx(adascale_gain(grad, init, batch), rel=1e-12)
+
+
+@given(grad_params, st.integers(1, 512), st.floats(1.0, 64.0))
+def test_adascale_scales_the_lr_by_a_gain_between_one_and_the_scale(
+    grad: GradParams, init: int, scale: float
+) -> None:
+    batch = max(init, round(init * scale))
+    factor = lr_factor("adascale", grad, init, batch)
+    assert 1.0 - 1e-12 <= factor <= batch / init + 1e-9
+
+
+@pytest.mark.parametrize("rule", ["adascale", "sqrt", "linear"])
+@pytest.mark.parametrize("batch", [1, 64, 128])
+def test_no_rule_changes_the_lr_at_or_below_the_initial_batch(rule: str, batch: int) -> None:
+    assert lr_factor(rule, GradParams(1.0, 5.0), 128, batch) == 1.0  # type: ignore[arg-type]
+
+
+def test_sqrt_and_linear_follow_the_scale() -> None:
+    assert lr_factor("sqrt", None, 32, 512) == pytest.approx(4.0)
+    assert lr_factor("linear", None, 32, 512) == pytest.approx(16.0)
+    assert lr_factor("adascale", None, 32, 512) == pytest.approx(16.0)  # the prior: no noise known
+
+
+@given(grad_params, st.integers(1, 512), st.integers(1, 8192))
+def test_progress_counts_samples_weighted_by_efficiency_never_more(
+    grad: GradParams, init: int, batch: int
+) -> None:
+    progress = progress_of(grad, init, batch)
+    if batch <= init:
+        assert progress == batch
+    else:
+        assert progress == pytest.approx(batch * min(1.0, efficiency(grad, init, batch)))
+        assert progress <= batch + 1e-9
+
+
+def profile_of(perf: PerfParams, sizes: list[int], noise: float, seed: int) -> StepProfile:
+    """A profile of steps timed with multiplicative noise around `perf`'s one-GPU times."""
+    rng = random.Random(seed)
+    fn = GoodputFunction(perf, GradParams(0.0, 1.0), sizes[0])
+    profile = StepProfile()
+    for local in sizes:
+        for accum in (0, 1):
+            for _ in range(20):
+                seconds = fn.step_time(1, 1, local, accum) * math.exp(rng.gauss(0.0, noise))
+                profile.record_time(BatchConfig(local, accum), seconds)
+    return profile
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(
+    "true",
+    [ONE_GPU, PerfParams(0.002, 0.0001, 0, 0, 0, 0, 1.0), PerfParams(0.3, 1e-5, 0, 0, 0, 0, 1.0)],
+)
+def test_the_fit_recovers_the_step_time_model_within_ten_percent(
+    true: PerfParams, seed: int
+) -> None:
+    sizes = [16, 32, 64, 128, 256, 512]
+    fitted = profile_of(true, sizes, noise=0.1, seed=seed).fit()
+    assert fitted is not None
+    truth, model = (GoodputFunction(p, GradParams(0.0, 1.0), 16) for p in (true, fitted))
+    errors = [
+        abs(model.step_time(1, 1, m, s) / truth.step_time(1, 1, m, s) - 1)
+        for m in [16, 24, 48, 100, 300, 512, 1024]
+        for s in (0, 2)
+    ]
+    assert sum(errors) / len(errors) < 0.10
+
+
+def test_the_profile_keeps_a_window_and_uses_the_median() -> None:
+    profile = StepProfile()
+    for seconds in [1.0] * 40 + [50.0]:  # one step with a checkpoint written in it
+        profile.record_time(BatchConfig(32, 1), seconds)
+    assert 32 <= len(profile.times["32,1"]) < 64
+    assert profile.compute_times() == {32: 0.5}
+
+
+def test_without_timed_steps_there_is_nothing_to_fit() -> None:
+    assert StepProfile().fit() is None
+
+
+def test_a_profile_survives_its_state_dict() -> None:
+    profile = profile_of(ONE_GPU, [16, 64], noise=0.0, seed=0)
+    profile.record_peak(16, 1000)
+    copy = StepProfile()
+    copy.load_state_dict(profile.state_dict())
+    assert copy.times == profile.times and copy.peaks == {16: 1000}
+
+
+def test_the_memory_bound_follows_a_line_through_the_peaks() -> None:
+    peaks = {32: 1000 + 32 * 10, 64: 1000 + 64 * 10, 128: 1000 + 128 * 10}
+    assert memory_bound(peaks, 1000 + 500 * 10) == 500
+    assert memory_bound({}, 10**9) is None
+
+
+def test_with_one_batch_size_seen_the_memory_bound_is_proportional_and_cautious() -> None:
+    # Were the peak truly 1000 + 10 m, 900 would fit: the guess stays below that.
+    assert memory_bound({100: 2000}, 10_000) == 500
+
+
+def current_goodput(grad: GradParams, config: BatchConfig) -> float:
+    return GoodputFunction(ONE_GPU, grad, 32).evaluate(1, 1, config.local_bsz, config.accum_steps)
+
+
+def test_with_large_noise_the_batch_grows_and_with_little_it_stays() -> None:
+    start = BatchConfig(32)
+    noisy = GoodputFunction(ONE_GPU, GradParams(0.01, 10.0), 32)  # phi = 32000
+    quiet = GoodputFunction(ONE_GPU, GradParams(10.0, 0.01), 32)
+    grown = choose_config(noisy, start, max_batch_size=4096, max_local=4096, accumulation=False)
+    assert grown.batch_size > 1000 and grown.accum_steps == 0
+    kept = choose_config(quiet, start, max_batch_size=4096, max_local=4096, accumulation=False)
+    assert kept == start
+
+
+def test_a_change_must_be_predicted_more_than_five_percent_better() -> None:
+    grad = GradParams(1.0, 1.0)
+    fn = GoodputFunction(ONE_GPU, grad, 32)
+    best, local, accum = fn.optimize(1, 1, 1024, (1, 1024), accumulation=False)
+    # A current configuration just inside the threshold is kept, one just outside is not.
+    candidates = [BatchConfig(m) for m in range(32, 1025)]
+    inside = [c for c in candidates if best / SPEEDUP_THRESHOLD < current_goodput(grad, c) < best]
+    outside = [c for c in candidates if current_goodput(grad, c) < best / SPEEDUP_THRESHOLD]
+    assert inside and outside
+    for config in (inside[0], outside[-1]):
+        chosen = choose_config(fn, config, max_batch_size=1024, max_local=1024, accumulation=False)
+        expected = config if config in inside else BatchConfig(local, accum)
+        assert chosen == expected
+
+
+def test_the_local_batch_never_exceeds_the_memory_bound_and_accumulation_goes_beyond() -> None:
+    noisy = GoodputFunction(ONE_GPU, GradParams(0.01, 10.0), 32)
+    start = BatchConfig(32)
+    capped = choose_config(noisy, start, max_batch_size=4096, max_local=200, accumulation=False)
+    assert capped.local_bsz <= 200 and capped.accum_steps == 0
+    beyond = choose_config(noisy, start, max_batch_size=4096, max_local=200, accumulation=True)
+    assert beyond.local_bsz <= 200 and beyond.accum_steps >= 1
+    assert beyond.batch_size > capped.batch_size
+
+
+def test_a_current_configuration_that_no_longer_fits_is_always_replaced() -> None:
+    fn = GoodputFunction(ONE_GPU, GradParams(10.0, 0.01), 32)
+    chosen = choose_config(
+        fn, BatchConfig(512), max_batch_size=1024, max_local=100, accumulation=False
+    )
+    assert chosen.local_bsz <= 100
