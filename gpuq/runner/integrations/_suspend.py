@@ -1,0 +1,78 @@
+"""What the framework callbacks share: the boundary record, the acknowledgement, the exit.
+
+The frameworks write their own checkpoints (a Lightning ``.ckpt`` file, a
+Hugging Face ``checkpoint-<step>`` directory); this module measures the
+boundary for `job.metrics`, writes ``suspended.json`` the way
+`gpuq.runner.loop` does, and exits with `gpuq.runner.SUSPEND_EXIT_CODE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpuq.runner import SUSPEND_EXIT_CODE
+from gpuq.runner.job import ACK_FILE, Job, StepInfo, SuspendReport
+
+
+def record_boundary(job: Job, *, step: int, epoch: int, loss: Any) -> None:
+    """Count a framework's optimizer step as a boundary: timing, memory, loss, step hooks."""
+    import torch
+
+    from gpuq.runner.state import cuda_in_use
+
+    now = time.perf_counter()
+    job.step, job.epoch = step, epoch
+    seconds = None if job.boundary_time is None else now - job.boundary_time
+    boundary = peak = None
+    if cuda_in_use():
+        boundary, peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach()
+    job.record_step(StepInfo(step, epoch, seconds, boundary, peak, loss))
+    job.boundary_time = now
+
+
+def file_bytes(path: Path) -> int:
+    """Size of a checkpoint file, or of every file under a checkpoint directory."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def acknowledge(job: Job, directory: Path, checkpoint: Path, seconds: float) -> SuspendReport:
+    """Write ``suspended.json`` atomically (as `gpuq.runner.loop` does) and tell the daemon."""
+    report = SuspendReport("checkpoint", job.step, file_bytes(checkpoint), seconds)
+    job.suspends.append(report)
+    record = {
+        "mode": report.mode,
+        "step": report.step,
+        "epoch": job.epoch,
+        "bytes": report.bytes,
+        "seconds": round(report.seconds, 6),
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "exit_code": SUSPEND_EXIT_CODE,
+        "checkpoint": checkpoint.name,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{ACK_FILE}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, directory / ACK_FILE)
+    job.report_suspend(report)
+    return report
+
+
+def exit_suspended(job: Job, message: str) -> NoReturn:
+    """Say what happened on stderr, restore the signal handlers and exit with code 75."""
+    print(f"gpuq.runner: {message}", file=sys.stderr, flush=True)
+    job.close()
+    raise SystemExit(SUSPEND_EXIT_CODE)

@@ -1,0 +1,234 @@
+"""torchrun/DDP: all ranks stop at the same step, exit 75, and resume exactly.
+
+The end-to-end test runs examples/runner_ddp/train.py under a real
+``torchrun --nproc-per-node 2`` (gloo, CPU) through
+``python -m gpuq.runner.integrations.torchrun``. The first suspend is a
+SIGUSR1 to rank 0 alone (as a control-channel request reaches only rank 0);
+the second is a SIGUSR1 to the launcher's process group (as the daemon
+signals a job), with agreement every 4 steps. Each time both ranks report
+the same step, the launcher exits with 75, and the final parameters equal an
+uninterrupted run's bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpuq.runner import distributed
+from gpuq.runner.integrations import torchrun as torchrun_launcher
+from gpuq.runner.job import Job, RunnerError
+from tests.daemon_harness import wait_for
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_ddp" / "train.py"
+ARGS = ["--epochs", "3", "--samples", "1024", "--log-every", "1"]  # 16 steps an epoch, 48 in all
+
+pytestmark = [pytest.mark.torch]
+
+
+def test_torchrun_environment_names_rank_and_world_size() -> None:
+    assert (distributed.rank({}), distributed.world_size({})) == (0, 1)
+    assert distributed.is_coordinator({})
+    environ = {"RANK": "3", "WORLD_SIZE": "4"}
+    assert (distributed.rank(environ), distributed.world_size(environ)) == (3, 4)
+    assert not distributed.is_coordinator(environ)
+
+
+def test_park_is_refused_under_torchrun_with_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(RunnerError) as refused:
+        distributed.check_suspend_mode("park", {"WORLD_SIZE": "2"})
+    assert refused.value.hint and "checkpoint" in refused.value.hint
+    distributed.check_suspend_mode("checkpoint", {"WORLD_SIZE": "2"})
+    distributed.check_suspend_mode("park", {"WORLD_SIZE": "1"})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RunnerError, match="park mode is not supported"):
+        Job(environ={}).request_suspend("park")
+
+
+def test_agreement_interval_must_be_positive() -> None:
+    with pytest.raises(RunnerError):
+        distributed.configure(agree_every=0)
+
+
+def test_without_a_process_group_agreement_is_the_local_request() -> None:
+    job = Job(environ={})
+    assert distributed.coordination_group() is None
+    assert distributed.agree_on_suspend(job) is None
+    job.request_suspend("checkpoint")
+    assert distributed.agree_on_suspend(job) == "checkpoint"
+    assert job.suspend_requested is None
+
+
+@pytest.mark.parametrize(("size", "ranks"), [(10, 2), (11, 2), (10, 3), (7, 1)])
+def test_shards_are_equal_strided_slices(size: int, ranks: int) -> None:
+    dataset = list(range(size))
+    for rank in range(ranks):
+        shard = distributed.shard(dataset, {"RANK": str(rank), "WORLD_SIZE": str(ranks)})
+        items = [shard[i] for i in range(len(shard))]
+        assert items == list(range(rank, (size // ranks) * ranks, ranks))
+
+
+def test_launcher_sees_a_suspend_only_in_this_attempts_acknowledgement(tmp_path: Path) -> None:
+    environ = {"GPUQ_JOB_ID": "4", "GPUQ_CHECKPOINT_DIR": str(tmp_path), "GPUQ_ATTEMPT": "2"}
+    assert not torchrun_launcher.suspended(environ)
+    ack = tmp_path / "suspended.json"
+    ack.write_text(json.dumps({"mode": "checkpoint", "attempt": 1}))
+    assert not torchrun_launcher.suspended(environ)
+    ack.write_text(json.dumps({"mode": "checkpoint", "attempt": 2}))
+    assert torchrun_launcher.suspended(environ)
+    assert not torchrun_launcher.suspended({k: v for k, v in environ.items() if k != "GPUQ_JOB_ID"})
+
+
+def plain_environ(**gpuq: str) -> dict[str, str]:
+    """This environment without GPUQ_* variables, plus `gpuq` (GPUQ_<KEY>=...), one thread."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    environ |= {"OMP_NUM_THREADS": "1"}
+    return environ | {f"GPUQ_{key.upper()}": value for key, value in gpuq.items()}
+
+
+class Launch:
+    """One ``torchrun --nproc-per-node 2`` of the example, in a session of its own."""
+
+    def __init__(self, log: Path, environ: dict[str, str], *extra: str) -> None:
+        self.log = log
+        with open(log, "wb") as output:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gpuq.runner.integrations.torchrun",
+                    "--standalone",
+                    "--nproc-per-node",
+                    "2",
+                    str(EXAMPLE),
+                    *ARGS,
+                    *extra,
+                ],
+                env=environ,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def printed(self, pattern: str) -> re.Match[str] | None:
+        """The first match of `pattern` in the log; fails fast if the launcher ended."""
+        found = re.search(pattern, self.text(), re.MULTILINE)
+        if found is None and self.process.poll() is not None:
+            raise AssertionError(f"the launcher ended early:\n{self.text()}")
+        return found
+
+    def wait(self) -> int:
+        return self.process.wait(timeout=240)
+
+    def stop(self) -> None:
+        """End the launcher if it still runs; SIGTERM first, so it ends its ranks too."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture
+def launches() -> Iterator[list[Launch]]:
+    """Launches started by a test; whatever is left of them is stopped afterwards."""
+    started: list[Launch] = []
+    yield started
+    for launch in started:
+        launch.stop()
+
+
+def stopped_steps(text: str) -> dict[int, int]:
+    """Rank -> the step it reported suspending at."""
+    steps = {int(m[1]): int(m[2]) for m in re.finditer(r"rank (\d+) suspended at step (\d+)", text)}
+    for step in re.findall(r"gpuq\.runner: suspended at step (\d+):", text):
+        steps[0] = int(step)
+    return steps
+
+
+def load(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = torch.load(path)
+    return loaded
+
+
+def assert_bitwise_equal(expected: dict[str, Any], actual: dict[str, Any]) -> None:
+    assert expected["step"] == actual["step"]
+    model_keys = expected["model"].keys()
+    assert model_keys == actual["model"].keys() and len(model_keys) == 4
+    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in model_keys)
+    moments = [
+        (a["momentum_buffer"], b["momentum_buffer"])
+        for a, b in zip(
+            expected["optimizer"]["state"].values(),
+            actual["optimizer"]["state"].values(),
+            strict=True,
+        )
+    ]
+    assert len(moments) == 4 and all(torch.equal(a, b) for a, b in moments)
+
+
+@pytest.mark.slow
+def test_both_ranks_stop_at_the_same_step_and_resume_bitwise_equal(
+    tmp_path: Path, launches: list[Launch]
+) -> None:
+    rng = random.Random(20241121)
+    checkpoints = tmp_path / "ckpt"
+    reference = Launch(tmp_path / "reference.log", plain_environ(), "--out", str(tmp_path / "a"))
+    launches.append(reference)
+
+    def attempt(number: int) -> dict[str, str]:
+        return plain_environ(job_id="9", checkpoint_dir=str(checkpoints), attempt=str(number))
+
+    # 1: SIGUSR1 to rank 0 alone; rank 1 learns of it only through the agreement.
+    first = Launch(tmp_path / "1.log", attempt(1))
+    launches.append(first)
+    target = rng.randint(2, 12)
+    pid = wait_for(partial(first.printed, r"^rank 0 pid (\d+)"), timeout=120)[1]
+    wait_for(partial(first.printed, rf"^step {target} "), timeout=120)
+    os.kill(int(pid), signal.SIGUSR1)
+    assert first.wait() == 75, first.text()
+    steps = stopped_steps(first.text())
+    ack = json.loads((checkpoints / "suspended.json").read_text())
+    assert steps == {0: ack["step"], 1: ack["step"]}
+    assert ack["step"] > target and (ack["attempt"], ack["mode"]) == (1, "checkpoint")
+    assert "generators differ" not in first.text()  # torch is seeded alike on every rank
+    stopped = ack["step"]
+
+    # 2: SIGUSR1 to the launcher's process group, as the daemon sends it; agree every 4 steps.
+    second = Launch(tmp_path / "2.log", attempt(2), "--agree-every", "4")
+    launches.append(second)
+    target = stopped + rng.randint(1, 12)
+    wait_for(partial(second.printed, rf"^step {target} "), timeout=120)
+    os.killpg(second.process.pid, signal.SIGUSR1)
+    assert second.wait() == 75, second.text()
+    assert f"rank 0 resumed from step {stopped} " in second.text()
+    assert f"rank 1 resumed from step {stopped} " in second.text()
+    ack = json.loads((checkpoints / "suspended.json").read_text())
+    assert stopped_steps(second.text()) == {0: ack["step"], 1: ack["step"]}
+    assert ack["step"] > target and ack["step"] % 4 == 0 and ack["attempt"] == 2
+
+    # 3: to the end.
+    third = Launch(tmp_path / "3.log", attempt(3), "--out", str(tmp_path / "b"))
+    launches.append(third)
+    assert third.wait() == 0, third.text()
+    assert f"rank 1 resumed from step {ack['step']} " in third.text()
+    assert reference.wait() == 0, reference.text()
+    assert "finished at step 48" in reference.text()
+    assert_bitwise_equal(load(tmp_path / "a"), load(tmp_path / "b"))

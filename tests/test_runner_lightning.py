@@ -1,0 +1,197 @@
+"""PyTorch Lightning: GpuqCallback suspends at a batch boundary and resumes exactly.
+
+Runs examples/runner_lightning/train.py in subprocesses (Lightning's own
+warnings are not this suite's business): a reference fit, a fit inside gpuq
+that is asked to suspend after step 7 and exits with 75, and a fit that
+resumes from the suspend checkpoint at step 7 and ends with the reference's
+parameters and optimizer state, bit for bit. Skipped without Lightning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import torch
+
+from gpuq.runner.job import Job, StepInfo
+
+pytest.importorskip("lightning")
+
+from gpuq.runner.integrations import lightning as gq_lightning  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_lightning" / "train.py"
+SUSPEND_AT = 7  # 16 steps an epoch, 32 in all
+
+pytestmark = [pytest.mark.torch]
+
+
+def environ(**gpuq: str) -> dict[str, str]:
+    """This environment without GPUQ_* variables, plus `gpuq` (GPUQ_<KEY>=...), one thread."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    return base | {"OMP_NUM_THREADS": "1"} | {f"GPUQ_{k.upper()}": v for k, v in gpuq.items()}
+
+
+def run_example(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def test_outside_gpuq_the_callback_does_nothing() -> None:
+    callback = gq_lightning.GpuqCallback(Job(environ={}))
+    assert callback.state_dict() == {}
+    nothing = cast(Any, None)  # never touched: the callback returns first
+    callback.on_train_batch_end(nothing, nothing, {"loss": torch.tensor(1.0)}, nothing, 0)
+    assert callback.job.step == 0 and callback.job.last_step is None
+    assert gq_lightning.last_checkpoint() is None
+
+
+def test_only_batches_that_end_an_optimizer_step_are_boundaries() -> None:
+    callback = gq_lightning.GpuqCallback(Job(environ={"GPUQ_JOB_ID": "1"}))
+    trainer = SimpleNamespace(
+        global_step=0, current_epoch=0, accumulate_grad_batches=2, world_size=1
+    )
+    seen: list[StepInfo] = []
+    callback.job.add_step_hook(seen.append)
+    callback.on_train_start(cast(Any, trainer), cast(Any, None))
+    batch = (torch.zeros(4, 3), torch.zeros(4))
+    callback.on_train_batch_end(cast(Any, trainer), cast(Any, None), torch.tensor(1.0), batch, 0)
+    assert seen == []  # the first half of an accumulated step
+    trainer.global_step = 1
+    callback.on_train_batch_end(cast(Any, trainer), cast(Any, None), torch.tensor(2.0), batch, 1)
+    assert [(info.step, info.loss.item()) for info in seen] == [(1, 2.0)]
+    assert callback.job.step == 1
+
+
+def test_last_checkpoint_is_the_newest_suspend_file(tmp_path: Path) -> None:
+    for name in ["gpuq-step9.ckpt", "gpuq-step12.ckpt", "other-step99.ckpt", ".gpuq-step20.ckpt"]:
+        (tmp_path / name).touch()
+    assert gq_lightning.last_checkpoint(tmp_path) == str(tmp_path / "gpuq-step12.ckpt")
+
+
+@pytest.mark.slow
+def test_suspend_at_a_given_step_then_resume_continues_there_bitwise_equal(
+    tmp_path: Path,
+) -> None:
+    checkpoints = tmp_path / "ckpt"
+    inside = environ(job_id="5", checkpoint_dir=str(checkpoints))
+    reference = subprocess.Popen(
+        [sys.executable, str(EXAMPLE), "--out", str(tmp_path / "reference.pt")],
+        env=environ(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        suspended = run_example(inside, "--suspend-at", str(SUSPEND_AT))
+        assert suspended.returncode == 75, suspended.stderr
+        ack = json.loads((checkpoints / "suspended.json").read_text())
+        assert (ack["mode"], ack["step"], ack["attempt"]) == ("checkpoint", SUSPEND_AT, 1)
+        assert ack["checkpoint"] == f"gpuq-step{SUSPEND_AT}.ckpt"
+        assert (checkpoints / ack["checkpoint"]).stat().st_size == ack["bytes"]
+        assert not list(checkpoints.glob(".*tmp*"))
+
+        resumed = run_example(inside | {"GPUQ_ATTEMPT": "2"}, "--out", str(tmp_path / "resumed.pt"))
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resuming from {checkpoints / ack['checkpoint']}" in resumed.stdout
+        assert f"training from step {SUSPEND_AT}\n" in resumed.stdout
+        assert "finished at step 32" in resumed.stdout
+        assert not (checkpoints / "suspended.json").exists()  # the new attempt cleared it
+        output, _ = reference.communicate(timeout=240)
+        assert reference.returncode == 0, output
+        assert "training from step 0" in output and "finished at step 32" in output
+    finally:
+        reference.kill()
+        reference.wait()
+    expected, actual = torch.load(tmp_path / "reference.pt"), torch.load(tmp_path / "resumed.pt")
+    assert expected["model"].keys() == actual["model"].keys()
+    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
+    moments = list(
+        zip(
+            expected["optimizer"]["state"].values(),
+            actual["optimizer"]["state"].values(),
+            strict=True,
+        )
+    )
+    assert len(moments) == 4
+    assert all(torch.equal(a["momentum_buffer"], b["momentum_buffer"]) for a, b in moments)
+
+
+def torchrun(
+    started: list[subprocess.Popen[str]], launcher: str, env: dict[str, str], *args: str
+) -> subprocess.Popen[str]:
+    """Start the example under torchrun with two CPU ranks (DDP through Lightning)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2"]
+        + [str(EXAMPLE), "--devices", "2", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started.append(process)
+    return process
+
+
+def stop(launcher: subprocess.Popen[str]) -> None:
+    """End a launcher that is still running; SIGTERM first, so it ends its ranks too."""
+    if launcher.poll() is None:
+        launcher.terminate()
+        try:
+            launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    if launcher.stdout is not None:
+        launcher.stdout.close()
+
+
+@pytest.mark.slow
+def test_under_torchrun_both_ranks_stop_where_rank_0_was_asked_and_resume_exactly(
+    tmp_path: Path,
+) -> None:
+    checkpoints = tmp_path / "ckpt"
+    inside = environ(job_id="5", checkpoint_dir=str(checkpoints))
+    gpuq_torchrun = "gpuq.runner.integrations.torchrun"
+    started: list[subprocess.Popen[str]] = []
+    reference = torchrun(
+        started, "torch.distributed.run", environ(), "--out", str(tmp_path / "a.pt")
+    )
+    try:
+        # Only rank 0 is asked (as gpuq's control channel reaches only rank 0).
+        suspended = torchrun(started, gpuq_torchrun, inside, "--suspend-at", "5")
+        output, _ = suspended.communicate(timeout=240)
+        assert suspended.returncode == 75, output
+        assert "gpuq.runner: suspended at step 5:" in output
+        assert "gpuq.runner: rank 1 suspended at step 5 (rank 0 saved)" in output
+        ack = json.loads((checkpoints / "suspended.json").read_text())
+        assert (ack["step"], ack["checkpoint"]) == (5, "gpuq-step5.ckpt")
+
+        resumed = torchrun(
+            started, gpuq_torchrun, inside | {"GPUQ_ATTEMPT": "2"}, "--out", str(tmp_path / "b.pt")
+        )
+        output, _ = resumed.communicate(timeout=240)
+        assert resumed.returncode == 0, output
+        # The ranks share one pipe: count the lines without relying on where they break.
+        assert len(re.findall(r"training from step 5\b", output)) == 2
+        assert len(re.findall(r"finished at step 16(?!\d)", output)) == 2  # 8 steps an epoch
+        output, _ = reference.communicate(timeout=240)
+        assert reference.returncode == 0, output
+    finally:
+        for process in started:
+            stop(process)
+    expected, actual = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
