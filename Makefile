@@ -6,12 +6,12 @@ STAMP := $(VENV)/.installed
 # A CPU build of PyTorch, pinned so no multi-GB CUDA build is pulled in.
 TORCH := torch==2.13.0
 
-.PHONY: demo test check fmt lint types imports man man-check bench clean
+.PHONY: demo test check fmt lint types imports man man-check bench clean snapshots screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,runner]" "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev,runner,integrations]" "$(TORCH)"
 	touch $(STAMP)
 
 demo: $(STAMP)  ## Run the demo: real jobs on fake GPUs (or real ones), packed and queued.
@@ -32,6 +32,12 @@ types: $(STAMP)
 
 imports: $(STAMP)
 	$(VENV)/bin/lint-imports
+
+snapshots: $(STAMP)  ## Accept new `gpuq top` snapshots (review the failing diff first).
+	$(PY) -m pytest tests/test_tui_snapshots.py --snapshot-update
+
+screenshots: $(STAMP)  ## Redraw the `gpuq top` screenshots in docs/screenshots/.
+	$(PY) scripts/screenshots.py
 
 man: $(STAMP)  ## Regenerate man/ from the command tree.
 	$(PY) -m gpuq.cli.manpages --out man

@@ -115,7 +115,7 @@ def show(
         if json_out:
             _print_json(result)
         else:
-            print(render.job_detail(result["job"], result["events"]))
+            print(render.job_detail(result["job"], result["events"], result.get("metrics")))
 
     _run(json_out, body)
 
@@ -177,10 +177,29 @@ for _method, _help in (
     ("hold", "Keep queued jobs from starting until released."),
     ("release", "Let held jobs start."),
     ("retry", "Queue failed, cancelled or lost jobs again, under their own ids."),
-    ("suspend", "Pause running jobs (SIGSTOP of the whole job; GPU memory stays held)."),
-    ("resume", "Continue suspended jobs."),
+    ("resume", "Continue suspended jobs (a job suspended to a checkpoint is queued again)."),
 ):
     _register_action(_method, _help)
+
+
+@app.command()
+def suspend(
+    ids: IdsArg,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            "-m",
+            help="auto (checkpoint for gpuq.runner jobs, else stop), checkpoint "
+            "(save and exit: GPUs freed), park (state to host memory: GPUs kept) "
+            "or stop (SIGSTOP: GPU memory kept).",
+        ),
+    ] = "auto",
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Suspend running jobs: to a checkpoint, parked, or stopped (see --mode)."""
+    _run(json_out, lambda: _action("suspend", ids, config, json_out, mode=mode))
 
 
 @app.command()
@@ -237,6 +256,26 @@ def gpus(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
             print(render.gpus_table(result["gpus"]))
 
     _run(json_out, body)
+
+
+@app.command()
+def top(
+    interval: Annotated[
+        float, typer.Option("--interval", "-i", help="Seconds between GPU samples.")
+    ] = 1.0,
+    compact: Annotated[
+        bool, typer.Option("--compact", help="One line per GPU, for servers with many GPUs.")
+    ] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Watch and steer jobs and GPUs live in a terminal UI (q quits, ? lists the keys)."""
+
+    def body() -> None:
+        from gpuq.tui.main import run_top
+
+        run_top(load_config(config), interval=interval, compact=compact)
+
+    _run(False, body)
 
 
 @app.command()

@@ -133,6 +133,13 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq gpus --json | jq '.gpus[] | {index, memory_free}'",
         ),
     ),
+    "top": (
+        ("Watch the GPUs and the queue; ? lists the keys, q quits.", "gpuq top"),
+        (
+            "A server with many GPUs: one line each, sampled every 2 seconds.",
+            "gpuq top --compact -i 2",
+        ),
+    ),
     "clean": (
         ("Forget jobs that ended more than a week ago.", "gpuq clean --older-than 7d"),
         ("See what would go.", "gpuq clean --dry-run"),
@@ -208,6 +215,7 @@ RELATED: dict[str, tuple[str, ...]] = {
     "logs": ("show",),
     "wait": ("submit", "show"),
     "gpus": ("ls",),
+    "top": ("ls", "gpus", "show"),
     "cancel": ("retry",),
     "retry": ("cancel",),
     "hold": ("release",),

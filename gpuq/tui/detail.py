@@ -1,0 +1,228 @@
+"""The job detail view: spec, history with reasons, live log tail, runner charts.
+
+Data comes from thread workers (`show`, `metrics` polled every interval,
+`logs` followed); they hand results to the UI thread with `call_from_thread`
+and stop when the screen closes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Label, Log, Static
+
+from gpuq.errors import GpuqError
+from gpuq.tui.model import ago, job_facts
+from gpuq.tui.series import CHARTS, Sample, Series, build_series, merge_samples, plot_rows
+from gpuq.tui.source import Source
+from gpuq.tui.table import STATE_STYLES
+
+LOG_TAIL_LINES = 200
+
+
+class Chart(Static):
+    """One runner metric over time: a caption and a small bar chart."""
+
+    DEFAULT_CSS = """
+    Chart { height: 4; width: 1fr; padding: 0 1; }
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__("", id=f"chart-{key}")
+        self.series: Series | None = None
+
+    def show_series(self, series: Series) -> None:
+        """Draw `series` at the widget's width."""
+        self.series = series
+        self.refresh_chart()
+
+    def on_resize(self) -> None:
+        """Redraw at the new width."""
+        self.refresh_chart()
+
+    def refresh_chart(self) -> None:
+        """Redraw the caption and the bars."""
+        if self.series is None:
+            return
+        text = Text(self.series.caption, style="bold")
+        for row in plot_rows(self.series.values, max(10, self.size.width - 2), 3):
+            text.append("\n" + row, style="cyan")
+        self.update(text)
+
+
+class JobDetailScreen(Screen[None]):
+    """Everything about one job; Escape goes back to the queue."""
+
+    DEFAULT_CSS = """
+    JobDetailScreen #title { height: 1; padding: 0 1; background: $panel; text-style: bold; }
+    JobDetailScreen #top { height: 1fr; }
+    JobDetailScreen #facts-pane { width: 1fr; padding: 0 1; }
+    JobDetailScreen #charts { width: 1fr; }
+    JobDetailScreen #no-charts { color: $text-muted; padding: 1; }
+    JobDetailScreen #log { height: 12; border-top: solid $primary; }
+    """
+    BINDINGS = [
+        Binding("escape,backspace", "back", "Back"),
+        Binding("e", "refresh_detail", "Reload"),
+    ]
+
+    def __init__(self, job_id: int, source: Source, interval: float, clock: Callable[[], float]):
+        super().__init__()
+        self.job_id = job_id
+        self.source = source
+        self.interval = interval
+        self.clock = clock
+        self.job: dict[str, Any] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
+        self.metrics_supported: bool | None = None
+        self._stop = threading.Event()
+        self._log_stream: Any = None
+
+    def compose(self) -> ComposeResult:
+        """Title, facts and history beside the charts, the log tail below."""
+        yield Label(f"Job {self.job_id}", id="title")
+        with Horizontal(id="top"):
+            with VerticalScroll(id="facts-pane"):
+                yield Static("loading…", id="facts")
+                yield Static("", id="history")
+            with Vertical(id="charts"):
+                yield Label("", id="no-charts")
+                for spec in CHARTS:
+                    yield Chart(spec.key)
+        yield Log(id="log", max_lines=2000, auto_scroll=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Start loading the job, its metrics and its output."""
+        self.load_job()
+        self.poll_metrics()
+        self.follow_log()
+
+    def on_unmount(self) -> None:
+        """Stop the workers: the poll loop and the log stream."""
+        self._stop.set()
+        if self._log_stream is not None:
+            self._log_stream.interrupt()
+
+    @work(thread=True, exclusive=True, group="detail-show")
+    def load_job(self) -> None:
+        """Fetch the job and its history."""
+        try:
+            result = self.source.show(self.job_id)
+        except GpuqError as exc:
+            self.app.call_from_thread(self._show_error, exc.message)
+            return
+        self.app.call_from_thread(self.show_job, result["job"], result.get("events", []))
+
+    @work(thread=True, group="detail-metrics")
+    def poll_metrics(self) -> None:
+        """Fetch new metrics samples every interval until the screen closes."""
+        since = 0.0
+        while not self._stop.is_set():
+            try:
+                samples = self.source.metrics(self.job_id, since)
+            except GpuqError:
+                samples = []
+            if samples is None:
+                self.app.call_from_thread(self.show_samples, None)
+                return
+            if samples or since == 0.0:
+                since = max([since, *(s["time"] for s in samples)])
+                self.app.call_from_thread(self.show_samples, samples)
+            self._stop.wait(self.interval)
+
+    @work(thread=True, group="detail-log")
+    def follow_log(self) -> None:
+        """Stream the last lines of the job's output, then what it appends."""
+        try:
+            self._log_stream = self.source.logs(self.job_id, LOG_TAIL_LINES, True)
+            if self._stop.is_set():
+                return
+            for event in self._log_stream:
+                self.app.call_from_thread(self._write_log, str(event.get("data", "")))
+        except GpuqError as exc:
+            if not self._stop.is_set():
+                self.app.call_from_thread(self._write_log, f"[log unavailable: {exc.message}]\n")
+
+    def _write_log(self, text: str) -> None:
+        if self._stop.is_set():
+            return
+        self.query_one("#log", Log).write(text)
+
+    def _show_error(self, message: str) -> None:
+        if self._stop.is_set():
+            return
+        self.query_one("#facts", Static).update(Text(message, style="bold red"))
+
+    def show_job(self, job: dict[str, Any], events: list[dict[str, Any]] | None = None) -> None:
+        """Draw the job's facts and, when given, its history."""
+        if self._stop.is_set():
+            return
+        self.job = job
+        if events is not None:
+            self.events = events
+        now = self.clock()
+        title = Text(f"Job {job['id']}: {job['name']}  ")
+        title.append(job["state"], style=STATE_STYLES.get(job["state"], ""))
+        self.query_one("#title", Label).update(title)
+        facts = Table.grid(padding=(0, 2))
+        facts.add_column(style="bold")
+        facts.add_column()
+        for label, value in job_facts(job, now):
+            facts.add_row(label, value)
+        self.query_one("#facts", Static).update(facts)
+        history = Table(title="History", title_justify="left", box=None, padding=(0, 1))
+        history.add_column("WHEN", no_wrap=True)
+        history.add_column("STATE", no_wrap=True)
+        history.add_column("REASON")
+        for event in self.events:
+            history.add_row(
+                ago(event["time"], now),
+                Text(event["state"], style=STATE_STYLES.get(event["state"], "")),
+                event["reason"],
+            )
+        self.query_one("#history", Static).update(history)
+
+    def show_samples(self, samples: list[Sample] | None) -> None:
+        """Add samples to the charts; None means the daemon reports no metrics."""
+        if self._stop.is_set():
+            return
+        note = self.query_one("#no-charts", Label)
+        if samples is None:
+            self.metrics_supported = False
+            note.update("No runner metrics: this daemon does not report them.")
+            for chart in self.query(Chart):
+                chart.display = False
+            return
+        self.metrics_supported = True
+        self.samples = merge_samples(self.samples, samples)
+        if not self.samples:
+            note.update("No runner metrics yet (jobs report them through gpuq.runner).")
+            note.display = True
+            return
+        note.display = False
+        for series in build_series(self.samples):
+            self.query_one(f"#chart-{series.spec.key}", Chart).show_series(series)
+
+    def job_changed(self, job: dict[str, Any]) -> None:
+        """The subscription saw this job change: redraw and reload its history."""
+        self.show_job(job)
+        self.load_job()
+
+    def action_back(self) -> None:
+        """Back to the queue."""
+        self.app.pop_screen()
+
+    def action_refresh_detail(self) -> None:
+        """Fetch the job again."""
+        self.load_job()
