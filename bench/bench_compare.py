@@ -23,12 +23,19 @@ It prints, on stdout:
 - a markdown table (average JCT per policy and workload, published figures
   in parentheses) to paste into bench/RESULTS.md.
 
+`--seeds 0,1,2` runs every (policy, workload) pair once per policy seed (the
+randomized policies, pollux, gpuq and ones, decide differently per seed):
+the tables and checks then use the mean of each metric over the seeds, and a
+section lists each pair's spread (lowest and highest average JCT, p99 JCT
+and worst rho), to tell a policy's real differences from its search noise.
+
 Progress goes to stderr. No test runs this: it takes minutes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -54,16 +61,41 @@ PUBLISHED: dict[str, tuple[float, ...]] = {
 }
 """The published simulator's average JCT (s) on workloads 1-4 (Tiresias and
 Optimus with TunedJobs, Optimus with the oracle)."""
-SLOW_FIRST = ("optimus", "pollux", "ones", "gpuq", "gandiva", "afs")
+SLOW_FIRST = ("optimus", "pollux", "ones", "gpuq", "gandiva", "afs", "afs-p")
+
+
+SPREAD_METRICS = ("avg_jct", "p99_jct", "max_rho")
+"""Metrics whose range over seeds the spread section reports."""
 
 
 @dataclass
 class Outcome:
-    """One (policy, workload) run: its summary, or the error that ended it."""
+    """One (policy, workload) pair: its summary (mean over seeds), or the error that ended it."""
 
     summary: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     error: str = ""
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    seeds: int = 1
+
+
+def combine(runs: list[Outcome]) -> Outcome:
+    """One pair's outcome over seeds: mean of every numeric metric, ranges, summed seconds."""
+    failed = [run for run in runs if run.error]
+    if failed:
+        return Outcome(error=failed[0].error, seconds=sum(r.seconds for r in runs))
+    summary: dict[str, Any] = {}
+    for key, value in runs[0].summary.items():
+        values = [run.summary[key] for run in runs]
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        varies = any(v != value for v in values)
+        summary[key] = sum(values) / len(values) if numeric and varies else value
+    spread = {
+        key: (min(r.summary[key] for r in runs), max(r.summary[key] for r in runs))
+        for key in SPREAD_METRICS
+        if key in summary
+    }
+    return Outcome(summary, sum(r.seconds for r in runs), spread=spread, seeds=len(runs))
 
 
 def timed_run(name: str, workload_name: str, settings: SimSettings) -> tuple[dict[str, Any], float]:
@@ -81,33 +113,38 @@ def _one_thread() -> None:
 
 
 def run_all(
-    policies: list[str], workloads: list[str], settings: SimSettings, workers: int
+    policies: list[str],
+    workloads: list[str],
+    settings: SimSettings,
+    workers: int,
+    seeds: tuple[int, ...] = (0,),
 ) -> dict[tuple[str, str], Outcome]:
-    """Every (policy, workload) outcome, slow policies submitted first."""
+    """Every (policy, workload) outcome over `seeds`, slow policies submitted first."""
     tasks = sorted(
-        ((p, w) for w in workloads for p in policies),
+        ((p, w, seed) for seed in seeds for w in workloads for p in policies),
         key=lambda task: SLOW_FIRST.index(task[0]) if task[0] in SLOW_FIRST else 99,
     )
-    outcomes: dict[tuple[str, str], Outcome] = {}
+    runs: dict[tuple[str, str, int], Outcome] = {}
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
-        futures: dict[Future[tuple[dict[str, Any], float]], tuple[str, str]] = {
-            pool.submit(timed_run, p, w, settings): (p, w) for p, w in tasks
+        futures: dict[Future[tuple[dict[str, Any], float]], tuple[str, str, int]] = {
+            pool.submit(timed_run, p, w, dataclasses.replace(settings, seed=seed)): (p, w, seed)
+            for p, w, seed in tasks
         }
         for future in as_completed(futures):
             task = futures[future]
             try:
                 summary, seconds = future.result()
-                outcomes[task] = Outcome(summary, seconds)
+                runs[task] = Outcome(summary, seconds)
             except Exception as error:  # noqa: BLE001 - reported in the tables; others go on
                 traceback.print_exception(error, file=sys.stderr)
-                outcomes[task] = Outcome(error=f"{type(error).__name__}: {error}")
-            done = len(outcomes)
-            print(
-                f"\r{done}/{len(tasks)} runs done ({task[0]} on {task[1]})", end="", file=sys.stderr
-            )
+                runs[task] = Outcome(error=f"{type(error).__name__}: {error}")
+            label = f"{task[0]} on {task[1]}" + (f", seed {task[2]}" if len(seeds) > 1 else "")
+            print(f"\r{len(runs)}/{len(tasks)} runs done ({label})", end="", file=sys.stderr)
     print(file=sys.stderr)
-    return outcomes
+    return {
+        (p, w): combine([runs[(p, w, seed)] for seed in seeds]) for w in workloads for p in policies
+    }
 
 
 def published(policy: str, workload: str) -> float | None:
@@ -150,7 +187,7 @@ def workload_table(
                 f"{s['p99_jct']:.0f}",
                 f"{s['avg_rho']:.2f}",
                 f"{s['max_rho']:.2f}",
-                str(s["reallocations"]),
+                f"{s['reallocations']:.0f}",
                 f"{1000 * s['decision_time_mean']:.1f}",
                 "" if paper is None else f"{paper:.0f}",
                 diff,
@@ -245,12 +282,33 @@ def markdown(
     return "\n".join(lines)
 
 
+def spread_lines(
+    policies: list[str], workloads: list[str], outcomes: dict[tuple[str, str], Outcome]
+) -> list[str]:
+    """Each pair's range over seeds: average JCT, p99 JCT and worst rho (low-high)."""
+    lines = []
+    for workload in workloads:
+        for policy in policies:
+            outcome = outcomes[(policy, workload)]
+            if outcome.error or outcome.seeds < 2:
+                continue
+            avg, p99, rho = (outcome.spread[key] for key in SPREAD_METRICS)
+            lines.append(
+                f"{workload} {policy} ({outcome.seeds} seeds): avg JCT {avg[0]:.0f}-{avg[1]:.0f}"
+                f", p99 {p99[0]:.0f}-{p99[1]:.0f}, rho max {rho[0]:.2f}-{rho[1]:.2f}"
+            )
+    return lines
+
+
 def main() -> None:
     """Run the comparison and print the tables, checks, timings and markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policies", default=",".join(ELASTIC_POLICY_NAMES))
     parser.add_argument("--workloads", default=",".join((*MAIN, *HALF, *GENERATED)))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--seeds", default="0", help="policy seeds, comma-separated; metrics are their mean"
+    )
     args = parser.parse_args()
 
     wanted = [p for p in args.policies.split(",") if p]
@@ -260,9 +318,15 @@ def main() -> None:
     workloads = [w for w in args.workloads.split(",") if w]
     settings = SimSettings()
     workers = max(1, args.jobs)
+    try:
+        seeds = tuple(int(seed) for seed in args.seeds.split(",") if seed)
+    except ValueError:
+        parser.error(f"--seeds takes integers separated by commas, got {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds needs at least one seed")
 
     started = time.perf_counter()
-    outcomes = run_all(policies, workloads, settings, workers)
+    outcomes = run_all(policies, workloads, settings, workers, seeds)
     wall = time.perf_counter() - started
 
     if missing:
@@ -278,10 +342,15 @@ def main() -> None:
     print("## Acceptance\n")
     for line in acceptance(policies, workloads, outcomes):
         print(f"- {line}")
+    spread = spread_lines(policies, workloads, outcomes)
+    if spread:
+        print(f"\n## Spread over seeds {','.join(map(str, seeds))}\n")
+        for line in spread:
+            print(f"- {line}")
     main_seconds = sum(o.seconds for (_, w), o in outcomes.items() if w in MAIN)
     print("\n## Time\n")
     print(
-        f"- wall time: {wall:.0f} s for {len(outcomes)} runs on {workers} workers "
+        f"- wall time: {wall:.0f} s for {len(outcomes) * len(seeds)} runs on {workers} workers "
         f"(budget {BUDGET_S:.0f} s for workloads 1-4 x all policies)"
     )
     if main_seconds:

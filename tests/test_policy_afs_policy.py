@@ -63,12 +63,15 @@ def counts(decision: Decision) -> dict[int, int]:
     return {key: sum(allocation) for key, allocation in decision.allocations.items()}
 
 
-def test_the_registry_builds_afs_l_and_the_variant_is_named_afs_p() -> None:
+def test_the_registry_builds_afs_l_and_afs_p_each_under_its_name() -> None:
     policy = get_elastic_policy("afs", seed=3)
     assert isinstance(policy, AfsPolicy)
     assert (policy.name, policy.variant, policy.seed) == ("afs", "L", 3)
     assert AfsPolicy("P").name == AfsPPolicy.name == "afs-p"
     assert AfsPPolicy(seed=2).variant == "P"
+    by_name = get_elastic_policy("afs-p", seed=5)
+    assert isinstance(by_name, AfsPPolicy)
+    assert (by_name.name, by_name.variant, by_name.seed) == ("afs-p", "P", 5)
     assert AfsPolicy.adaptive_jobs is False
     assert AfsPolicy("P").unit == DEFAULT_UNIT == 900.0
 

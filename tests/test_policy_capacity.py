@@ -170,7 +170,8 @@ def test_no_policy_over_commits_and_each_is_deterministic(
 
 def test_the_registry_knows_every_policy_of_the_issue() -> None:
     assert ELASTIC_POLICY_NAMES == (
-        "fifo", "srtf", "srsf", "tiresias", "optimus", "afs", "pollux", "gandiva", "ones", "gpuq"
+        "fifo", "srtf", "srsf", "tiresias", "optimus", "afs", "afs-p", "pollux", "gandiva",
+        "ones", "gpuq",
     )  # fmt: skip
     assert {"fifo", "srtf", "srsf", "tiresias", "optimus"} <= set(available_elastic_policies())
 

@@ -1,86 +1,156 @@
-"""The `gpuq` policy: Pollux's decisions, minus the moves that do not pay."""
+"""The `gpuq` policy: Pollux's decisions with honest restart charges (see its module)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
+from gpuq.policies.baselines import fixed_batch_step_time
 from gpuq.policies.elastic import ClusterState, JobView, capacity_violations
-from gpuq.policies.gpuq_default import GpuqPolicy
-from gpuq.policies.pollux import PolluxPolicy
+from gpuq.policies.gpuq_default import GpuqPolicy, remaining_factor
+from gpuq.policies.gpuq_estimates import remaining_time
+from gpuq.policies.pollux import PolluxPolicy, realloc_factor
 from gpuq.policies.registry import get_elastic_policy
 from tests.test_policy_pollux import LINEAR, LOCAL, NOW, POOR, cluster, job
+
+PENALTY = 30.0
+
+
+def remaining_aware(seed: int = 0) -> GpuqPolicy:
+    """The gpuq policy with its remaining-time move charge (off by default) turned on."""
+    return GpuqPolicy(seed=seed, remaining_aware=True)
 
 
 def busy_state() -> ClusterState:
     """Running jobs of mixed scalability plus a newcomer: the search wants moves."""
     jobs = (
-        job(1, LINEAR, allocation=(4, 0), max_profiled_gpus=2),
-        job(2, POOR, allocation=(0, 2), submit_time=NOW - 120.0),
-        job(3, LOCAL, allocation=(0, 1), submit_time=NOW - 60.0),
-        job(4, LOCAL, submit_time=NOW - 10.0),
+        job(1, LINEAR, allocation=(4, 0), max_profiled_gpus=2, remaining_iterations=1e6),
+        job(2, POOR, allocation=(0, 2), submit_time=NOW - 120.0, remaining_iterations=1e5),
+        job(3, LOCAL, allocation=(0, 1), submit_time=NOW - 60.0, remaining_iterations=1e5),
+        job(4, LOCAL, submit_time=NOW - 10.0, remaining_iterations=1e5),
     )
     return ClusterState(cluster(4, 4), jobs)
 
 
-def test_the_registry_knows_the_default_policy() -> None:
+def full_cluster_and_a_newcomer() -> ClusterState:
+    """A scalable job holds all 4 GPUs; job 2 arrives at the decision instant."""
+    jobs = (
+        job(1, LINEAR, allocation=(4,), max_profiled_gpus=4, remaining_iterations=1e6),
+        job(2, LOCAL, submit_time=NOW, max_profiled_gpus=0),
+    )
+    return ClusterState(cluster(4), jobs)
+
+
+def nearly_done_state(iterations: float) -> ClusterState:
+    """One adaptive job on 1 of 4 GPUs with `iterations` left: growing it is a gain."""
+    lone = job(1, LINEAR, allocation=(1,), max_profiled_gpus=4, remaining_iterations=iterations)
+    return ClusterState(cluster(4), (lone,))
+
+
+def factors(policy: PolluxPolicy, state: ClusterState) -> dict[int, float]:
+    """REALLOC_FACTOR per job id in the policy's search problem."""
+    jobs, problem = policy.problem(state, NOW)
+    return {j.id: float(f) for j, f in zip(jobs, problem.realloc_factor, strict=True)}
+
+
+def test_the_registry_builds_gpuq_as_the_default_policy() -> None:
     assert isinstance(get_elastic_policy("gpuq"), GpuqPolicy)
 
 
-def test_with_no_tolerance_it_decides_exactly_like_pollux() -> None:
+def test_with_both_rules_off_it_decides_exactly_like_pollux() -> None:
     state = busy_state()
-    ours = GpuqPolicy(seed=3, tolerance=0.0).decide(state, NOW)
+    ours = GpuqPolicy(seed=3, free_starts=False, remaining_aware=False).decide(state, NOW)
     theirs = PolluxPolicy(seed=3).decide(state, NOW)
     assert dict(ours.allocations) == dict(theirs.allocations)
 
 
-def test_moves_are_undone_only_within_the_tolerance_and_never_over_capacity() -> None:
-    state = busy_state()
-    pollux = PolluxPolicy(seed=3)
-    base = pollux.decide(state, NOW)
-    ours = GpuqPolicy(seed=3, tolerance=0.05).decide(state, NOW)
-    assert capacity_violations(state, ours) == []
-    best = pollux.fitness(state, NOW, base.allocations)
-    assert PolluxPolicy(seed=3).fitness(state, NOW, ours.allocations) >= best * (1 - 0.05) - 1e-12
-    current = {j.id: j.allocation for j in state.jobs if j.running}
-    for job_id, allocation in ours.allocations.items():
-        if allocation != base.allocations.get(job_id):
-            assert allocation == current[job_id], "the only change: back to the current GPUs"
+def test_a_job_arriving_at_the_decision_instant_starts_at_once_in_a_full_cluster() -> None:
+    state = full_cluster_and_a_newcomer()
+    assert 2 not in PolluxPolicy(seed=0).decide(state, NOW).allocations, "Pollux: worth 0"
+    decision = GpuqPolicy(seed=0).decide(state, NOW)
+    assert sum(decision.allocations.get(2, ())) >= 1
+    assert capacity_violations(state, decision) == []
 
 
-def test_a_growth_worth_less_than_the_tolerance_is_undone() -> None:
-    jobs = (
-        job(1, POOR, allocation=(0, 3), max_profiled_gpus=3, submit_time=NOW - 60.0),
-        job(2, LINEAR, max_profiled_gpus=1, submit_time=NOW - 60.0),
-        job(3, LOCAL, allocation=(3, 0), max_profiled_gpus=3, submit_time=NOW - 300.0),
+def test_a_waiting_job_is_charged_no_restart_however_often_it_restarted() -> None:
+    waiting = (
+        job(1, LOCAL, submit_time=NOW),
+        job(2, LOCAL, submit_time=NOW - 60.0, num_restarts=5),
     )
-    state = ClusterState(cluster(4, 4), jobs)
-    pollux = dict(PolluxPolicy(seed=3).decide(state, NOW).allocations)
-    ours = dict(GpuqPolicy(seed=3, tolerance=0.05).decide(state, NOW).allocations)
-    assert pollux[3] == (4, 0), "Pollux restarts job 3 to give it one more GPU"
-    assert ours[3] == (3, 0), "gpuq keeps it running where it is"
-    assert {k: v for k, v in ours.items() if k != 3} == {k: v for k, v in pollux.items() if k != 3}
+    state = ClusterState(cluster(4), waiting)
+    assert factors(PolluxPolicy(), state) == {1: 0.0, 2: 0.0}
+    assert factors(GpuqPolicy(), state) == {1: 1.0, 2: 1.0}
 
 
-def test_a_pending_job_is_never_held_back_by_the_filter() -> None:
+def test_a_nearly_finished_job_is_not_moved_for_a_gain_its_restart_would_eat() -> None:
+    state = nearly_done_state(iterations=30.0)
+    left = remaining_time(state.jobs[0], 1, 1)
+    assert left is not None and left < PENALTY / 3, "seconds left, well under one restart"
+    assert sum(PolluxPolicy(seed=0).decide(state, NOW).allocations[1]) > 1, "Pollux grows it"
+    assert remaining_aware(seed=0).decide(state, NOW).allocations[1] == (1,)
+
+
+def test_a_job_with_much_work_left_grows_as_under_pollux() -> None:
+    state = nearly_done_state(iterations=1e7)
+    ours = remaining_aware(seed=0).decide(state, NOW).allocations
+    assert ours == PolluxPolicy(seed=0).decide(state, NOW).allocations
+    assert sum(ours[1]) > 1
+
+
+@pytest.mark.parametrize("iterations", [0.0, 30.0, 3e3, 3e5])
+def test_the_move_charge_is_remaining_time_over_remaining_time_plus_the_penalty(
+    iterations: float,
+) -> None:
+    running = nearly_done_state(iterations).jobs[0]
+    left = remaining_time(running, 1, 1)
+    assert left is not None
+    assert remaining_factor(running, PENALTY) == pytest.approx(left / (left + PENALTY))
+
+
+def test_the_move_charge_is_never_lighter_than_pollux() -> None:
     state = busy_state()
-    base = PolluxPolicy(seed=3).decide(state, NOW)
-    ours = GpuqPolicy(seed=3, tolerance=0.5).decide(state, NOW)
-    assert (4 in base.allocations) == (4 in ours.allocations)
+    ours, theirs = factors(remaining_aware(), state), factors(PolluxPolicy(), state)
+    for view in state.jobs:
+        if view.running:
+            assert ours[view.id] <= theirs[view.id]
+    assert ours[1] == theirs[1], "a million iterations left: the age is the smaller charge"
 
 
-def test_decisions_are_deterministic_for_a_seed() -> None:
+def test_without_a_remaining_count_or_a_model_moves_are_charged_as_in_pollux() -> None:
+    unknown = replace(busy_state().jobs[0], remaining_iterations=None)
+    assert remaining_factor(unknown, PENALTY) == 1.0
+    assert remaining_factor(replace(unknown, goodput=None), PENALTY) == 1.0
+
+
+def test_more_gpus_shorten_the_remaining_time_of_a_scalable_job() -> None:
+    view = busy_state().jobs[0]
+    times = [remaining_time(view, 1, gpus) for gpus in (1, 2, 4)]
+    assert all(t is not None for t in times)
+    assert times[0] > times[1] > times[2]  # type: ignore[operator]
+
+
+def test_a_fixed_batch_job_needs_its_steps_times_the_step_time() -> None:
+    fixed = replace(busy_state().jobs[1], adaptive=False, batch_size=256)
+    expected = 1e5 * fixed_batch_step_time(fixed, 2, 2)
+    assert remaining_time(fixed, 1, 2) == pytest.approx(expected)
+
+
+def test_a_finished_or_unknown_job_has_a_trivial_estimate() -> None:
+    view = busy_state().jobs[0]
+    assert remaining_time(replace(view, remaining_iterations=0.0), 1, 1) == 0.0
+    assert remaining_time(replace(view, remaining_iterations=None), 1, 1) is None
+    assert remaining_time(replace(view, goodput=None), 1, 1) is None
+    assert remaining_time(view, 1, 0) is None
+
+
+def test_decisions_fit_the_cluster_and_are_deterministic_for_a_seed() -> None:
     state = busy_state()
     first = GpuqPolicy(seed=7).decide(state, NOW)
     second = GpuqPolicy(seed=7).decide(state, NOW)
     assert dict(first.allocations) == dict(second.allocations)
-
-
-@pytest.mark.parametrize("tolerance", [-0.1, 1.0])
-def test_the_tolerance_must_be_a_fraction(tolerance: float) -> None:
-    with pytest.raises(ValueError, match="tolerance"):
-        GpuqPolicy(tolerance=tolerance)
+    assert capacity_violations(state, first) == []
 
 
 def test_jobs_without_models_still_get_gpus() -> None:
@@ -89,7 +159,13 @@ def test_jobs_without_models_still_get_gpus() -> None:
     assert sum(decision.allocations.get(1, ())) >= 1
 
 
-def test_a_current_allocation_above_the_cap_is_never_offered_back() -> None:
-    over = replace(job(1, None), adaptive=False, max_gpus=1, allocation=(1, 1))
-    decision = GpuqPolicy(seed=0).decide(ClusterState(cluster(1, 1), (over,)), NOW)
-    assert sum(decision.allocations.get(1, ())) <= 1
+def test_the_pollux_charge_it_replaces_is_the_age_based_one() -> None:
+    state = nearly_done_state(iterations=1e7)
+    expected = realloc_factor(NOW, 0, PENALTY)
+    assert factors(PolluxPolicy(), state)[1] == pytest.approx(expected)
+    assert math.isclose(factors(remaining_aware(), state)[1], expected)
+
+
+def test_by_default_a_running_job_is_charged_exactly_as_in_pollux() -> None:
+    state = nearly_done_state(iterations=30.0)
+    assert factors(GpuqPolicy(), state) == factors(PolluxPolicy(), state)

@@ -19,9 +19,11 @@ from gpuq.policies.ones_genome import (
     Assignment,
     Genome,
     Layout,
+    counts_of_rows,
     decode,
     encode,
     from_counts,
+    gene_rows,
     normalize,
     reorder,
     rule_batches,
@@ -391,9 +393,42 @@ def test_crossover_of_a_candidate_with_itself_gives_it_back() -> None:
     jobs = [job(1), job(2), job(3)]
     ctx = context(jobs, layout)
     parent = refresh(Genome.empty(8), ctx)
-    genome = from_counts(parent, rule_batches(parent, ctx.rules), ctx.rules, layout)
-    first, second = crossover(genome, genome, ctx)
+    genes = gene_rows(parent, layout)
+    first, second = crossover(genes, genes, ctx)
     assert first.tolist() == second.tolist() == parent.tolist()
+
+
+def test_memoized_operators_give_what_a_fresh_context_computes_and_draw_the_same() -> None:
+    layout = Layout((4, 4))
+    jobs = [job(1), job(2, remaining_iterations=50.0), job(3)]
+    warm = context(jobs, layout, seed=4)
+    members = [refresh(Genome.empty(8), warm) for _ in range(3)]
+    genes = [gene_rows(counts, layout) for counts in members]
+    for _ in range(2):  # the second round hits the memo
+        state = warm.rng.bit_generator.state
+        cold = context(jobs, layout, seed=4)
+        cold.rng.bit_generator.state = state
+        for a, b in ((0, 1), (1, 2), (0, 0)):
+            from_warm, from_cold = (
+                crossover(genes[a], genes[b], warm),
+                crossover(genes[a], genes[b], cold),
+            )
+            assert [c.tolist() for c in from_warm] == [c.tolist() for c in from_cold]
+        assert refresh(Genome.empty(8), warm).tolist() == refresh(Genome.empty(8), cold).tolist()
+        assert warm.rng.bit_generator.state == cold.rng.bit_generator.state
+    assert warm.memo
+
+
+def test_gene_rows_name_the_job_row_of_every_gene_of_the_genome() -> None:
+    layout = Layout((4, 4))
+    jobs = [job(1), job(2), job(3)]
+    ctx = context(jobs, layout)
+    counts = np.array([[1, 2], [0, 1], [2, 0]], dtype=np.int64)
+    genome = from_counts(counts, rule_batches(counts, ctx.rules), ctx.rules, layout)
+    genes = gene_rows(counts, layout)
+    assert genes.tolist() == [0, 2, 2, EMPTY, 0, 0, 1, EMPTY]
+    assert genes.tolist() == ctx.rules.rows(genome.jobs).tolist()
+    assert counts_of_rows(genes, 3, layout).tolist() == counts.tolist()
 
 
 @pytest.mark.parametrize(("rate", "same"), [(0.0, True), (1.0, False)])
@@ -486,8 +521,8 @@ def test_every_operator_keeps_exclusive_gpus_and_batch_limits(
     refreshed = [refresh(g, ctx) for g in (a, b)]
     for counts in refreshed:
         assert_valid(counts, ctx)
-    genomes = [from_counts(c, rule_batches(c, ctx.rules), ctx.rules, ctx.layout) for c in refreshed]
-    for child in crossover(genomes[0], genomes[1], ctx):
+    genes = [gene_rows(c, ctx.layout) for c in refreshed]
+    for child in crossover(genes[0], genes[1], ctx):
         assert_valid(child, ctx)
     for rate in (0.3, 1.0):
         assert_valid(mutate(refreshed[0], ctx, rate), ctx)

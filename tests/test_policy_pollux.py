@@ -272,6 +272,18 @@ def test_speedup_is_goodput_relative_to_the_fair_share() -> None:
             assert table[row, nodes, gpus] == pytest.approx(function(nodes, gpus) / fair)
 
 
+def test_adaptive_speedups_are_exactly_the_speedup_functions_numbers() -> None:
+    views = (job(1, LOCAL), job(2, POOR), job(3, LINEAR))
+    table = build(views, (4, 4, 4))  # a_f: 4 GPUs on one node
+    for row, view in enumerate(views):
+        assert view.goodput is not None
+        function = SpeedupFunction(
+            view.goodput, view.max_batch_size, view.local_bsz_bounds, accumulation=True
+        )
+        for nodes, gpus in [(1, 1), (1, 4), (2, 5), (2, 8), (3, 9), (3, 12)]:
+            assert table[row, nodes, gpus] == function(min(nodes, 2), gpus) / function(1, 4)
+
+
 def test_placements_that_cannot_exist_have_no_speedup() -> None:
     table = build((job(1, LOCAL),), (4, 4))
     assert table[0, 1, 5] == 0.0  # 5 GPUs do not fit on one node

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from gpuq.goodput import GoodputFunction, adascale_gain
+from gpuq.goodput import GoodputFunction, adascale_gain, fit_perf_params
 from gpuq.policies.elastic import ClusterState, Decision, JobView, capacity_violations
 from gpuq.sim.apps import BatchConfig, get_application
 from gpuq.sim.engine import SimProgress, SimulationError, Simulator, sharing
-from gpuq.sim.jobs import SimJob
+from gpuq.sim.jobs import FitMemo, SimJob
 from gpuq.sim.metrics import JobRecord, SimResult
 from gpuq.sim.workload import WorkloadJob
 
@@ -223,6 +223,21 @@ def test_an_adaptive_job_starts_at_m0_and_keeps_its_batch_within_5_percent() -> 
     best, _, _ = goodput.optimize(1, 4, app.max_batch_size, app.local_bsz_bounds, True)
     now = goodput.evaluate(1, 4, chosen.atomic_bsz, chosen.accum_steps)
     assert now * 1.05 >= best  # kept only if the optimum is at most 5% better
+
+
+def test_a_run_fits_each_set_of_configurations_in_the_first_order_it_saw() -> None:
+    app = get_application("cifar10")
+    one = app.profile_sample((1,), 32)
+    two = app.profile_sample((2,), 64)
+    three = app.profile_sample((4, 4), 128)
+    ordered = {(1, 1, 32): one, (1, 2, 64): two, (2, 8, 128): three}
+    reordered = {(2, 8, 128): three, (1, 2, 64): two, (1, 1, 32): one}
+    run = FitMemo()
+    assert run.fit(app, ordered) == fit_perf_params(*zip(one, two, three, strict=True))
+    assert run.fit(app, reordered) == run.fit(app, ordered)  # shared within the run
+    # Another run that sees the other order first fits that order: a run's
+    # results never depend on the runs before it in the same process.
+    assert FitMemo().fit(app, reordered) == fit_perf_params(*zip(three, two, one, strict=True))
 
 
 def test_policy_batch_sizes_change_non_adaptive_jobs() -> None:

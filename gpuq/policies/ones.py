@@ -57,31 +57,40 @@ Not implemented
     The GPR progress predictor (an oracle with Beta noise stands in, see
     `ones_fitness`) and ONES's in-place NCCL rescaling (a runner feature).
 
-Performance: the fitness is vectorized over the whole pool and the
-operators work on small per-candidate count matrices, so with the defaults a
-decision for 160 jobs on 64 GPUs takes on the order of a tenth of a second.
-The cost grows with population x generations; both are constructor
-arguments.
+Performance: the fitness is vectorized over the whole pool, the operators
+work on small per-candidate count matrices, and what follows from a
+candidate and the decision's context alone (genes, and refreshed or crossed
+candidates whose fill drew no random number) is memoized per decision
+(`Context.memo`), which changes speed only. The cost grows with population
+x generations; both are constructor arguments.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.policies.elastic import ClusterState, Decision, JobView
-from gpuq.policies.ones_fitness import Progress, census, throughput_table, utilization
+from gpuq.policies.ones_fitness import (
+    FloatArray,
+    Progress,
+    census,
+    throughput_table,
+    utilization,
+)
 from gpuq.policies.ones_genome import (
     Assignment,
+    Candidate,
     Genome,
     IntArray,
     Layout,
+    candidate,
     encode,
-    from_counts,
+    gene_rows,
     rule_batches,
     to_counts,
 )
@@ -144,7 +153,7 @@ class OnesPolicy:
         self.max_hold = max_hold
         self._rng = np.random.default_rng(seed)
         self._layout: Layout | None = None
-        self._members: list[Genome] = []
+        self._members: list[Genome | Candidate] = []
         self._pool: list[IntArray] = []
         self._limits: dict[int, LimitState] = {}
         self._total_work: dict[int, float] = {}
@@ -154,6 +163,7 @@ class OnesPolicy:
         self._seen = 0
         self._first_submit = math.inf
         self._known: set[int] = set()
+        self._throughput: dict[Hashable, FloatArray] = {}
 
     def limit_state(self, job_id: int) -> LimitState | None:
         """The batch-size limit state of a job, for inspection and tests."""
@@ -248,7 +258,7 @@ class OnesPolicy:
         return Context(
             rules,
             layout,
-            throughput_table(jobs, rules, layout),
+            throughput_table(jobs, rules, layout, self._throughput),
             progress,
             np.asarray(effective, dtype=np.int64),
             never_ran,
@@ -268,20 +278,25 @@ class OnesPolicy:
         members.append(live)
         pool = [refresh(member, ctx) for member in members]
         for _ in range(self.generations):
-            genomes = [self._genome(counts, ctx) for counts in pool]
+            parents = [self._genes(counts, ctx) for counts in pool]
             order = ctx.rng.permutation(len(pool)).tolist()
             children: list[IntArray] = []
             for a, b in zip(order[0::2], order[1::2], strict=False):
-                children.extend(crossover(genomes[a], genomes[b], ctx))
+                children.extend(crossover(parents[a], parents[b], ctx))
             chosen = ctx.rng.choice(len(pool), size=self.mutants or size // 2)
             children.extend(mutate(pool[i], ctx, self.mutation_rate) for i in chosen.tolist())
             pool = self._select(pool + children, ctx, live_counts, penalty, size)
         self._pool = pool
-        self._members = [self._genome(counts, ctx) for counts in pool]
+        self._members = [candidate(counts, ctx.rules) for counts in pool]
 
     @staticmethod
-    def _genome(counts: IntArray, ctx: Context) -> Genome:
-        return from_counts(counts, rule_batches(counts, ctx.rules), ctx.rules, ctx.layout)
+    def _genes(counts: IntArray, ctx: Context) -> IntArray:
+        """The candidate's genes as job rows (`gene_rows`), memoized in `ctx` by content."""
+        key = b"n" + counts.tobytes()
+        genes = ctx.memo.get(key)
+        if genes is None:
+            genes = ctx.memo[key] = gene_rows(counts, ctx.layout)
+        return genes
 
     def _random_genome(self, ctx: Context) -> Genome:
         """A random schedule: a random job on each GPU (the paper's start), repaired later."""

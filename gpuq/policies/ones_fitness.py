@@ -45,14 +45,18 @@ Restart cost (a gpuq addition, on by default)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.policies.elastic import JobView
 from gpuq.policies.ones_genome import IntArray, JobRules, Layout
+
+if TYPE_CHECKING:
+    from gpuq.goodput import GoodputFunction
 
 FloatArray = NDArray[np.float64]
 
@@ -90,38 +94,60 @@ class Progress:
         return np.asarray(np.where(self.noisy, self.total * (1.0 - progress), self.remaining))
 
 
-def throughput_table(jobs: Sequence[JobView], rules: JobRules, layout: Layout) -> FloatArray:
-    """X[row, n, k]: samples/s of each job on n GPUs over k nodes; 0 where not allowed."""
+def throughput_table(
+    jobs: Sequence[JobView],
+    rules: JobRules,
+    layout: Layout,
+    memo: dict[Hashable, FloatArray] | None = None,
+) -> FloatArray:
+    """X[row, n, k]: samples/s of each job on n GPUs over k nodes; 0 where not allowed.
+
+    `memo` keeps each modelled job's block between calls, by everything it
+    depends on (model, allowed GPU counts and their batches, cluster shape);
+    it is replaced by the blocks of this call.
+    """
     table = np.zeros((len(jobs), layout.gpus + 1, layout.nodes + 1), dtype=np.float64)
     modelled: list[int] = []
+    kept: dict[Hashable, FloatArray] = {}
     for row, job in enumerate(jobs):
         low, high = int(rules.n_min[row]), int(rules.n_max[row])
         if high == 0:
             continue
         gpus = np.arange(low, high + 1, dtype=np.int64)
-        nodes = np.arange(1, min(layout.nodes, high) + 1, dtype=np.int64)
-        n_grid, k_grid = np.meshgrid(gpus, nodes, indexing="ij")
-        valid = k_grid <= n_grid
-        if job.goodput is None:
-            values = n_grid.astype(np.float64)
-        else:
-            local = rules.batch[row, gpus] / gpus
-            values = np.asarray(
-                job.goodput.throughput(
-                    k_grid, n_grid, np.broadcast_to(local[:, None], n_grid.shape), 0
-                ),
-                dtype=np.float64,
-            )
+        width = min(layout.nodes, high)
+        if job.goodput is not None:
             modelled.append(row)
-        table[row, low : high + 1, 1 : len(nodes) + 1] = np.where(
-            valid, np.maximum(values, 0.0), 0.0
-        )
+            key = (job.goodput, low, rules.batch[row, gpus].tobytes(), layout.node_gpus)
+            block = None if memo is None else memo.get(key)
+            if block is None:
+                block = _block(job.goodput, rules.batch[row, gpus], gpus, width)
+            kept[key] = block
+        else:
+            nodes = np.arange(1, width + 1, dtype=np.int64)
+            n_grid, k_grid = np.meshgrid(gpus, nodes, indexing="ij")
+            block = np.where(k_grid <= n_grid, n_grid.astype(np.float64), 0.0)
+        table[row, low : high + 1, 1 : width + 1] = block
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     single = [table[row, rules.n_min[row], 1] / rules.n_min[row] for row in modelled]
     reference = float(np.median(single)) if single else 1.0
     for row, job in enumerate(jobs):
         if job.goodput is None:
             table[row] *= reference
     return table
+
+
+def _block(model: GoodputFunction, batch: IntArray, gpus: IntArray, width: int) -> FloatArray:
+    """Samples/s of a modelled job on each allowed GPU count (rows) over 1..width nodes."""
+    nodes = np.arange(1, width + 1, dtype=np.int64)
+    n_grid, k_grid = np.meshgrid(gpus, nodes, indexing="ij")
+    local = batch / gpus
+    values = np.asarray(
+        model.throughput(k_grid, n_grid, np.broadcast_to(local[:, None], n_grid.shape), 0),
+        dtype=np.float64,
+    )
+    return np.where(k_grid <= n_grid, np.maximum(values, 0.0), 0.0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -45,7 +45,7 @@ class Assignment(NamedTuple):
 class Layout:
     """The cluster's GPUs in node order: which node each GPU index is on."""
 
-    __slots__ = ("capacity_order", "node_gpus", "node_of_gpu", "starts")
+    __slots__ = ("_covered", "capacity_order", "node_gpus", "node_of_gpu", "starts")
 
     def __init__(self, node_gpus: Sequence[int]) -> None:
         self.node_gpus: tuple[int, ...] = tuple(int(n) for n in node_gpus)
@@ -56,6 +56,7 @@ class Layout:
             np.int64
         )
         self.capacity_order: IntArray = np.sort(np.asarray(self.node_gpus, dtype=np.int64))[::-1]
+        self._covered: IntArray = np.cumsum(self.capacity_order)
 
     @property
     def gpus(self) -> int:
@@ -69,7 +70,7 @@ class Layout:
 
     def fewest_nodes(self, gpus: IntArray) -> IntArray:
         """For each GPU count, the fewest nodes that together have that many GPUs."""
-        return np.searchsorted(np.cumsum(self.capacity_order), gpus).astype(np.int64) + 1
+        return np.searchsorted(self._covered, gpus).astype(np.int64) + 1
 
 
 @dataclass(slots=True, eq=False)
@@ -176,23 +177,48 @@ def to_counts(genome: Genome, rules: JobRules, layout: Layout) -> tuple[IntArray
     return counts.astype(np.int64), batch.astype(np.int64)
 
 
+def _genes(counts: IntArray, layout: Layout) -> tuple[IntArray, IntArray]:
+    """`(row, slot)` of every worker in `counts`: lowest rows first on each node."""
+    rows, nodes = np.nonzero(counts.T)[::-1]
+    sizes = counts[rows, nodes]
+    worker_rows = np.repeat(rows, sizes)
+    worker_nodes = np.repeat(nodes, sizes)
+    used = np.bincount(nodes, weights=sizes, minlength=layout.nodes).astype(np.int64)
+    before = np.concatenate(([0], np.cumsum(used)[:-1]))
+    slots = layout.starts[worker_nodes] + np.arange(len(worker_rows)) - before[worker_nodes]
+    return worker_rows, slots
+
+
+def gene_rows(counts: IntArray, layout: Layout) -> IntArray:
+    """The job row on each GPU of `from_counts(counts, ...)` (`EMPTY` where idle).
+
+    Crossover only needs which job each gene holds; this skips the batches.
+    """
+    genes = np.full(layout.gpus, EMPTY, dtype=np.int64)
+    rows, slots = _genes(counts, layout)
+    genes[slots] = rows
+    return genes
+
+
+def counts_of_rows(genes: IntArray, jobs: int, layout: Layout) -> IntArray:
+    """GPUs per (row, node) of a gene-row vector (`gene_rows`); `EMPTY` genes are idle."""
+    mine = genes >= 0
+    flat = genes[mine] * layout.nodes + layout.node_of_gpu[mine]
+    counts = np.bincount(flat, minlength=jobs * layout.nodes).reshape(jobs, layout.nodes)
+    return counts.astype(np.int64)
+
+
 def from_counts(counts: IntArray, batch: IntArray, rules: JobRules, layout: Layout) -> Genome:
     """The genome with `counts[row, node]` workers of each job, lowest rows first on each node.
 
     Each job's total `batch[row]` is split evenly over its workers.
     """
     genome = Genome.empty(layout.gpus)
-    rows, nodes = np.nonzero(counts.T)[::-1]
-    if len(rows) == 0:
+    if not counts.any():
         return genome
-    sizes = counts[rows, nodes]
-    gene_rows = np.repeat(rows, sizes)
-    gene_nodes = np.repeat(nodes, sizes)
-    used = np.bincount(nodes, weights=sizes, minlength=layout.nodes).astype(np.int64)
-    before = np.concatenate(([0], np.cumsum(used)[:-1]))
-    slots = layout.starts[gene_nodes] + np.arange(len(gene_rows)) - before[gene_nodes]
-    order = np.argsort(gene_rows, kind="stable")
-    ranked = gene_rows[order]
+    worker_rows, slots = _genes(counts, layout)
+    order = np.argsort(worker_rows, kind="stable")
+    ranked = worker_rows[order]
     first = np.searchsorted(ranked, ranked)
     workers = counts.sum(axis=1)
     share = batch[ranked] // workers[ranked] + (
@@ -201,6 +227,36 @@ def from_counts(counts: IntArray, batch: IntArray, rules: JobRules, layout: Layo
     genome.jobs[slots[order]] = rules.ids[ranked]
     genome.local_bsz[slots[order]] = share
     return genome
+
+
+class Candidate(NamedTuple):
+    """A schedule kept between decisions: GPUs per (job, node) and batches, by job id.
+
+    `candidate_counts` under the next decision's rules gives exactly what
+    `to_counts` gives for the same schedule's genome (`from_counts`), without
+    building the genes.
+    """
+
+    ids: IntArray
+    counts: IntArray
+    batch: IntArray
+
+
+def candidate(counts: IntArray, rules: JobRules) -> Candidate:
+    """`counts` (rows of `rules`) with each running job's batch under its rules."""
+    batch = np.where(counts.any(axis=1), rule_batches(counts, rules), 0)
+    return Candidate(rules.ids, counts, batch)
+
+
+def candidate_counts(kept: Candidate, rules: JobRules, layout: Layout) -> tuple[IntArray, IntArray]:
+    """GPUs per (row, node) and batch per row of `kept`'s jobs that `rules` still has."""
+    rows = rules.rows(kept.ids)
+    mine = rows >= 0
+    counts = np.zeros((len(rules.ids), layout.nodes), dtype=np.int64)
+    batch = np.zeros(len(rules.ids), dtype=np.int64)
+    counts[rows[mine]] = kept.counts[mine]
+    batch[rows[mine]] = kept.batch[mine]
+    return counts, batch
 
 
 def rule_batches(counts: IntArray, rules: JobRules) -> IntArray:
@@ -267,8 +323,8 @@ def reorder(counts: IntArray, layout: Layout, fixed: BoolArray | None = None) ->
     on one node if one fits and otherwise on the emptiest nodes.
     """
     gpus = counts.sum(axis=1)
-    spans = np.count_nonzero(counts, axis=1)
-    loose = (gpus > 0) & (spans > layout.fewest_nodes(gpus))
+    spans = (counts != 0).sum(axis=1)
+    loose = spans > layout.fewest_nodes(gpus)  # idle rows: 0 > 1 is False
     if fixed is not None:
         loose &= ~fixed
     scattered = np.flatnonzero(loose)

@@ -36,17 +36,20 @@ Uniform mutation (Fig. 9)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.policies.ones_fitness import FloatArray, Progress
 from gpuq.policies.ones_genome import (
+    Candidate,
     Genome,
     IntArray,
     JobRules,
     Layout,
+    candidate_counts,
+    counts_of_rows,
     drop_from,
     normalize,
     place_on_nodes,
@@ -80,6 +83,25 @@ class Context:
     capacity: IntArray
     pinned: BoolArray
     live: IntArray
+    any_pinned: bool = field(init=False)
+    """Whether some job is pinned (derived, like the fields below)."""
+    free_rows: BoolArray = field(init=False)
+    """Rows that may change and may run at all: not pinned, with some allowed GPU count."""
+    new_rows: tuple[int, ...] = field(init=False)
+    """Rows of new jobs that may run, oldest first (`place_new_jobs`)."""
+    memo: dict[bytes, IntArray] = field(init=False)
+    """Results that follow from their input and this context alone, by a tagged key:
+    `refresh` and `crossover` results that involved no random draw, and genes."""
+
+    def __post_init__(self) -> None:
+        # Derived once per decision: the operators run hundreds of times on it.
+        object.__setattr__(self, "any_pinned", bool(self.pinned.any()))
+        object.__setattr__(self, "free_rows", ~self.pinned & (self.rules.n_max > 0))
+        runnable = self.new & (self.rules.n_max > 0)
+        object.__setattr__(
+            self, "new_rows", tuple(row for row in self.arrival.tolist() if runnable[row])
+        )
+        object.__setattr__(self, "memo", {})
 
     @property
     def everyone(self) -> BoolArray:
@@ -87,41 +109,51 @@ class Context:
         return np.ones(len(self.rules.ids), dtype=np.bool_)
 
 
-def fill(counts: IntArray, ctx: Context, eligible: BoolArray, scale_up: bool = True) -> None:
+def fill(counts: IntArray, ctx: Context, eligible: BoolArray, scale_up: bool = True) -> bool:
     """Give idle GPUs to the jobs with the largest sampled utilization gain, in place.
 
     Only `eligible` jobs gain GPUs; without `scale_up` only waiting jobs do.
+    Returns whether it drew from `ctx.rng` (otherwise the result follows from
+    `counts` and `ctx` alone).
     """
-    rules, layout = ctx.rules, ctx.layout
     idle = ctx.capacity - counts.sum(axis=0)
+    free = int(idle.sum())
+    if free <= 0:
+        return False
+    drew = False
+    rules, layout, table = ctx.rules, ctx.layout, ctx.table
     gpus = counts.sum(axis=1)
-    spans = np.count_nonzero(counts, axis=1)
+    spans = (counts != 0).sum(axis=1)
+    held = counts > 0
     rows = np.arange(len(rules.ids))
-    allowed = eligible & ~ctx.pinned & (rules.n_max > 0)
-    while (free := int(idle.sum())) > 0:
-        grow = np.where(gpus == 0, rules.n_min, 1)
-        wider = gpus + grow
-        ok = allowed & (wider <= rules.n_max) & (grow <= free)
-        if not scale_up:
-            ok &= gpus == 0
+    allowed = eligible & ctx.free_rows
+    # Per-job terms that change only for the job that grows (updated below).
+    waiting = gpus == 0
+    grow = np.where(waiting, rules.n_min, 1)
+    wider = np.minimum(gpus + grow, layout.gpus)
+    fits = allowed & (gpus + grow <= rules.n_max)
+    if not scale_up:
+        fits &= waiting
+    steps = np.maximum(grow, 1)
+    speed = table[rows, gpus, spans]
+    while free > 0:
+        ok = fits & (grow <= free)
         if not ok.any():
-            return
-        room_at_home = ((counts > 0) & (idle > 0)).any(axis=1)
+            return drew
+        room_at_home = (held & (idle > 0)).any(axis=1)
         covered = np.cumsum(np.sort(idle)[::-1])
         start_spans = np.searchsorted(covered, rules.n_min) + 1
-        new_spans = np.where(gpus == 0, start_spans, np.where(room_at_home, spans, spans + 1))
+        new_spans = np.where(waiting, start_spans, np.where(room_at_home, spans, spans + 1))
         new_spans = np.clip(new_spans, 1, layout.nodes)
-        faster = (
-            ctx.table[rows, np.minimum(wider, layout.gpus), new_spans]
-            - ctx.table[rows, gpus, spans]
-        )
+        faster = table[rows, wider, new_spans] - speed
         work = ctx.progress.sample(ctx.rng)
-        gain = np.where(ok, faster / (np.maximum(grow, 1) * np.maximum(work, 1e-12)), -np.inf)
+        drew = True
+        gain = np.where(ok, faster / (steps * np.maximum(work, 1e-12)), -np.inf)
         best = int(np.argmax(gain))
         if not gain[best] > 0:
-            return
+            return drew
         if gpus[best] > 0 and room_at_home[best]:
-            home = np.flatnonzero((counts[best] > 0) & (idle > 0))
+            home = np.flatnonzero(held[best] & (idle > 0))
             take = np.zeros_like(idle)
             take[home[np.argmax(counts[best, home])]] = 1
         else:
@@ -129,16 +161,26 @@ def fill(counts: IntArray, ctx: Context, eligible: BoolArray, scale_up: bool = T
         counts[best] += take
         idle -= take
         gpus[best] += int(grow[best])
+        held[best] = counts[best] > 0
         spans[best] = np.count_nonzero(counts[best])
+        waiting[best] = False
+        grow[best] = steps[best] = 1
+        wider[best] = min(gpus[best] + 1, layout.gpus)
+        fits[best] = allowed[best] and gpus[best] + 1 <= rules.n_max[best] and scale_up
+        speed[best] = table[best, gpus[best], spans[best]]
+        free = int(idle.sum())
+    return drew
 
 
 def place_new_jobs(counts: IntArray, ctx: Context) -> None:
     """Step (3) of refresh: new jobs first, taking GPUs from the largest jobs."""
+    if not ctx.new_rows:
+        return
     rules = ctx.rules
     gpus = counts.sum(axis=1)
     free = int(ctx.capacity.sum() - gpus.sum())
-    for row in ctx.arrival.tolist():
-        if not ctx.new[row] or gpus[row] > 0 or rules.n_max[row] == 0:
+    for row in ctx.new_rows:
+        if gpus[row] > 0:
             continue
         need = int(rules.n_min[row])
         while free < need:
@@ -161,7 +203,7 @@ def place_new_jobs(counts: IntArray, ctx: Context) -> None:
 
 def pin(counts: IntArray, ctx: Context) -> None:
     """Put pinned jobs back on their live GPUs, evicting others' workers where needed."""
-    if not ctx.pinned.any():
+    if not ctx.any_pinned:
         return
     counts[ctx.pinned] = ctx.live[ctx.pinned]
     over = counts.sum(axis=0) - ctx.capacity
@@ -182,37 +224,68 @@ def _repair(counts: IntArray, ctx: Context) -> None:
     normalize(counts, ctx.rules, ctx.pinned)
 
 
-def refresh(genome: Genome, ctx: Context) -> IntArray:
+def refresh(genome: Genome | Candidate, ctx: Context) -> IntArray:
     """Bring a candidate up to date with the jobs: steps (1)-(4), then reorder.
 
     Returns the refreshed candidate's GPUs per (row, node).
     """
-    counts, batch = to_counts(genome, ctx.rules, ctx.layout)
-    gpus = counts.sum(axis=1)
-    for row in np.flatnonzero((gpus > 0) & (batch > ctx.limit) & ~ctx.pinned).tolist():
-        keep = int(gpus[row] * ctx.limit[row] // batch[row])
-        drop_from(counts[row], int(gpus[row]) - keep)
-    _repair(counts, ctx)
-    place_new_jobs(counts, ctx)
-    fill(counts, ctx, ctx.everyone)
-    reorder(counts, ctx.layout, ctx.pinned)
-    return counts
-
-
-def crossover(a: Genome, b: Genome, ctx: Context) -> tuple[IntArray, IntArray]:
-    """Two children of `a` and `b` by uniform crossover, repaired and filled."""
-    first = ctx.rng.random(len(a.jobs)) < 0.5
-    children = (
-        Genome(np.where(first, a.jobs, b.jobs), np.where(first, a.local_bsz, b.local_bsz)),
-        Genome(np.where(first, b.jobs, a.jobs), np.where(first, b.local_bsz, a.local_bsz)),
-    )
-    result = []
-    for child in children:
-        counts, _ = to_counts(child, ctx.rules, ctx.layout)
+    kept = None
+    if isinstance(genome, Candidate):  # kept candidates often repeat: memo by content
+        kept = b"k" + genome.ids.tobytes() + genome.counts.tobytes() + genome.batch.tobytes()
+        known = ctx.memo.get(kept)
+        if known is not None:
+            return known.copy()
+        counts, batch = candidate_counts(genome, ctx.rules, ctx.layout)
+    else:
+        counts, batch = to_counts(genome, ctx.rules, ctx.layout)
+    key = b"r" + counts.tobytes() + batch.tobytes()
+    known = ctx.memo.get(key)
+    if known is None:
+        gpus = counts.sum(axis=1)
+        for row in np.flatnonzero((gpus > 0) & (batch > ctx.limit) & ~ctx.pinned).tolist():
+            keep = int(gpus[row] * ctx.limit[row] // batch[row])
+            drop_from(counts[row], int(gpus[row]) - keep)
         _repair(counts, ctx)
-        fill(counts, ctx, ctx.everyone)
+        place_new_jobs(counts, ctx)
+        drew = fill(counts, ctx, ctx.everyone)
         reorder(counts, ctx.layout, ctx.pinned)
-        result.append(counts)
+        if drew:
+            return counts
+        known = ctx.memo[key] = counts
+    if kept is not None:
+        ctx.memo[kept] = known
+    return known.copy()
+
+
+def crossover(a: IntArray, b: IntArray, ctx: Context) -> tuple[IntArray, IntArray]:
+    """Two children of `a` and `b` by uniform crossover, repaired and filled.
+
+    `a` and `b` are the parents' genes as job rows (`ones_genome.gene_rows`):
+    a child's batches follow from its GPU counts, so the genes' batches are
+    not needed.
+    """
+    first = ctx.rng.random(len(a)) < 0.5
+    jobs = len(ctx.rules.ids)
+    result = []
+    for genes in (np.where(first, a, b), np.where(first, b, a)):
+        by_genes = b"g" + genes.tobytes()
+        known = ctx.memo.get(by_genes)
+        if known is not None:
+            result.append(known.copy())
+            continue
+        counts = counts_of_rows(genes, jobs, ctx.layout)
+        key = b"c" + counts.tobytes()
+        known = ctx.memo.get(key)
+        if known is None:
+            _repair(counts, ctx)
+            drew = fill(counts, ctx, ctx.everyone)
+            reorder(counts, ctx.layout, ctx.pinned)
+            if drew:
+                result.append(counts)
+                continue
+            known = ctx.memo[key] = counts
+        ctx.memo[by_genes] = known
+        result.append(known.copy())
     return result[0], result[1]
 
 

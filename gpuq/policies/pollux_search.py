@@ -192,14 +192,17 @@ def _grow(
     # Jobs already on a free node grow with probability a + b - ab.
     held_f, held_j = np.nonzero(states[free_p, free_n] > 0)
     if held_f.size:
+        # How many free nodes each (individual, job) holds GPUs on.
         held_key = free_p[held_f] * jobs + held_j
-        _, inverse, counts = np.unique(held_key, return_inverse=True, return_counts=True)
-        prob_held = 1.0 / counts[inverse]
+        prob_held = 1.0 / np.bincount(held_key)[held_key]
         a = prob_any[held_f]
         grows = rng.random(held_f.size) < a + prob_held - a * prob_held
         grower_f = np.concatenate([grower_f, held_f[grows]])
         grower_j = np.concatenate([grower_j, held_j[grows]])
-    keys = np.unique(grower_f * jobs + grower_j)
+    # Each (free node, job) grows once: sorted distinct keys, like np.unique.
+    marked = np.zeros(free_p.size * jobs, dtype=np.bool_)
+    marked[grower_f * jobs + grower_j] = True
+    keys = np.flatnonzero(marked)
     grower_f, grower_j = np.divmod(keys, jobs)
     where = (free_p[grower_f], free_n[grower_f], grower_j)
     current = states[where].astype(np.int64)
@@ -244,15 +247,25 @@ def repair(problem: SearchProblem, states: Allocations, rng: np.random.Generator
 
 
 def _rank(
-    states: Allocations, scores: tuple[FloatArray, FloatArray], keys: list[bytes], keep: int
+    states: Allocations,
+    scores: tuple[FloatArray, FloatArray],
+    keys: list[bytes],
+    keep: int,
+    known: int = 0,
 ) -> tuple[Allocations, tuple[FloatArray, FloatArray], list[bytes]]:
-    """The `keep` best distinct individuals, best first; ties keep their order."""
+    """The `keep` best distinct individuals, best first; ties keep their order.
+
+    The first `known` individuals are already distinct from one another.
+    """
     fitness, utility = scores
-    seen: set[bytes] = set()
+    seen = set(keys[:known])
     distinct = np.ones(len(keys), dtype=bool)
-    for index, key in enumerate(keys):
-        distinct[index] = key not in seen
-        seen.add(key)
+    for index in range(known, len(keys)):
+        key = keys[index]
+        if key in seen:
+            distinct[index] = False
+        else:
+            seen.add(key)
     order = np.lexsort((-utility, -np.where(distinct, fitness, -np.inf)))
     order = order[distinct[order]][:keep]
     return states[order], (fitness[order], utility[order]), [keys[i] for i in order]
@@ -292,6 +305,7 @@ def search(
             ),
             keys + _keys(children),
             population,
+            known=len(states),
         )
         if scores[0][0] > best:
             best, stale = scores[0][0], 0

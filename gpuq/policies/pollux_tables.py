@@ -9,8 +9,10 @@ or more" (`gpuq.goodput`: T_sync switches to the inter-node terms once N > 1),
 so each table is evaluated at one and two nodes and the two-node values are
 copied to every larger span; a test checks this against `SpeedupFunction`.
 Goodput models are memoized per (model, batch limits) with every value
-computed from them, so a decision evaluates only models that are new since
-the previous one (the memo keeps only the last decision's models).
+computed from them, and with their finished table rows per (cap, fair
+share, cluster shape), so a decision evaluates only models that are new
+since the previous one and copies the others' rows (the memo keeps only the
+last decision's models).
 """
 
 from __future__ import annotations
@@ -85,12 +87,28 @@ def _model_key(job: JobView) -> Hashable | None:
 
 
 class _Model:
-    """A speedup function with its values memoized by (one node or more, GPUs)."""
+    """A job's speedup over one GPU, memoized by (one node or more, GPUs).
 
-    def __init__(self, function: SpeedupFunction) -> None:
-        self.function = function
+    For an adaptive job this is `speedup_function(job)` evaluated directly
+    with `GoodputFunction.optimize` (the same numbers, without the function's
+    per-call bookkeeping; its one-GPU normalizer comes with the first
+    evaluation); a fixed-batch job uses `SpeedupFunction` itself.
+    """
+
+    def __init__(self, job: JobView) -> None:
+        goodput = job.goodput
+        if goodput is None:
+            raise ValueError(f"job {job.id} has no goodput model")
+        self.goodput = goodput
+        self.function = None if job.adaptive else speedup_function(job)
+        init = goodput.init_batch_size
+        self._max_batch = max(job.max_batch_size, init) if job.max_batch_size else None
+        self._bounds = job.local_bsz_bounds
+        self._base: float | None = None
         self._values = np.full((3, 1), np.nan)
         self._values[:, 0] = 0.0
+        self.grids: dict[Hashable, FloatArray] = {}
+        """Finished table rows by (cap + 1, fair share, node sizes, node limit)."""
 
     def speedups(self, nodes: NDArray[np.intp], gpus: NDArray[np.intp]) -> FloatArray:
         """Speedups over one GPU at (nodes, GPUs) pairs, evaluating only unseen ones."""
@@ -104,8 +122,25 @@ class _Model:
         if missing.any():
             keys = np.unique(spans[missing] * width + gpus[missing])
             new_spans, new_gpus = np.divmod(keys, width)
-            self._values[new_spans, new_gpus] = _clean(self.function(new_spans, new_gpus))
+            self._values[new_spans, new_gpus] = _clean(self._evaluate(new_spans, new_gpus))
         return self._values[spans, gpus]
+
+    def _evaluate(self, nodes: NDArray[np.intp], gpus: NDArray[np.intp]) -> FloatArray:
+        """`SpeedupFunction(...)(nodes, gpus)` for this job's model (class docstring)."""
+        if self.function is not None:
+            return np.asarray(self.function(nodes, gpus), dtype=np.float64)
+        model = self.goodput
+        base = self._base
+        if base is None:  # (1, 1), the normalizer, rides along with the first pairs
+            nodes, gpus = np.concatenate([[1], nodes]), np.concatenate([[1], gpus])
+        raw = model.optimize(nodes, gpus, self._max_batch, self._bounds, accumulation=True)[0]
+        if base is None:
+            base = float(raw[0])
+            if base <= 0:  # one GPU cannot run it: compare with it unbounded
+                init = model.init_batch_size
+                base = init / model.step_time(1, 1, init, 0)
+            self._base, raw = base, raw[1:]
+        return np.asarray(raw / base, dtype=np.float64)
 
 
 def _clean(values: FloatArray) -> FloatArray:
@@ -136,23 +171,35 @@ class SpeedupTables:
         table = np.zeros((len(jobs), max_nodes + 1, max_gpus + 1))
         gpus = np.arange(max_gpus + 1)
         models: dict[Hashable, _Model] = {}
+        # The (nodes, GPUs) pairs to evaluate depend only on the cap: built once per cap.
+        pairs: dict[int, tuple[NDArray[np.intp], ...]] = {}
         for row, (job, cap) in enumerate(zip(jobs, caps, strict=True)):
             width = int(cap) + 1
             model = self._model(job, models)
             if model is None:
                 table[row, :, :width] = np.where(valid[:, :width], gpus[:width] / fair[1], 0.0)
                 continue
-            one = np.flatnonzero(one_node[:width])
-            more = np.flatnonzero(more_nodes[:width])
-            shares = _shares(node_gpus, fair, width - 1)
-            nodes = np.concatenate([np.ones_like(one), np.full_like(more, 2), shares[:, 0]])
-            values = model.speedups(nodes, np.concatenate([one, more, shares[:, 1]]))
+            if width not in pairs:
+                one = np.flatnonzero(one_node[:width])
+                more = np.flatnonzero(more_nodes[:width])
+                shares = _shares(node_gpus, fair, width - 1)
+                nodes = np.concatenate([np.ones_like(one), np.full_like(more, 2), shares[:, 0]])
+                counts = np.concatenate([one, more, shares[:, 1]])
+                pairs[width] = (one, more, nodes, counts)
+            shape = (width, fair, node_gpus.tobytes(), max_nodes)
+            done = model.grids.get(shape)
+            if done is not None:  # the same job shape as in an earlier decision
+                table[row, :, :width] = done
+                continue
+            one, more, nodes, counts = pairs[width]
+            values = model.speedups(nodes, counts)
             found = values[one.size + more.size :]
             base = float(found[found > 0][0]) if (found > 0).any() else 1.0
             grid = table[row, :, :width]
             grid[1, one] = values[: one.size] / base
             grid[2:, more] = values[one.size : one.size + more.size] / base
             grid[~valid[:, :width]] = 0.0
+            model.grids[shape] = grid.copy()
         self._models = models
         return table
 
@@ -163,10 +210,9 @@ class SpeedupTables:
         if key is not None:
             model = models.get(key) or self._models.get(key)
         if model is None:
-            function = speedup_function(job)
-            if function is None:
+            if job.goodput is None:
                 return None
-            model = _Model(function)
+            model = _Model(job)
         if key is not None:
             models[key] = model
         return model

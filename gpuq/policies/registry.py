@@ -27,6 +27,7 @@ _POLICIES: dict[str, tuple[str, str]] = {
     "tiresias": ("gpuq.policies.tiresias", "TiresiasPolicy"),
     "optimus": ("gpuq.policies.optimus", "OptimusPolicy"),
     "afs": ("gpuq.policies.afs", "AfsPolicy"),
+    "afs-p": ("gpuq.policies.afs", "AfsPPolicy"),
     "pollux": ("gpuq.policies.pollux", "PolluxPolicy"),
     "gandiva": ("gpuq.policies.gandiva", "GandivaPolicy"),
     "ones": ("gpuq.policies.ones", "OnesPolicy"),

@@ -63,7 +63,7 @@ import numpy as np
 from gpuq.errors import GpuqError
 from gpuq.policies.elastic import ClusterState, Decision, ElasticPolicy, JobView, NodeView
 from gpuq.sim.apps import get_application
-from gpuq.sim.jobs import SimJob, noise_factors
+from gpuq.sim.jobs import FitMemo, SimJob, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
 from gpuq.sim.workload import WorkloadJob
 
@@ -119,6 +119,7 @@ class Simulator:
         rng = np.random.default_rng(seed)
         total = nodes * gpus_per_node
         ordered = sorted(workload, key=lambda job: job.time)
+        fits = FitMemo()
         self.jobs = [
             SimJob(
                 i,
@@ -127,6 +128,7 @@ class Simulator:
                 self.adaptive,
                 self.restart_penalty,
                 noise_factors(rng, grad_noise, get_application(spec.application).max_epochs),
+                fits,
             )
             for i, spec in enumerate(ordered)
         ]

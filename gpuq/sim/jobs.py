@@ -16,8 +16,11 @@ Mechanics follow the Pollux artifact's simulator (`notes/ones_pollux.md` 3.7):
   refits `PerfParams` on all of them (`gpuq.goodput.fit_perf_params`): the
   artifact refits at every new configuration, the real agent every 30 s
   report; once per tick is both. The samples are exact table values, so a
-  fit depends only on the application and the set of configurations seen;
-  fits are memoized on that key across jobs and runs.
+  fit depends only on the application and the configurations seen, and
+  their order (the fit is ill-conditioned: the order of the sums moves it).
+  Within a run, jobs share the fit of the first order seen for each set
+  (`FitMemo`); across runs in one process, fits are reused by the ordered
+  samples only, so a run's result never depends on the runs before it.
 - Adaptive jobs start at `max(M0, min_local * K)` until they have a model,
   then pick `(m, s)` with `GoodputFunction.optimize` (accumulation allowed)
   after each reallocation, each epoch and each refit, switching only when
@@ -29,6 +32,8 @@ Mechanics follow the Pollux artifact's simulator (`notes/ones_pollux.md` 3.7):
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
@@ -38,26 +43,63 @@ from gpuq.sim.workload import WorkloadJob
 SPEEDUP_THRESHOLD = 1.05
 """An adaptive job switches batch configuration only for a predicted gain above 5%."""
 
-_FITS: dict[tuple[str, frozenset[tuple[int, int, int]]], PerfParams] = {}
+_FITS: dict[tuple[str, tuple[ProfileSample, ...]], PerfParams] = {}
+"""Fits by application and ordered samples: a pure function, shared by every run."""
 _MAX_FITS = 50_000
 
 
-def _fit(app: Application, samples: dict[tuple[int, int, int], ProfileSample]) -> PerfParams:
-    key = (app.name, frozenset(samples))
+class FitMemo:
+    """One run's fits by application and set of configurations (module docstring)."""
+
+    __slots__ = ("_by_set",)
+
+    def __init__(self) -> None:
+        self._by_set: dict[tuple[str, frozenset[tuple[int, int, int]]], PerfParams] = {}
+
+    def fit(
+        self, app: Application, samples: dict[tuple[int, int, int], ProfileSample]
+    ) -> PerfParams:
+        """`PerfParams` fitted to `samples`, in the first order this run saw their set."""
+        key = (app.name, frozenset(samples))
+        perf = self._by_set.get(key)
+        if perf is None:
+            perf = _fit_ordered(app.name, tuple(samples.values()))
+            self._by_set[key] = perf
+        return perf
+
+
+def _fit_ordered(name: str, samples: tuple[ProfileSample, ...]) -> PerfParams:
+    key = (name, samples)
     perf = _FITS.get(key)
     if perf is None:
-        columns = list(zip(*samples.values(), strict=True))
-        perf = fit_perf_params(*columns)
+        perf = fit_perf_params(*zip(*samples, strict=True))
         if len(_FITS) >= _MAX_FITS:
             _FITS.clear()
         _FITS[key] = perf
     return perf
 
 
+@lru_cache(maxsize=1 << 16)
+def _optimize(
+    goodput: GoodputFunction,
+    nodes: int,
+    replicas: int,
+    max_batch_size: int,
+    local_bsz_bounds: tuple[int, int],
+) -> tuple[float, int, int]:
+    """The agent's best (goodput, per-GPU batch, accumulation steps), memoized.
+
+    Jobs of one application in the same epoch with the same model (a fit is
+    shared by every job that saw the same configurations) ask the same question.
+    """
+    return goodput.optimize(nodes, replicas, max_batch_size, local_bsz_bounds, accumulation=True)
+
+
 class SimJob:
     """The simulator's mutable record of one job (see the module docstring)."""
 
     __slots__ = (
+        "_fit_memo",
         "_goodput",
         "_grad_noise",
         "_rate",
@@ -91,8 +133,10 @@ class SimJob:
         adaptive: bool,
         restart_penalty: float,
         grad_noise: tuple[float, ...] = (),
+        fits: FitMemo | None = None,
     ) -> None:
         self.id = job_id
+        self._fit_memo = FitMemo() if fits is None else fits
         self.spec = spec
         self.app = app
         fixed = app.fixed_batch_size if adaptive else None
@@ -197,8 +241,8 @@ class SimJob:
             self.config = app.fixed_batch_config(replicas, min(initial, app.max_batch_size))
             return
         nodes = self._nodes()
-        best, atomic, accum = goodput.optimize(
-            nodes, replicas, app.max_batch_size, app.local_bsz_bounds, accumulation=True
+        best, atomic, accum = _optimize(
+            goodput, nodes, replicas, app.max_batch_size, app.local_bsz_bounds
         )
         current = self.config
         if current is not None and self._fits(current, replicas):
@@ -244,7 +288,7 @@ class SimJob:
     def _refit(self) -> None:
         """Fit the agent's model to every configuration seen (once per tick, like a report)."""
         self._stale = False
-        perf = _fit(self.app, self.profile)
+        perf = self._fit_memo.fit(self.app, self.profile)
         if perf != self.perf:
             self.perf = perf
             if self.adaptive and self.placement and self.finish_time is None:
