@@ -24,7 +24,7 @@ import torch
 from tests.daemon_harness import DaemonHarness, submit_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-SINGLE_PROCESS = ("runner_mlp", "runner_cnn", "runner_transformer")
+SINGLE_PROCESS = ("runner_mlp", "runner_cnn", "runner_transformer", "runner_adaptive")
 """The runner examples started as ``python train.py`` (runner_ddp is started by torchrun)."""
 RUNNER_EXAMPLES = [ROOT / "examples" / name / "train.py" for name in SINGLE_PROCESS]
 SHORT = ["--epochs", "2", "--samples", "256"]
