@@ -263,3 +263,15 @@ def test_sync_drops_jobs_missing_from_a_full_list() -> None:
     assert changes.removed == (1,)  # job 3 was not shown, so no row goes
     assert changes.updated == (2,) and changes.added == (4,)
     assert model.visible_ids(NOW) == [2, 4]
+
+
+def test_state_counts_follow_every_change_to_the_jobs() -> None:
+    model = QueueModel()
+    model.replace([job(1), job(2), job(3, "running")])
+    assert model.counts() == {"queued": 2, "running": 1}
+    model.apply([job(1, "running"), job(4, "held")], NOW)
+    assert model.counts() == {"queued": 1, "running": 2, "held": 1}
+    model.sync([job(1, "failed"), job(4, "held")], NOW)
+    assert model.counts() == {"failed": 1, "held": 1}  # states left at zero are left out
+    model.replace([job(5, "suspended")])
+    assert model.counts() == {"suspended": 1}

@@ -243,6 +243,7 @@ class QueueModel:
     _keys_column: str = field(default="", repr=False)
     _visible: set[int] = field(default_factory=set, repr=False)
     _visible_view: tuple[JobFilter, bool] | None = field(default=None, repr=False)
+    _counts: dict[str, int] | None = field(default=None, repr=False)
 
     def is_visible(self, job: Job) -> bool:
         """Whether the table shows `job` under the current filter."""
@@ -261,17 +262,25 @@ class QueueModel:
 
     def visible_ids(self, now: float) -> list[int]:
         """Ids of the shown jobs, sorted."""
-        return sorted(
-            self._visible_ids(), key=lambda i: self.sort_key(i, now), reverse=self.reverse
-        )
+        ids = self._visible_ids()
+        if self.sort_column == "time":
+            return sorted(ids, key=lambda i: self.sort_key(i, now), reverse=self.reverse)
+        keys, make, jobs = self._column_keys(), SORT_KEYS[self.sort_column], self.jobs
+        for job_id in [i for i in ids if i not in keys]:
+            keys[job_id] = make(jobs[job_id], now)
+        return sorted(ids, key=keys.__getitem__, reverse=self.reverse)
+
+    def _column_keys(self) -> dict[int, Any]:
+        if self._keys_column != self.sort_column:
+            self._keys.clear()
+            self._keys_column = self.sort_column
+        return self._keys
 
     def sort_key(self, job_id: int, now: float) -> Any:
         """The sort key of one job under the current sort column."""
         if self.sort_column == "time":  # changes with `now`: never cached
             return SORT_KEYS["time"](self.jobs[job_id], now)
-        if self._keys_column != self.sort_column:
-            self._keys.clear()
-            self._keys_column = self.sort_column
+        self._column_keys()
         key = self._keys.get(job_id)
         if key is None:
             key = self._keys[job_id] = SORT_KEYS[self.sort_column](self.jobs[job_id], now)
@@ -281,6 +290,7 @@ class QueueModel:
         """Forget everything and take this full job list."""
         self.jobs = {job["id"]: job for job in jobs}
         self._keys.clear()
+        self._counts = None
         self._visible_view = None
 
     def apply(self, jobs: Iterable[Job], now: float) -> RowChanges:
@@ -299,6 +309,8 @@ class QueueModel:
             old = self.jobs.get(job_id)
             old_key = self.sort_key(job_id, now) if old is not None else None
             self.jobs[job_id] = job
+            self._count(old, -1)
+            self._count(job, 1)
             self._keys.pop(job_id, None)
             was = job_id in visible
             now_visible = self.is_visible(job)
@@ -321,7 +333,7 @@ class QueueModel:
         fresh = {job["id"] for job in jobs}
         gone = [job_id for job_id in self.jobs if job_id not in fresh]
         for job_id in gone:
-            del self.jobs[job_id]
+            self._count(self.jobs.pop(job_id), -1)
             self._keys.pop(job_id, None)
         removed = tuple(job_id for job_id in gone if job_id in visible)
         visible.difference_update(gone)
@@ -331,11 +343,18 @@ class QueueModel:
         )
 
     def counts(self) -> dict[str, int]:
-        """Jobs per state, over every known job."""
-        counts: dict[str, int] = {}
-        for job in self.jobs.values():
-            counts[job["state"]] = counts.get(job["state"], 0) + 1
-        return counts
+        """Jobs per state, over every known job (kept up to date per changed job)."""
+        if self._counts is None:
+            counts: dict[str, int] = {}
+            for job in self.jobs.values():
+                counts[job["state"]] = counts.get(job["state"], 0) + 1
+            self._counts = counts
+        return {state: n for state, n in self._counts.items() if n}
+
+    def _count(self, job: Job | None, delta: int) -> None:
+        if job is not None and self._counts is not None:
+            state = job["state"]
+            self._counts[state] = self._counts.get(state, 0) + delta
 
 
 def summary_line(counts: dict[str, int]) -> str:

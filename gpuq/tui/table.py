@@ -6,7 +6,9 @@ re-measures every new row, which costs a tenth of a second per update at
 and one rendered line per (row text, highlight, width) in a cache, so an
 update re-renders only the rows whose text changed. Column widths grow to
 fit what was shown and never shrink while the app runs, so rows do not jump
-sideways; the last column (the reason) takes the remaining width.
+sideways; the last column (the reason) takes the remaining width. A new row
+count updates the scrollbar and repaints the table, without a layout of the
+whole screen (the table's height does not depend on its rows).
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from gpuq.tui.model import COLUMN_TITLES, COLUMNS, TIME_COLUMN, QueueModel, RowChanges, row_cells
+from gpuq.tui.model import (
+    COLUMN_TITLES,
+    COLUMNS,
+    TIME_COLUMN,
+    Job,
+    QueueModel,
+    RowChanges,
+    row_cells,
+    time_cell,
+)
 
 STATE_STYLES: Final = {
     "running": "bold green",
@@ -85,6 +96,7 @@ class JobTable(ScrollView, can_focus=True):
         self.order: list[int] = []
         self._index: dict[int, int] = {}
         self._cells: dict[int, tuple[str, ...]] = {}
+        self._row_memo: dict[int, tuple[Job, tuple[str, ...]]] = {}
         self._widths = dict(MIN_WIDTHS)
         self._lines: LRUCache[Any, Strip] = LRUCache(2000)
         self.cursor_row = 0
@@ -118,7 +130,10 @@ class JobTable(ScrollView, can_focus=True):
         """Show the model's visible jobs, keeping the cursor on its job."""
         keep = self.selected_job_id()
         order = model.visible_ids(now)
-        self._cells = {job_id: row_cells(model.jobs[job_id], now) for job_id in order}
+        jobs = model.jobs
+        self._cells = {job_id: self._row(jobs[job_id], now) for job_id in order}
+        if len(self._row_memo) > 2 * len(jobs):
+            self._row_memo = {i: memo for i, memo in self._row_memo.items() if i in jobs}
         self._grow_widths(self._cells.values())
         self._set_order(order)
         self.keep_cursor_on(keep)
@@ -130,7 +145,7 @@ class JobTable(ScrollView, can_focus=True):
             self._cells.pop(job_id, None)
         touched = [*changes.updated, *changes.added]
         for job_id in touched:
-            self._cells[job_id] = row_cells(model.jobs[job_id], now)
+            self._cells[job_id] = self._row(model.jobs[job_id], now)
         self._grow_widths(self._cells[job_id] for job_id in touched)
         if changes.reorder or changes.removed:
             self._set_order(model.visible_ids(now))
@@ -163,12 +178,31 @@ class JobTable(ScrollView, can_focus=True):
         self.cursor_row = min(self.cursor_row, max(0, len(order) - 1))
         self.refresh()
 
+    def _row(self, job: Job, now: float) -> tuple[str, ...]:
+        """`row_cells(job, now)`, reusing the cells made for this same job object.
+
+        A filter change rebuilds thousands of rows, most of them unchanged since
+        they were last shown; only a run or wait time (no end time yet) moves.
+        """
+        memo = self._row_memo.get(job["id"])
+        if memo is None or memo[0] is not job:
+            cells = row_cells(job, now)
+            self._row_memo[job["id"]] = (job, cells)
+            return cells
+        cells = memo[1]
+        if job.get("end_time") is None:
+            value = time_cell(job, now)
+            if value != cells[TIME_COLUMN]:
+                cells = (*cells[:TIME_COLUMN], value, *cells[TIME_COLUMN + 1 :])
+        return cells
+
     def _grow_widths(self, rows: Any) -> None:
         widths = self._widths
-        for cells in rows:
-            for column, value in zip(COLUMNS[:-1], cells, strict=False):
-                if len(value) > widths[column]:
-                    widths[column] = min(len(value), MAX_WIDTHS.get(column, 40))
+        columns = zip(*rows, strict=False)  # one tuple of values per column
+        for column, values in zip(COLUMNS[:-1], columns, strict=False):
+            longest = max(map(len, values), default=0)
+            if longest > widths[column]:
+                widths[column] = min(longest, MAX_WIDTHS.get(column, 40))
 
     # Cursor
 
@@ -240,8 +274,18 @@ class JobTable(ScrollView, can_focus=True):
 
     def _fit_virtual_size(self) -> None:
         size = Size(self.size.width, len(self.order) + 1)
-        if size != self.virtual_size:  # setting it, even unchanged, costs a new layout
-            self.virtual_size = size
+        if size == self.virtual_size:
+            return
+        if not self.container_size:
+            self.virtual_size = size  # not laid out yet: the first layout takes it
+            return
+        # The table's height comes from the screen, not from its rows, so a new row
+        # count moves only the scrollbar: update it and repaint the table rather than
+        # lay out (and so repaint) the whole screen. Should a scrollbar appear or go,
+        # Textual's own scrollbar reactives still ask for the layout that needs.
+        self.set_reactive(JobTable.virtual_size, size)
+        self._scroll_update(size)
+        self.refresh()
 
     def render_line(self, y: int) -> Strip:
         """Line 0 is the header; the rest are rows from the scroll position."""
