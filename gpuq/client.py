@@ -8,6 +8,7 @@ returns its result (raising the daemon's error as the matching GpuqError);
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -76,6 +77,11 @@ class Client:
         """Close the connection."""
         self._file.close()
         self._sock.close()
+
+    def interrupt(self) -> None:
+        """Shut the connection down from another thread; a read blocked on it returns at once."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
 
     def __enter__(self) -> Client:
         return self

@@ -9,8 +9,6 @@ socket down, which wakes the blocked read.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -84,21 +82,12 @@ class Source(Protocol):
         ...
 
 
-class _TopClient(Client):
-    """A client whose blocked read another thread can end."""
-
-    def interrupt(self) -> None:
-        """Shut the socket down; a read blocked on it returns at once."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-
-
 class ClientStream:
     """One streaming request on its own connection; see `Stream`."""
 
     def __init__(
         self,
-        connect: Callable[[], _TopClient],
+        connect: Callable[[], Client],
         method: str,
         params: dict[str, Any],
         on_close: Callable[[ClientStream], None] = lambda stream: None,
@@ -107,7 +96,7 @@ class ClientStream:
         self._method = method
         self._params = params
         self._on_close = on_close
-        self._client: _TopClient | None = None
+        self._client: Client | None = None
         self._interrupted = False
         self.result: dict[str, Any] | None = None
 
@@ -150,17 +139,15 @@ class DaemonSource:
         self._config = config
         self._list_limit = list_limit
         self._lock = threading.Lock()
-        self._client: _TopClient | None = None
+        self._client: Client | None = None
         self._streams: set[ClientStream] = set()
         self._streams_lock = threading.Lock()
 
-    def _connect(self) -> _TopClient:
+    def _connect(self) -> Client:
         try:
-            client = _TopClient.connect(self._config, autostart=False)
+            client = Client.connect(self._config, autostart=False)
         except OSError as exc:  # refused, permission, reset: all mean "not reachable now"
             raise DaemonUnavailable(f"cannot connect to the daemon: {exc}") from exc
-        if not isinstance(client, _TopClient):  # pragma: no cover - connect uses cls
-            raise ProtocolError("unexpected client type")
         return client
 
     def _call(self, method: str, **params: Any) -> dict[str, Any]:
