@@ -210,6 +210,24 @@ def test_metrics_from_the_runner_are_stored_shown_and_listed(daemon: DaemonHarne
     assert "  Metrics:    step 30, epoch 0, 0.25s/step, batch 64, loss 0.5 (" in text
 
 
+def test_gpuq_metrics_prints_the_samples_as_a_table_or_json(daemon: DaemonHarness) -> None:
+    job_id = start_sleeper(daemon)
+    runner = connected_runner(daemon, job_id)
+    assert "no metrics" in daemon.cli("metrics", str(job_id)).stdout
+    for step in (10, 20, 30):
+        runner.send(sample(step, step_seconds=0.25, batch_size=64, memory_peak_bytes=2**30))
+    wait_for(lambda: len(daemon.call("metrics", id=job_id)["samples"]) == 3)
+
+    lines = daemon.cli("metrics", str(job_id)).stdout.splitlines()
+    assert lines[0].split()[:4] == ["TIME", "STEP", "EPOCH", "S/STEP"]
+    assert [line.split()[1] for line in lines[1:]] == ["10", "20", "30"]
+    assert "1.0G" in lines[-1] and "0.25" in lines[-1]
+    newest = json.loads(daemon.cli("metrics", str(job_id), "-n", "1", "--json").stdout)
+    assert newest["job"] == job_id and [s["step"] for s in newest["samples"]] == [30]
+    missing = daemon.cli("metrics", "77")
+    assert missing.returncode != 0 and "no job 77" in missing.stderr
+
+
 def test_metrics_of_an_unknown_job_are_not_found(daemon: DaemonHarness) -> None:
     with pytest.raises(NotFoundError, match="no job 77"):
         daemon.call("metrics", id=77)

@@ -121,6 +121,33 @@ def show(
 
 
 @app.command()
+def metrics(
+    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    last: Annotated[
+        int | None, typer.Option("--last", "-n", min=1, help="Only the newest N samples.")
+    ] = None,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Print what a gpuq.runner job reported: step time, throughput, batch, memory, goodput.
+
+    A sample arrives every few seconds while the job runs; older ones are
+    thinned out, so a long job keeps a bounded history. Jobs that do not use
+    gpuq.runner have none.
+    """
+
+    def body() -> None:
+        with _client(config) as client:
+            result = client.call("metrics", id=job_id, limit=last)
+        if json_out:
+            _print_json(result)
+        else:
+            print(render.metrics_table(result["samples"]))
+
+    _run(json_out, body)
+
+
+@app.command()
 def logs(
     job_id: Annotated[int, typer.Argument(help="Job id.")],
     follow: Annotated[

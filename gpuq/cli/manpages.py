@@ -96,6 +96,13 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("A job's spec, GPUs, timings and history.", "gpuq show 42"),
         ("Why a job is still queued.", "gpuq show 42 --json | jq -r .job.reason"),
     ),
+    "metrics": (
+        ("What a training job reported: step time, throughput, memory.", "gpuq metrics 42"),
+        (
+            "The newest step time, for a script.",
+            "gpuq metrics 42 -n 1 --json | jq '.samples[-1].step_seconds'",
+        ),
+    ),
     "logs": (
         ("A job's output so far.", "gpuq logs 42"),
         ("The last 20 lines, then follow until the job ends.", "gpuq logs -f --tail 20 42"),
@@ -213,6 +220,7 @@ RELATED: dict[str, tuple[str, ...]] = {
     "ls": ("show", "gpus"),
     "show": ("ls", "logs"),
     "logs": ("show",),
+    "metrics": ("show", "top"),
     "wait": ("submit", "show"),
     "gpus": ("ls",),
     "top": ("ls", "gpus", "show"),

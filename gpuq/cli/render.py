@@ -142,6 +142,49 @@ def metrics_line(sample: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+METRICS_COLUMNS = (
+    "TIME",
+    "STEP",
+    "EPOCH",
+    "S/STEP",
+    "SAMPLES/S",
+    "BATCH",
+    "MEM MIN",
+    "MEM PEAK",
+    "LOSS",
+    "GOODPUT",
+)
+
+
+def _number(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def metrics_table(samples: Sequence[dict[str, Any]]) -> str:
+    """The `gpuq metrics` text: one row per sample, oldest first."""
+    if not samples:
+        return "no metrics: the job has not reported any (does it use gpuq.runner?)"
+    rows = []
+    for sample in samples:
+        low, peak = sample.get("memory_min_bytes"), sample.get("memory_peak_bytes")
+        batch = sample.get("batch_size")
+        rows.append(
+            (
+                time.strftime("%H:%M:%S", time.localtime(sample["time"])),
+                str(sample["step"]),
+                str(sample.get("epoch", 0)),
+                _number(sample.get("step_seconds"), 3),
+                _number(sample.get("samples_per_second")),
+                "-" if batch is None else str(batch),
+                "-" if low is None else format_size(low),
+                "-" if peak is None else format_size(peak),
+                _number(sample.get("loss")),
+                _number(sample.get("goodput")),
+            )
+        )
+    return table(METRICS_COLUMNS, rows)
+
+
 def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
     """The `gpuq gpus` table: memory split by owner, utilization, jobs."""
     rows = []
