@@ -21,6 +21,8 @@ This module imports neither torch nor anything else heavy.
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import signal
 import threading
 import time
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from gpuq import env
 from gpuq.control import ACK_FILE as ACK_FILE  # re-exported: one definition, in gpuq.control
-from gpuq.control import Ack
+from gpuq.control import SUSPEND_EXIT_CODE, Ack
 from gpuq.errors import GpuqError, UsageError
 
 if TYPE_CHECKING:
@@ -345,3 +347,31 @@ def _start_reporting(job: Job, environ: Mapping[str, str] | None) -> None:
 def current_job() -> Job:
     """The open job handle; `init()` is called for scripts that did not call it."""
     return _current if _current is not None and not _current.closed else init()
+
+
+def write_acknowledgement(
+    directory: Path, job: Job, report: SuspendReport, extra: Mapping[str, Any]
+) -> None:
+    """Write ``suspended.json`` atomically: what was suspended, at what step and cost.
+
+    The daemon reads it when the job exits with `SUSPEND_EXIT_CODE`; it names
+    the job and attempt, so a stale file from an earlier attempt never counts.
+    """
+    record = {
+        "mode": report.mode,
+        "step": report.step,
+        "epoch": job.epoch,
+        "bytes": report.bytes,
+        "seconds": round(report.seconds, 6),
+        "job_id": job.job_id,
+        "attempt": job.attempt,
+        "exit_code": SUSPEND_EXIT_CODE if report.mode == "checkpoint" else None,
+        **extra,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{ACK_FILE}.tmp-{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, directory / ACK_FILE)

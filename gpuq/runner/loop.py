@@ -47,8 +47,6 @@ Wrong::
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -60,7 +58,15 @@ import torch
 
 from gpuq.runner import SUSPEND_EXIT_CODE
 from gpuq.runner.distributed import agree_on_suspend, suspend_all_ranks
-from gpuq.runner.job import ACK_FILE, Job, RunnerError, StepInfo, SuspendReport, current_job
+from gpuq.runner.job import (
+    ACK_FILE,
+    Job,
+    RunnerError,
+    StepInfo,
+    SuspendReport,
+    current_job,
+    write_acknowledgement,
+)
 from gpuq.runner.state import State, cuda_in_use
 
 
@@ -236,26 +242,8 @@ def _acknowledge(
     directory: Path | None, job: Job, report: SuspendReport, extra: dict[str, Any]
 ) -> None:
     """Write suspended.json atomically, so the daemon sees what happened and at what cost."""
-    if directory is None:
-        return
-    record = {
-        "mode": report.mode,
-        "step": report.step,
-        "epoch": job.epoch,
-        "bytes": report.bytes,
-        "seconds": round(report.seconds, 6),
-        "job_id": job.job_id,
-        "attempt": job.attempt,
-        "exit_code": SUSPEND_EXIT_CODE if report.mode == "checkpoint" else None,
-        **extra,
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / f".{ACK_FILE}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(record, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, directory / ACK_FILE)
+    if directory is not None:
+        write_acknowledgement(directory, job, report, extra)
 
 
 def _say(message: str) -> None:

@@ -8,15 +8,13 @@ boundary for `job.metrics`, writes ``suspended.json`` the way
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from gpuq.runner import SUSPEND_EXIT_CODE
-from gpuq.runner.job import ACK_FILE, Job, StepInfo, SuspendReport
+from gpuq.runner.job import Job, StepInfo, SuspendReport, write_acknowledgement
 
 
 def record_boundary(job: Job, *, step: int, epoch: int, loss: Any) -> None:
@@ -46,27 +44,10 @@ def file_bytes(path: Path) -> int:
 
 
 def acknowledge(job: Job, directory: Path, checkpoint: Path, seconds: float) -> SuspendReport:
-    """Write ``suspended.json`` atomically (as `gpuq.runner.loop` does) and tell the daemon."""
+    """Write ``suspended.json`` (`write_acknowledgement`) and tell the daemon."""
     report = SuspendReport("checkpoint", job.step, file_bytes(checkpoint), seconds)
     job.suspends.append(report)
-    record = {
-        "mode": report.mode,
-        "step": report.step,
-        "epoch": job.epoch,
-        "bytes": report.bytes,
-        "seconds": round(report.seconds, 6),
-        "job_id": job.job_id,
-        "attempt": job.attempt,
-        "exit_code": SUSPEND_EXIT_CODE,
-        "checkpoint": checkpoint.name,
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    temporary = directory / f".{ACK_FILE}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(record, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, directory / ACK_FILE)
+    write_acknowledgement(directory, job, report, {"checkpoint": checkpoint.name})
     job.report_suspend(report)
     return report
 
