@@ -83,7 +83,7 @@ def test_kill_with_100_queued_and_4_running(tmp_path: Path) -> None:
     daemon = DaemonHarness(tmp_path, gpus_toml=FOUR_GPUS)
     try:
         daemon.start()
-        sleeps = [0.5, 0.5, 6.0, 6.0] + [0.05] * 100
+        sleeps = [2.0, 2.0, 8.0, 8.0] + [0.05] * 100  # 1-2 outlive the start of 3-4 under load
         for index, sleep in enumerate(sleeps):
             daemon.call("submit", spec=job_spec(tmp_path, index, sleep))
         wait_for(
