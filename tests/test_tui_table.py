@@ -129,3 +129,25 @@ def test_columns_widen_to_the_longest_value_up_to_a_cap() -> None:
         assert widths["name"] == 28  # widths never shrink while the app runs
 
     run_top(0, scenario)
+
+
+def test_a_job_fetched_after_an_action_never_undoes_a_streamed_transition() -> None:
+    async def scenario(app: GpuqTop, pilot: Pilot[Any], clock: list[float]) -> None:
+        change(app, job(90_001, "running", start_time=NOW - 60, user="zed"))
+        cancelled = job(90_001, "cancelled", start_time=NOW - 60, end_time=NOW, user="zed")
+        app.on_job_changed(JobChanged(cancelled))
+        # The action's own fetch ran before the kill landed, but arrives later.
+        stale = job(90_001, "running", start_time=NOW - 60, user="zed")
+        app.on_job_changed(JobChanged(stale, refreshed=True))
+        app.flush_jobs()
+        assert app.model.jobs[90_001]["state"] == "cancelled"
+        assert not app.table.has_row(90_001)  # finished jobs leave the default view
+        # A fetched copy in the known state does update it: a new priority has no event.
+        change(app, job(90_002, "queued", user="zed"))
+        app.on_job_changed(
+            JobChanged(job(90_002, "queued", user="zed", priority=5), refreshed=True)
+        )
+        app.flush_jobs()
+        assert app.model.jobs[90_002]["priority"] == 5
+
+    run_top(0, scenario)

@@ -58,12 +58,13 @@ class JobActionsApp(App[None]):
         """Send one action to the daemon, report its results and show the jobs as they are now.
 
         Not every change is a state transition the event stream reports (a new
-        priority is not), so the jobs are fetched again once the action is done.
+        priority is not), so the jobs are fetched again once the action is done;
+        the stream stays the authority on states (see `JobChanged.refreshed`).
         """
         try:
             self._post(ActionDone(method, self.source.act(method, ids, **extra)))
             for job in self.source.jobs(ids):
-                self._post(JobChanged(job))
+                self._post(JobChanged(job, refreshed=True))
         except GpuqError as exc:
             self._post(ActionFailed(method, exc.message, exc.hint))
 

@@ -222,7 +222,12 @@ class GpuqTop(JobActionsApp):
 
     def on_job_changed(self, message: JobChanged) -> None:
         """Queue the change; bursts are applied together."""
-        self._pending[message.job["id"]] = message.job
+        job = message.job
+        if message.refreshed:
+            known = self._pending.get(job["id"]) or self.model.jobs.get(job["id"])
+            if known is not None and known["state"] != job["state"]:
+                return  # maybe older than the transition the stream delivered
+        self._pending[job["id"]] = job
         if self._flush_timer is None:
             self._flush_timer = self.set_timer(FLUSH_DELAY, self.flush_jobs)
 

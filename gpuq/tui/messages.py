@@ -27,11 +27,17 @@ class Disconnected(Message):
 
 
 class JobChanged(Message):
-    """One job object from the subscription stream."""
+    """One job object, from the subscription stream or fetched after an action.
 
-    def __init__(self, job: dict[str, Any]) -> None:
+    A fetched copy (`refreshed`) travels on another connection than the
+    stream, so it may predate a transition the stream has already delivered:
+    it only updates a job whose known state it shares (a new priority, say).
+    """
+
+    def __init__(self, job: dict[str, Any], *, refreshed: bool = False) -> None:
         super().__init__()
         self.job = job
+        self.refreshed = refreshed
 
 
 class GpusSampled(Message):
