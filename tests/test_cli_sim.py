@@ -72,6 +72,19 @@ def test_an_unknown_policy_exits_2_and_lists_the_known_ones(tiny: str) -> None:
     assert result.stdout == ""
 
 
+def test_a_policy_variant_runs_beside_its_default_under_its_own_name(tiny: str) -> None:
+    result = sim("-p", "gpuq", "--compare", "gpuq:starts=free", "-w", tiny, "-j", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert list(json.loads(result.stdout)["results"]) == ["gpuq", "gpuq:starts=free"]
+
+
+def test_an_unknown_policy_option_exits_2_and_lists_the_options(tiny: str) -> None:
+    result = sim("--policy", "gpuq:fast=true", "--workload", tiny)
+    assert result.exit_code == 2
+    assert "policy 'gpuq' has no option fast" in result.stderr
+    assert "remaining_aware, starts" in result.stderr
+
+
 def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:
     result = sim("--compare", "fifo,lottery", "--workload", tiny, "--json")
     assert result.exit_code == 2

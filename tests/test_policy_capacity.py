@@ -189,6 +189,28 @@ def test_an_unknown_name_lists_the_known_ones() -> None:
         get_elastic_policy("lottery")
 
 
+def test_options_after_the_name_reach_the_constructor() -> None:
+    gpuq = get_elastic_policy("gpuq:starts=free:remaining_aware=true", seed=4)
+    assert (gpuq.starts, gpuq.remaining_aware, gpuq.seed) == ("free", True, 4)  # type: ignore[attr-defined]
+    assert get_elastic_policy("pollux:p=-0.5").p == -0.5  # type: ignore[attr-defined]
+    assert registry.split_policy_spec("pollux:generations=20") == ("pollux", {"generations": 20})
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("gpuq:fast=true", "policy 'gpuq' has no option fast"),
+        ("fifo:seed=3", "bad policy option 'seed=3'"),
+        ("gpuq:starts", "bad policy option 'starts'"),
+        ("gpuq:starts=sometimes", "starts must be one of idle, free, charged"),
+        ("pollux:p=inf", "p must be finite"),
+    ],
+)
+def test_bad_policy_options_are_usage_errors(spec: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        get_elastic_policy(spec)
+
+
 def test_a_policy_whose_module_is_missing_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(registry._POLICIES, "ghost", ("gpuq.policies.no_such_module", "Ghost"))
     assert not registry.elastic_policy_available("ghost")

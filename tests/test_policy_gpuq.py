@@ -59,22 +59,46 @@ def test_the_registry_builds_gpuq_as_the_default_policy() -> None:
     assert isinstance(get_elastic_policy("gpuq"), GpuqPolicy)
 
 
-def test_with_both_rules_off_it_decides_exactly_like_pollux() -> None:
+def test_with_charged_starts_and_no_remaining_rule_it_decides_exactly_like_pollux() -> None:
     state = busy_state()
-    ours = GpuqPolicy(seed=3, free_starts=False, remaining_aware=False).decide(state, NOW)
+    ours = GpuqPolicy(seed=3, starts="charged", remaining_aware=False).decide(state, NOW)
     theirs = PolluxPolicy(seed=3).decide(state, NOW)
     assert dict(ours.allocations) == dict(theirs.allocations)
 
 
-def test_a_job_arriving_at_the_decision_instant_starts_at_once_in_a_full_cluster() -> None:
-    state = full_cluster_and_a_newcomer()
-    assert 2 not in PolluxPolicy(seed=0).decide(state, NOW).allocations, "Pollux: worth 0"
+def idle_gpus_and_a_newcomer() -> ClusterState:
+    """A job holds 2 of 4 GPUs and cannot use more; job 2 arrives at the decision instant."""
+    jobs = (
+        job(1, LOCAL, allocation=(2,), max_profiled_gpus=2, max_gpus=2),
+        job(2, LOCAL, submit_time=NOW, max_profiled_gpus=0),
+    )
+    return ClusterState(cluster(4), jobs)
+
+
+def test_a_job_arriving_at_the_decision_instant_takes_idle_gpus_at_once() -> None:
+    state = idle_gpus_and_a_newcomer()
+    assert factors(PolluxPolicy(), state)[2] == 0.0, "Pollux: worth nothing yet"
+    assert factors(GpuqPolicy(), state)[2] == 1.0
     decision = GpuqPolicy(seed=0).decide(state, NOW)
+    assert sum(decision.allocations.get(2, ())) >= 1
+    assert decision.allocations[1] == (2,), "the running job is not disturbed"
+    assert capacity_violations(state, decision) == []
+
+
+def test_in_a_full_cluster_a_start_keeps_the_pollux_charge_by_default() -> None:
+    state = full_cluster_and_a_newcomer()
+    assert factors(GpuqPolicy(), state) == factors(PolluxPolicy(), state)
+    assert 2 not in GpuqPolicy(seed=0).decide(state, NOW).allocations
+
+
+def test_with_all_starts_free_a_newcomer_starts_at_once_in_a_full_cluster() -> None:
+    state = full_cluster_and_a_newcomer()
+    decision = GpuqPolicy(seed=0, starts="free").decide(state, NOW)
     assert sum(decision.allocations.get(2, ())) >= 1
     assert capacity_violations(state, decision) == []
 
 
-def test_a_waiting_job_is_charged_no_restart_however_often_it_restarted() -> None:
+def test_with_gpus_idle_a_waiting_job_is_charged_nothing_however_often_it_restarted() -> None:
     waiting = (
         job(1, LOCAL, submit_time=NOW),
         job(2, LOCAL, submit_time=NOW - 60.0, num_restarts=5),
@@ -82,6 +106,11 @@ def test_a_waiting_job_is_charged_no_restart_however_often_it_restarted() -> Non
     state = ClusterState(cluster(4), waiting)
     assert factors(PolluxPolicy(), state) == {1: 0.0, 2: 0.0}
     assert factors(GpuqPolicy(), state) == {1: 1.0, 2: 1.0}
+
+
+def test_an_unknown_start_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="starts must be one of idle, free, charged"):
+        GpuqPolicy(starts="sometimes")
 
 
 def test_a_nearly_finished_job_is_not_moved_for_a_gain_its_restart_would_eat() -> None:

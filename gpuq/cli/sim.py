@@ -12,6 +12,11 @@ Workloads (`--workload`)
     Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
     by default, load 1). An existing file wins over a bundled name.
 
+Policies
+    By registry name (`gpuq.policies.registry`), optionally with constructor
+    options: `NAME:KEY=VALUE[:KEY=VALUE...]`, such as `gpuq:starts=free` or
+    `pollux:p=-0.5`, so variants of one policy can run side by side.
+
 Several policies
     `--compare a,b,c` runs each policy (after `--policy`, if given) on the same
     workload and prints them side by side. Runs go to `--jobs` worker
@@ -276,7 +281,13 @@ def sim_command(
         ),
     ],
     policy: Annotated[
-        str | None, typer.Option("--policy", "-p", metavar="NAME", help="Policy to simulate.")
+        str | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            metavar="NAME",
+            help="Policy to simulate, with options as NAME:KEY=VALUE (gpuq:starts=free).",
+        ),
     ] = None,
     compare: Annotated[
         str | None,

@@ -7,7 +7,11 @@ importing the registry stays light (no numpy, no scipy) and a policy whose
 module is missing from a build makes only that policy unavailable.
 
 A policy class is built with `seed=seed` when its constructor takes a `seed`
-parameter, and with no arguments otherwise.
+parameter, and with no arguments otherwise. A name may carry constructor
+options, `NAME:KEY=VALUE[:KEY=VALUE...]` (`gpuq:starts=free`, `pollux:p=-0.5`),
+to compare a policy's variants in `gpuq sim` and the benchmark; values are
+read as integers, floats or true/false where they parse as such, else as
+text, and only the constructor's own keyword parameters are accepted.
 """
 
 from __future__ import annotations
@@ -64,8 +68,37 @@ def available_elastic_policies() -> tuple[str, ...]:
     return tuple(name for name in ELASTIC_POLICY_NAMES if elastic_policy_available(name))
 
 
+def split_policy_spec(spec: str) -> tuple[str, dict[str, object]]:
+    """`NAME:KEY=VALUE...` as the name and its options (module docstring)."""
+    name, *parts = spec.split(":")
+    options: dict[str, object] = {}
+    for part in parts:
+        key, equals, text = part.partition("=")
+        if not equals or not key.isidentifier() or key == "seed":
+            raise UsageError(
+                f"bad policy option {part!r} in {spec!r}",
+                hint="write options as NAME:KEY=VALUE, e.g. gpuq:starts=free (the seed has "
+                "its own flag)",
+            )
+        options[key] = _option_value(text)
+    return name, options
+
+
+def _option_value(text: str) -> object:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
 def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
-    """A fresh elastic policy object by name, seeded when the policy takes a seed."""
+    """A fresh elastic policy object by name (with options), seeded when it takes a seed."""
+    name, options = split_policy_spec(name)
     module_name, class_name = policy_location(name)
     if importlib.util.find_spec(module_name) is None:
         raise UsageError(
@@ -73,10 +106,24 @@ def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
             hint=f"available: {', '.join(available_elastic_policies())}",
         )
     cls: Any = getattr(importlib.import_module(module_name), class_name)
-    if "seed" in inspect.signature(cls).parameters:
-        policy: ElasticPolicy = cls(seed=seed)
-    else:
-        policy = cls()
+    parameters = inspect.signature(cls).parameters
+    accepted = sorted(
+        key
+        for key, parameter in parameters.items()
+        if key != "seed" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    )
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise UsageError(
+            f"policy {name!r} has no option {', '.join(unknown)}",
+            hint=f"its options: {', '.join(accepted)}" if accepted else "it takes no options",
+        )
+    if "seed" in parameters:
+        options["seed"] = seed
+    try:
+        policy: ElasticPolicy = cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"policy {name!r}: {exc}", hint="check the option values") from None
     return policy
 
 
@@ -86,4 +133,5 @@ __all__ = [
     "elastic_policy_available",
     "get_elastic_policy",
     "policy_location",
+    "split_policy_spec",
 ]
