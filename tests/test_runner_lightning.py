@@ -10,7 +10,6 @@ parameters and optimizer state, bit for bit. Skipped without Lightning.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,6 +25,13 @@ from gpuq.runner.job import Job, StepInfo
 pytest.importorskip("lightning")
 
 from gpuq.runner.integrations import lightning as gq_lightning  # noqa: E402
+from tests.framework_runs import (  # noqa: E402
+    assert_same_training_state,
+    environ,
+    run_example,
+    stop,
+    torchrun,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_lightning" / "train.py"
 SUSPEND_AT = 7  # 16 steps an epoch, 32 in all
@@ -33,21 +39,9 @@ SUSPEND_AT = 7  # 16 steps an epoch, 32 in all
 pytestmark = [pytest.mark.torch]
 
 
-def environ(**gpuq: str) -> dict[str, str]:
-    """This environment without GPUQ_* variables, plus `gpuq` (GPUQ_<KEY>=...), one thread."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
-    return base | {"OMP_NUM_THREADS": "1"} | {f"GPUQ_{k.upper()}": v for k, v in gpuq.items()}
-
-
-def run_example(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+def ranks(*args: str) -> list[str]:
+    """The example's command line for torchrun's two ranks."""
+    return [str(EXAMPLE), "--devices", "2", *args]
 
 
 def test_outside_gpuq_the_callback_does_nothing() -> None:
@@ -96,7 +90,7 @@ def test_suspend_at_a_given_step_then_resume_continues_there_bitwise_equal(
         text=True,
     )
     try:
-        suspended = run_example(inside, "--suspend-at", str(SUSPEND_AT))
+        suspended = run_example(EXAMPLE, inside, "--suspend-at", str(SUSPEND_AT))
         assert suspended.returncode == 75, suspended.stderr
         ack = json.loads((checkpoints / "suspended.json").read_text())
         assert (ack["mode"], ack["step"], ack["attempt"]) == ("checkpoint", SUSPEND_AT, 1)
@@ -104,7 +98,9 @@ def test_suspend_at_a_given_step_then_resume_continues_there_bitwise_equal(
         assert (checkpoints / ack["checkpoint"]).stat().st_size == ack["bytes"]
         assert not list(checkpoints.glob(".*tmp*"))
 
-        resumed = run_example(inside | {"GPUQ_ATTEMPT": "2"}, "--out", str(tmp_path / "resumed.pt"))
+        resumed = run_example(
+            EXAMPLE, inside | {"GPUQ_ATTEMPT": "2"}, "--out", str(tmp_path / "resumed.pt")
+        )
         assert resumed.returncode == 0, resumed.stderr
         assert f"resuming from {checkpoints / ack['checkpoint']}" in resumed.stdout
         assert f"training from step {SUSPEND_AT}\n" in resumed.stdout
@@ -116,47 +112,9 @@ def test_suspend_at_a_given_step_then_resume_continues_there_bitwise_equal(
     finally:
         reference.kill()
         reference.wait()
-    expected, actual = torch.load(tmp_path / "reference.pt"), torch.load(tmp_path / "resumed.pt")
-    assert expected["model"].keys() == actual["model"].keys()
-    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
-    moments = list(
-        zip(
-            expected["optimizer"]["state"].values(),
-            actual["optimizer"]["state"].values(),
-            strict=True,
-        )
+    assert_same_training_state(
+        tmp_path / "reference.pt", tmp_path / "resumed.pt", ("momentum_buffer",)
     )
-    assert len(moments) == 4
-    assert all(torch.equal(a["momentum_buffer"], b["momentum_buffer"]) for a, b in moments)
-
-
-def torchrun(
-    started: list[subprocess.Popen[str]], launcher: str, env: dict[str, str], *args: str
-) -> subprocess.Popen[str]:
-    """Start the example under torchrun with two CPU ranks (DDP through Lightning)."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node", "2"]
-        + [str(EXAMPLE), "--devices", "2", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    started.append(process)
-    return process
-
-
-def stop(launcher: subprocess.Popen[str]) -> None:
-    """End a launcher that is still running; SIGTERM first, so it ends its ranks too."""
-    if launcher.poll() is None:
-        launcher.terminate()
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
-    if launcher.stdout is not None:
-        launcher.stdout.close()
 
 
 @pytest.mark.slow
@@ -168,11 +126,11 @@ def test_under_torchrun_both_ranks_stop_where_rank_0_was_asked_and_resume_exactl
     gpuq_torchrun = "gpuq.runner.integrations.torchrun"
     started: list[subprocess.Popen[str]] = []
     reference = torchrun(
-        started, "torch.distributed.run", environ(), "--out", str(tmp_path / "a.pt")
+        started, "torch.distributed.run", environ(), ranks("--out", str(tmp_path / "a.pt"))
     )
     try:
         # Only rank 0 is asked (as gpuq's control channel reaches only rank 0).
-        suspended = torchrun(started, gpuq_torchrun, inside, "--suspend-at", "5")
+        suspended = torchrun(started, gpuq_torchrun, inside, ranks("--suspend-at", "5"))
         output, _ = suspended.communicate(timeout=240)
         assert suspended.returncode == 75, output
         assert "gpuq.runner: suspended at step 5:" in output
@@ -181,7 +139,10 @@ def test_under_torchrun_both_ranks_stop_where_rank_0_was_asked_and_resume_exactl
         assert (ack["step"], ack["checkpoint"]) == (5, "gpuq-step5.ckpt")
 
         resumed = torchrun(
-            started, gpuq_torchrun, inside | {"GPUQ_ATTEMPT": "2"}, "--out", str(tmp_path / "b.pt")
+            started,
+            gpuq_torchrun,
+            inside | {"GPUQ_ATTEMPT": "2"},
+            ranks("--out", str(tmp_path / "b.pt")),
         )
         output, _ = resumed.communicate(timeout=240)
         assert resumed.returncode == 0, output
