@@ -32,9 +32,10 @@ Starts into idle GPUs are free (`starts="idle"`, the default)
 All starts are free (`starts="free"`)
     The same, in a full cluster too. On workloads 1-4 (seeds 0-5) average
     JCT moves by -0.2% to +0.6% and the worst finish-time fairness improves
-    (1.79 to 1.76 on workload-2), but the newcomers' starts shrink the longest jobs more
-    often: workload-2's p99 JCT rises 1.2% (interval [+0.7%, +1.6%]), so
-    it is not the default. `starts="charged"` is Pollux's rule.
+    (1.79 to 1.76 on workload-2), but the newcomers' starts shrink the
+    longest jobs more often: workload-2's p99 JCT rises 1.2% (interval
+    [+0.7%, +1.6%]), so it is not the default. `starts="charged"` is
+    Pollux's rule.
 Moves are charged over the remaining time (option, off by default)
     A running job moved to an allocation where it finishes in L seconds
     loses delta of them: its progress rate until completion is scaled by
@@ -56,7 +57,7 @@ Moves are charged over the remaining time (option, off by default)
 With `starts="charged", remaining_aware=False` the policy makes exactly
 Pollux's decisions.
 
-Also measured and not adopted (paired over seeds 0-2 on the workloads
+Also measured and not adopted (means over seeds 0-2 on the workloads
 where Pollux is hardest to match): weighting the power mean towards jobs
 with little remaining time (an SRPT tilt) cuts average JCT by 1-4% but
 raises p99 JCT by 1-2%; weighting towards old jobs does the reverse; their
