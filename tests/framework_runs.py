@@ -2,15 +2,18 @@
 
 Shared by tests/test_runner_lightning.py and tests/test_runner_hf.py: the
 environment a run sees, a plain run, a two-rank torchrun launch and its
-clean stop, and the bitwise comparison of two runs' final training state.
+clean stop, the bitwise comparison of two runs' final training state, and
+the whole suspend-and-resume check under torchrun.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -76,3 +79,55 @@ def assert_same_training_state(expected: Path, actual: Path, buffers: Sequence[s
     assert len(moments) == 4
     for name in buffers:
         assert all(torch.equal(a[name], b[name]) for a, b in moments), name
+
+
+def suspend_and_resume_under_torchrun(
+    tmp_path: Path,
+    ranks: Callable[..., list[str]],
+    job_id: str,
+    checkpoint: str,
+    reference_args: Sequence[str] = (),
+) -> None:
+    """Two ranks suspend at step 5 when rank 0 is asked, resume there, and match a reference.
+
+    `ranks(*args)` is the example's command line for torchrun; `checkpoint`
+    the name the suspend acknowledgement must carry.
+    """
+    checkpoints = tmp_path / "ckpt"
+    inside = environ(job_id=job_id, checkpoint_dir=str(checkpoints))
+    gpuq_torchrun = "gpuq.runner.integrations.torchrun"
+    started: list[subprocess.Popen[str]] = []
+    reference = torchrun(
+        started,
+        "torch.distributed.run",
+        environ(),
+        ranks(*reference_args, "--out", str(tmp_path / "a.pt")),
+    )
+    try:
+        # Only rank 0 is asked (as gpuq's control channel reaches only rank 0).
+        suspended = torchrun(started, gpuq_torchrun, inside, ranks("--suspend-at", "5"))
+        output, _ = suspended.communicate(timeout=240)
+        assert suspended.returncode == 75, output
+        assert "gpuq.runner: suspended at step 5:" in output
+        assert "gpuq.runner: rank 1 suspended at step 5 (rank 0 saved)" in output
+        ack = json.loads((checkpoints / "suspended.json").read_text())
+        assert (ack["step"], ack["checkpoint"]) == (5, checkpoint)
+
+        resumed = torchrun(
+            started,
+            gpuq_torchrun,
+            inside | {"GPUQ_ATTEMPT": "2"},
+            ranks("--out", str(tmp_path / "b.pt")),
+        )
+        output, _ = resumed.communicate(timeout=240)
+        assert resumed.returncode == 0, output
+        # The ranks share one pipe: count the lines without relying on where they break.
+        assert len(re.findall(r"training from step 5(?!\d)", output)) == 2
+        assert len(re.findall(r"finished at step 16(?!\d)", output)) == 2  # 8 steps an epoch
+        output, _ = reference.communicate(timeout=240)
+        assert reference.returncode == 0, output
+    finally:
+        for process in started:
+            stop(process)
+    expected, actual = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])

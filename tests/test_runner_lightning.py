@@ -10,7 +10,6 @@ parameters and optimizer state, bit for bit. Skipped without Lightning.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +28,7 @@ from tests.framework_runs import (  # noqa: E402
     assert_same_training_state,
     environ,
     run_example,
-    stop,
-    torchrun,
+    suspend_and_resume_under_torchrun,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_lightning" / "train.py"
@@ -121,38 +119,4 @@ def test_suspend_at_a_given_step_then_resume_continues_there_bitwise_equal(
 def test_under_torchrun_both_ranks_stop_where_rank_0_was_asked_and_resume_exactly(
     tmp_path: Path,
 ) -> None:
-    checkpoints = tmp_path / "ckpt"
-    inside = environ(job_id="5", checkpoint_dir=str(checkpoints))
-    gpuq_torchrun = "gpuq.runner.integrations.torchrun"
-    started: list[subprocess.Popen[str]] = []
-    reference = torchrun(
-        started, "torch.distributed.run", environ(), ranks("--out", str(tmp_path / "a.pt"))
-    )
-    try:
-        # Only rank 0 is asked (as gpuq's control channel reaches only rank 0).
-        suspended = torchrun(started, gpuq_torchrun, inside, ranks("--suspend-at", "5"))
-        output, _ = suspended.communicate(timeout=240)
-        assert suspended.returncode == 75, output
-        assert "gpuq.runner: suspended at step 5:" in output
-        assert "gpuq.runner: rank 1 suspended at step 5 (rank 0 saved)" in output
-        ack = json.loads((checkpoints / "suspended.json").read_text())
-        assert (ack["step"], ack["checkpoint"]) == (5, "gpuq-step5.ckpt")
-
-        resumed = torchrun(
-            started,
-            gpuq_torchrun,
-            inside | {"GPUQ_ATTEMPT": "2"},
-            ranks("--out", str(tmp_path / "b.pt")),
-        )
-        output, _ = resumed.communicate(timeout=240)
-        assert resumed.returncode == 0, output
-        # The ranks share one pipe: count the lines without relying on where they break.
-        assert len(re.findall(r"training from step 5(?!\d)", output)) == 2
-        assert len(re.findall(r"finished at step 16(?!\d)", output)) == 2  # 8 steps an epoch
-        output, _ = reference.communicate(timeout=240)
-        assert reference.returncode == 0, output
-    finally:
-        for process in started:
-            stop(process)
-    expected, actual = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
-    assert all(torch.equal(expected["model"][k], actual["model"][k]) for k in expected["model"])
+    suspend_and_resume_under_torchrun(tmp_path, ranks, "5", "gpuq-step5.ckpt")
