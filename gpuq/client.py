@@ -4,12 +4,23 @@
 on demand, and performs the version handshake. `call` sends one request and
 returns its result (raising the daemon's error as the matching GpuqError);
 `stream` yields a streaming request's events and then its result.
+
+Nothing is sent before the daemon is known to be this user's: the runtime
+directory must be a real directory of this user's that nobody else can use
+(`gpuq.paths.check_private_dir`), and the process listening on the socket
+must run as this user (SO_PEERCRED). Every read has a timeout; the daemon
+sends a heartbeat event every `HEARTBEAT_SECONDS` while a long request (a
+`wait`, `logs -f`) runs, so the timeout bounds silence, not the request.
+Every failure to reach or understand the daemon is a `GpuqError` with a hint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import time
@@ -18,10 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.config import Config
-from gpuq.errors import DaemonUnavailable, ProtocolError, from_wire
-from gpuq.wire import MAX_REPLY_BYTES, PROTOCOL_VERSION, Envelope, decode, encode, parse_reply
+from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, StateError, from_wire
+from gpuq.paths import check_private_dir, ensure_private_dir
+from gpuq.wire import (
+    HEARTBEAT_EVENT,
+    MAX_REPLY_BYTES,
+    PROTOCOL_VERSION,
+    Envelope,
+    decode,
+    encode,
+    parse_reply,
+)
 
 SOCKET_NAME = "gpuq.sock"
+LOCK_NAME = "gpuqd.lock"
 START_TIMEOUT = 15.0
 
 
@@ -35,41 +56,100 @@ def daemon_log_path(config: Config) -> Path:
     return config.daemon.state_dir / "daemon.log"
 
 
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a connected Unix socket (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def _daemon_pid_hint(path: Path) -> str:
+    """The daemon's pid from its lock file beside the socket, or `PID`."""
+    try:
+        text = (path.parent / LOCK_NAME).read_text(errors="replace").strip()
+    except OSError:
+        return "PID"
+    return text if text.isdigit() else "PID"
+
+
 class Client:
     """One connection to the daemon, after a successful hello."""
 
-    def __init__(self, sock: socket.socket, hello: dict[str, Any]) -> None:
+    def __init__(self, sock: socket.socket, hello: dict[str, Any], timeout: float) -> None:
         self._sock = sock
         self._file = sock.makefile("rb")
         self._next_id = 1
+        self._timeout = timeout
         self.hello = hello
 
     @classmethod
-    def connect(cls, config: Config, *, autostart: bool = True) -> Client:
-        """Connect to the daemon, starting it first if none is running."""
+    def connect(
+        cls, config: Config, *, autostart: bool = True, timeout: float | None = None
+    ) -> Client:
+        """Connect to the daemon, starting it first if none is running.
+
+        `timeout` (default: the config's `[client] timeout`) bounds every
+        wait for the daemon: connecting, and each reply or heartbeat.
+        """
         path = socket_path(config)
+        seconds = config.client.timeout if timeout is None else timeout
         try:
-            return cls._open(path)
+            return cls._open(path, seconds)
         except (FileNotFoundError, ConnectionRefusedError):
+            _check_not_squatted(path)
             if not autostart:
                 raise DaemonUnavailable(
                     f"no gpuq daemon is running ({path})", "start one: gpuq daemon start"
                 ) from None
         start_daemon(config)
-        return cls._open(path)
+        try:
+            return cls._open(path, seconds)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise DaemonUnavailable(
+                f"the gpuq daemon started but its socket {path} refuses connections ({exc})",
+                f"see {daemon_log_path(config)}; gpuq doctor checks the set-up",
+            ) from None
 
     @classmethod
-    def _open(cls, path: Path) -> Client:
+    def _open(cls, path: Path, timeout: float) -> Client:
+        """Connect and say hello; FileNotFoundError/ConnectionRefusedError mean "no daemon".
+
+        Any other failure is a GpuqError: an unsafe runtime directory, a
+        listener that is not this user's, a daemon that does not answer.
+        """
+        if path.parent.exists() or path.parent.is_symlink():
+            check_private_dir(path.parent)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
         try:
             sock.connect(str(path))
-            sock.sendall(
-                encode({"id": 0, "method": "hello", "params": {"version": PROTOCOL_VERSION}})
-            )
-            client = cls(sock, {})
-            client.hello = client._read_result(0)
+            _check_listener(sock, path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            raise
+        except TimeoutError:
+            sock.close()
+            raise _timed_out(path, timeout) from None
+        except OSError as exc:
+            sock.close()
+            raise DaemonUnavailable(
+                f"cannot talk to the gpuq daemon on {path}: {exc.strerror or exc}",
+                "is it running? gpuq daemon status; gpuq doctor checks the set-up",
+            ) from None
         except BaseException:
             sock.close()
+            raise
+        client = cls(sock, {}, timeout)
+        try:
+            client._send(0, "hello", {"version": PROTOCOL_VERSION})
+            client.hello = client._read_result(0)
+        except DaemonUnavailable as exc:
+            client.close()
+            if "did not answer" in exc.message:
+                raise _timed_out(path, timeout) from None
+            raise
+        except BaseException:
+            client.close()
             raise
         return client
 
@@ -97,20 +177,29 @@ class Client:
         raise ProtocolError("the daemon closed the stream without a result")  # pragma: no cover
 
     def stream(self, method: str, **params: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Yield ("event", e) for each event, then ("result", r)."""
+        """Yield ("event", e) for each event, then ("result", r); heartbeats are absorbed."""
         request_id = self._next_id
         self._next_id += 1
-        try:
-            self._sock.sendall(encode({"id": request_id, "method": method, "params": params}))
-        except OSError as exc:
-            raise DaemonUnavailable(f"lost the connection to the daemon: {exc}") from exc
+        self._send(request_id, method, params)
         while True:
             envelope = self._read(request_id)
             if envelope.event is not None:
-                yield "event", envelope.event
+                if envelope.event.get("type") != HEARTBEAT_EVENT:
+                    yield "event", envelope.event
             elif envelope.result is not None:
                 yield "result", envelope.result
                 return
+
+    def _send(self, request_id: int, method: str, params: dict[str, Any]) -> None:
+        try:
+            self._sock.sendall(encode({"id": request_id, "method": method, "params": params}))
+        except TimeoutError:
+            raise _timed_out(None, self._timeout) from None
+        except OSError as exc:
+            raise DaemonUnavailable(
+                f"lost the connection to the daemon: {exc.strerror or exc}",
+                "is it still running? gpuq daemon status",
+            ) from None
 
     def _read_result(self, request_id: int) -> dict[str, Any]:
         envelope = self._read(request_id)
@@ -121,18 +210,66 @@ class Client:
     def _read(self, request_id: int) -> Envelope:
         try:
             line = self._file.readline(MAX_REPLY_BYTES)
+        except TimeoutError:
+            raise _timed_out(None, self._timeout) from None
         except OSError as exc:
-            raise DaemonUnavailable(f"lost the connection to the daemon: {exc}") from exc
+            raise DaemonUnavailable(
+                f"lost the connection to the daemon: {exc.strerror or exc}",
+                "is it still running? gpuq daemon status",
+            ) from None
         if not line:
             raise DaemonUnavailable(
                 "the daemon closed the connection", "is it still running? gpuq daemon status"
             )
-        envelope = parse_reply(decode(line))
+        try:
+            envelope = parse_reply(decode(line))
+        except ProtocolError as exc:
+            raise ProtocolError(
+                f"the daemon sent something that is not a gpuq reply ({exc.message})",
+                "is something other than a gpuq daemon listening? gpuq doctor checks the set-up",
+            ) from None
         if envelope.error is not None:
             raise from_wire(envelope.error)
         if envelope.id != request_id:
             raise ProtocolError(f"reply for request {envelope.id!r}, expected {request_id}")
         return envelope
+
+
+def _check_not_squatted(path: Path) -> None:
+    """Refuse to start a daemon whose socket path holds something that is not a socket."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file that is not a socket"
+        raise StateError(
+            f"{path} is a {kind}; the daemon's socket goes there",
+            f"move it away (mv {path} {path}.old), then run the command again",
+        )
+
+
+def _check_listener(sock: socket.socket, path: Path) -> None:
+    """Refuse a socket whose listening process is not this user's (before sending anything)."""
+    uid = peer_uid(sock)
+    if uid != os.getuid():
+        raise DaemonUnavailable(
+            f"the process listening on {path} runs as uid {uid}, not as you (uid {os.getuid()}); "
+            "nothing was sent to it",
+            "another user may be trying to intercept your jobs: remove the socket and its "
+            "directory (ask an administrator), or set XDG_RUNTIME_DIR or GPUQ_RUNTIME_DIR "
+            "to a private directory",
+        )
+
+
+def _timed_out(path: Path | None, timeout: float) -> DaemonUnavailable:
+    """The error for a daemon that stopped answering."""
+    pid = "PID" if path is None else _daemon_pid_hint(path)
+    return DaemonUnavailable(
+        f"the gpuq daemon did not answer within {timeout:g}s",
+        f"is it stopped (kill -CONT {pid}) or overloaded? gpuq daemon status; "
+        "raise [client] timeout in the config to wait longer",
+    )
 
 
 def start_daemon(config: Config) -> int:
@@ -141,28 +278,34 @@ def start_daemon(config: Config) -> int:
     Two clients racing to start one is harmless: the loser's daemon finds the
     instance lock taken and exits, and both clients reach the winner.
     """
-    config.daemon.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    ensure_private_dir(config.daemon.state_dir)
     log_path = daemon_log_path(config)
     command = [sys.executable, "-m", "gpuq.daemon"]
     if config.source is not None:
         command += ["--config", str(config.source)]
-    with open(log_path, "ab") as log:
+    try:
+        log_fd = os.open(
+            log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        raise DaemonUnavailable(
+            f"cannot open the daemon log {log_path}: {exc.strerror}",
+            "is it a symbolic link or not writable? move it away",
+        ) from None
+    try:
         proc = subprocess.Popen(  # noqa: S603
             command,
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=log_fd,
+            stderr=log_fd,
             start_new_session=True,
             cwd="/",
         )
+    finally:
+        os.close(log_fd)
     path = socket_path(config)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
-        try:
-            Client._open(path).close()
-            return proc.pid
-        except (FileNotFoundError, ConnectionRefusedError):
-            pass
         code = proc.poll()
         if code is not None and code != 0:
             tail = _tail(log_path)
@@ -170,6 +313,15 @@ def start_daemon(config: Config) -> int:
                 f"the gpuq daemon failed to start (exit {code}): {tail}",
                 f"see {log_path}; gpuq doctor checks the set-up",
             )
+        try:
+            Client._open(path, config.client.timeout).close()
+            return proc.pid
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        except GpuqError:
+            if proc.poll() is None:
+                raise
+            continue  # the daemon just failed: report its own error
         time.sleep(0.02)
     raise DaemonUnavailable(
         f"the gpuq daemon did not answer within {START_TIMEOUT:.0f}s", f"see {log_path}"
@@ -187,7 +339,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 def running_daemon_pid(config: Config) -> int | None:
     """The pid of the daemon answering on this configuration's socket, or None."""
     try:
-        with Client._open(socket_path(config)) as client:
+        with Client._open(socket_path(config), config.client.timeout) as client:
             return int(client.hello.get("pid", 0)) or None
-    except (FileNotFoundError, ConnectionRefusedError, OSError):
+    except (FileNotFoundError, ConnectionRefusedError, GpuqError):
         return None

@@ -76,6 +76,13 @@ class DefaultsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """The `[client]` section: how long a command waits for the daemon."""
+
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; `source` is the file it came from (None: built-in defaults)."""
 
@@ -83,6 +90,7 @@ class Config:
     scheduler: SchedulerConfig
     gpus: GpuConfig
     defaults: DefaultsConfig
+    client: ClientConfig = ClientConfig()
     source: Path | None = None
 
 
@@ -104,6 +112,8 @@ _EXPECTED: dict[str, str] = {
     "defaults.retries": "a whole number, 0 or more",
     "defaults.time_limit": 'seconds (a number) or a duration such as "4h"',
     "defaults.gpus": "a whole number, 0 or more",
+    "client.timeout": "seconds of silence from the daemon before a command gives up, more than 2 "
+    '(a number or a duration such as "30s")',
     "gpus.backend": " or ".join(map(repr, BACKEND_KINDS)),
     "gpus.include": _DEVICES,
     "gpus.exclude": _DEVICES,
@@ -289,6 +299,12 @@ def _positive_duration(value: object) -> float | None:
     return seconds if seconds is None or seconds > 0 else None
 
 
+def _client_timeout(value: object) -> float | None:
+    """A duration longer than the daemon's heartbeat interval (2 s)."""
+    seconds = _duration(value)
+    return seconds if seconds is None or seconds > 2 else None
+
+
 def _socket_mode(value: object) -> int | None:
     """A permission mode from an integer (0o660) or an octal string ("0660")."""
     if isinstance(value, str):
@@ -337,7 +353,7 @@ def _short_hostname() -> str:
 
 def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str]) -> Config:
     """Validate parsed TOML `data` into a Config (defaults for what is absent)."""
-    sections = ("daemon", "scheduler", "defaults", "gpus")
+    sections = ("daemon", "scheduler", "defaults", "gpus", "client")
     for section in data:
         if section not in sections:
             raise _unknown(section, section, sections, source)
@@ -347,6 +363,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
     s = SchedulerConfig()
     defaults = _Table(data.get("defaults", {}), "defaults", source)
     d = DefaultsConfig()
+    client = _Table(data.get("client", {}), "client", source)
     return Config(
         daemon=daemon,
         scheduler=SchedulerConfig(
@@ -362,6 +379,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
             time_limit=defaults.get("time_limit", d.time_limit, _positive_duration),
             gpus=defaults.get("gpus", d.gpus, _integer(0)),
         ),
+        client=ClientConfig(timeout=client.get("timeout", ClientConfig().timeout, _client_timeout)),
         source=source,
     )
 

@@ -118,23 +118,50 @@ def is_network_filesystem(fstype: str) -> bool:
 def ensure_private_dir(path: Path) -> None:
     """Create `path` (with parents) as a directory only its owner can use (mode 0700).
 
-    An existing directory with any other mode (such as 0755) is reset to
-    0700. Raises `StateError` if `path` is not a directory, belongs to another
-    user, or cannot be created.
+    An existing directory of ours with another mode (such as 0755) is reset
+    to 0700, through a descriptor opened without following links, so a link
+    planted in its place is never followed. Raises `StateError` if `path` is
+    a symbolic link or not a directory, belongs to another user, or cannot
+    be created.
     """
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
-        raise StateError(
-            f"{path} exists and is not a directory",
-            "move it away, or choose another directory in the gpuq config",
-        ) from None
+        if not path.is_symlink():
+            raise StateError(
+                f"{path} exists and is not a directory",
+                "move it away, or choose another directory in the gpuq config",
+            ) from None
     except OSError as exc:
         raise StateError(
             f"cannot create directory {path}: {exc.strerror}",
             "check the permissions of its parent, or choose another directory in the gpuq config",
         ) from exc
-    info = path.stat()
+    check_private_dir(path, fix_mode=True)
+
+
+def check_private_dir(path: Path, *, fix_mode: bool = False) -> None:
+    """Refuse `path` unless it is a real directory of this user that only this user can use.
+
+    Symbolic links are refused, not followed (`lstat`). With `fix_mode`, a
+    directory of ours that others may use is tightened to 0700; otherwise
+    that is refused too. Raises `StateError` with a hint saying what to do.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise StateError(
+            f"{path} does not exist", "gpuq creates it when the daemon starts"
+        ) from None
+    except OSError as exc:
+        raise StateError(f"cannot inspect {path}: {exc.strerror}") from exc
+    elsewhere = "(GPUQ_STATE_DIR, GPUQ_RUNTIME_DIR or the gpuq config)"
+    if stat.S_ISLNK(info.st_mode):
+        raise StateError(
+            f"{path} is a symbolic link; gpuq never follows links for its private directories",
+            f"someone else may have planted it: remove it (rm {path}) or choose another "
+            f"directory {elsewhere}",
+        )
     if not stat.S_ISDIR(info.st_mode):
         raise StateError(
             f"{path} is not a directory",
@@ -143,8 +170,23 @@ def ensure_private_dir(path: Path) -> None:
     if info.st_uid != os.getuid():
         raise StateError(
             f"{path} belongs to uid {info.st_uid}, not to you (uid {os.getuid()})",
-            "another user owns this directory; remove it or choose another one "
-            "(GPUQ_STATE_DIR, GPUQ_RUNTIME_DIR or the gpuq config)",
+            "another user owns this directory and could read or answer your requests: "
+            "have it removed (an administrator can, in /tmp), or set XDG_RUNTIME_DIR "
+            f"(systemd sets it at login) or choose another directory {elsewhere}",
         )
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        path.chmod(0o700)
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077 == 0:
+        return
+    if not fix_mode:
+        raise StateError(
+            f"{path} has mode {mode:o}: other users may use it",
+            f"chmod 700 {path} (gpuq makes its directories 0700)",
+        )
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
+            raise StateError(f"{path} was replaced while gpuq checked it", "try again")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)

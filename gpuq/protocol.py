@@ -27,6 +27,8 @@ from typing import Any, Final
 from gpuq.errors import ProtocolError, UsageError
 from gpuq.models import DependencyKind, JobSpec, JobState
 from gpuq.wire import (
+    HEARTBEAT_EVENT,
+    HEARTBEAT_SECONDS,
     MAX_REPLY_BYTES,
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
@@ -38,6 +40,8 @@ from gpuq.wire import (
 )
 
 __all__ = [
+    "HEARTBEAT_EVENT",
+    "HEARTBEAT_SECONDS",
     "MAX_REPLY_BYTES",
     "MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",

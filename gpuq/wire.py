@@ -17,6 +17,10 @@ MAX_REQUEST_BYTES: Final = 1024 * 1024
 """Longest request line the daemon accepts (the environment rides along)."""
 MAX_REPLY_BYTES: Final = 512 * 1024 * 1024
 """Longest reply line a client accepts (a listing of many jobs)."""
+HEARTBEAT_EVENT: Final = "heartbeat"
+"""Type of the event the daemon sends on a connection while a request is still running."""
+HEARTBEAT_SECONDS: Final = 2.0
+"""Seconds between heartbeats: a client's read timeout must be longer than this."""
 
 
 def encode(message: dict[str, Any]) -> bytes:

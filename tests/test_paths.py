@@ -10,6 +10,7 @@ import pytest
 
 from gpuq.errors import StateError
 from gpuq.paths import (
+    check_private_dir,
     default_config_path,
     default_runtime_dir,
     default_state_dir,
@@ -174,3 +175,44 @@ def test_ensure_private_dir_refuses_a_directory_of_another_user(
     with pytest.raises(StateError, match="belongs to uid") as info:
         ensure_private_dir(target)
     assert info.value.hint is not None and "another user" in info.value.hint
+
+
+def test_ensure_private_dir_refuses_a_symlink_and_leaves_its_target_alone(tmp_path: Path) -> None:
+    target = tmp_path / "someone-elses"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    link = tmp_path / "gpuq"
+    link.symlink_to(target)
+    with pytest.raises(StateError, match="is a symbolic link") as info:
+        ensure_private_dir(link)
+    assert info.value.hint is not None and "rm " in info.value.hint
+    assert mode_of(target) == 0o755
+
+
+def test_check_private_dir_refuses_what_others_may_use_without_changing_it(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "gpuq"
+    target.mkdir()
+    target.chmod(0o777)
+    with pytest.raises(StateError, match="has mode 777") as info:
+        check_private_dir(target)
+    assert info.value.hint == f"chmod 700 {target} (gpuq makes its directories 0700)"
+    assert mode_of(target) == 0o777
+
+
+def test_check_private_dir_accepts_a_private_directory(tmp_path: Path) -> None:
+    target = tmp_path / "gpuq"
+    target.mkdir(mode=0o700)
+    check_private_dir(target)
+
+
+def test_check_private_dir_refuses_a_directory_of_another_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "gpuq"
+    target.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "getuid", lambda: target.stat().st_uid + 1)
+    with pytest.raises(StateError, match="belongs to uid") as info:
+        check_private_dir(target)
+    assert info.value.hint is not None and "XDG_RUNTIME_DIR" in info.value.hint

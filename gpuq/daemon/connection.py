@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from gpuq import __version__
@@ -20,6 +21,8 @@ from gpuq.daemon.dispatch import dispatch
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, ProtocolError
 from gpuq.protocol import (
+    HEARTBEAT_EVENT,
+    HEARTBEAT_SECONDS,
     PROTOCOL_VERSION,
     Hello,
     Request,
@@ -52,6 +55,26 @@ def check_hello(request: Request) -> None:
             f"(daemon speaks {PROTOCOL_VERSION}, gpuq {__version__})",
             "restart the daemon after upgrading: gpuq daemon restart",
         )
+
+
+async def _with_heartbeats(
+    work: Coroutine[Any, Any, dict[str, Any]],
+    emit: Callable[[dict[str, Any]], Awaitable[None]],
+) -> dict[str, Any]:
+    """Run a request, sending a heartbeat event every `HEARTBEAT_SECONDS` until it is done.
+
+    A client's read timeout then bounds the daemon's silence, not the
+    length of a `wait` or `logs -f`.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_SECONDS)
+            if done:
+                return task.result()
+            await emit({"type": HEARTBEAT_EVENT})
+    finally:
+        task.cancel()
 
 
 async def serve_connection(
@@ -107,7 +130,7 @@ async def serve_connection(
                 async def emit(event: dict[str, Any], rid: object = request_id) -> None:
                     await send({"id": rid, "event": event})
 
-                result = await dispatch(state, request, emit)
+                result = await _with_heartbeats(dispatch(state, request, emit), emit)
                 await send({"id": request_id, "result": result})
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))

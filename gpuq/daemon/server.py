@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -55,6 +56,26 @@ def check_state_dir(config: Config) -> None:
             "a network filesystem where SQLite's WAL is unsafe",
             "set [daemon] state_dir to a local disk (or allow_network_fs = true at your own risk)",
         )
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket no daemon answers on; refuse a live one, or anything else at `path`."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file that is not a socket"
+        raise StateError(
+            f"{path} is a {kind}; the daemon's socket goes there",
+            f"move it away (mv {path} {path}.old), then start the daemon again",
+        )
+    if socket_is_live(path):
+        raise DaemonUnavailable(
+            f"another daemon is already serving {path}", "gpuq daemon status shows it"
+        )
+    log.info("removing stale socket %s", path)
+    path.unlink()
 
 
 def socket_is_live(path: Path) -> bool:
@@ -94,13 +115,7 @@ class Server:
         check_state_dir(self.config)
         self._take_lock()
         path = socket_path(self.config)
-        if path.exists() or path.is_symlink():
-            if socket_is_live(path):
-                raise DaemonUnavailable(
-                    f"another daemon is already serving {path}", "gpuq daemon status shows it"
-                )
-            log.info("removing stale socket %s", path)
-            path.unlink()
+        remove_stale_socket(path)
         store = Store.open(cfg.state_dir / "gpuq.db")
         backend = make_backend(self.config.gpus)
         state = DaemonState(
@@ -140,7 +155,7 @@ class Server:
 
     def _take_lock(self) -> None:
         lock_path = self.config.daemon.runtime_dir / LOCK_NAME
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,0 +1,203 @@
+"""The client never hangs and never shows a traceback: every failure is a GpuqError.
+
+A server that accepts and closes, one that resets the connection, one that
+never answers, a stopped daemon, and something that is not a socket at the
+socket's path each give a clear error with a hint and a documented exit
+code. Long requests (`wait`, `logs -f`) outlive the timeout because the
+daemon sends heartbeats while they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuq.client import Client
+from gpuq.config import load_config
+from gpuq.errors import ConfigError, DaemonUnavailable, ExitCode, GpuqError
+from tests.daemon_harness import DaemonHarness, running_daemon
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """A private, short runtime directory (socket paths are limited to ~107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="gq-"))
+    try:
+        yield path
+    finally:
+        for entry in path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                entry.rmdir()
+            else:
+                entry.unlink()
+        path.rmdir()
+
+
+def config_file(root: Path, runtime_dir: Path, extra: str = "") -> Path:
+    path = root / "config.toml"
+    path.write_text(
+        f'[daemon]\nstate_dir = "{root / "state"}"\nruntime_dir = "{runtime_dir}"\n{extra}\n'
+    )
+    return path
+
+
+@contextlib.contextmanager
+def fake_server(path: Path, on_accept: Callable[[socket.socket], None]) -> Iterator[None]:
+    """A listener at `path` that hands each connection to `on_accept`, then closes it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                on_accept(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(timeout=5)
+
+
+def close_at_once(conn: socket.socket) -> None:
+    conn.close()
+
+
+def reset(conn: socket.socket) -> None:
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def read_then_close(conn: socket.socket) -> None:
+    conn.recv(4096)
+
+
+def garbage(conn: socket.socket) -> None:
+    conn.recv(4096)
+    conn.sendall(b"\xff\xfe not json\n")
+
+
+@pytest.mark.parametrize(
+    "behaviour", [close_at_once, reset, read_then_close, garbage], ids=lambda f: f.__name__
+)
+def test_a_broken_server_gives_a_gpuq_error_every_time(
+    tmp_path: Path, runtime_dir: Path, behaviour: Callable[[socket.socket], None]
+) -> None:
+    config = load_config(str(config_file(tmp_path, runtime_dir)))
+    with fake_server(runtime_dir / "gpuq.sock", behaviour):
+        for _ in range(300):
+            with pytest.raises(GpuqError) as caught:
+                Client.connect(config, autostart=False).close()
+            assert caught.value.hint
+
+
+def test_the_cli_reports_a_server_that_closes_with_exit_5_and_no_traceback(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    harness = DaemonHarness(tmp_path)
+    harness.runtime_dir = runtime_dir
+    harness.config_path = config_file(tmp_path, runtime_dir)
+    with fake_server(runtime_dir / "gpuq.sock", close_at_once):
+        for _ in range(5):
+            result = harness.cli("ls")
+            assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+            assert "Traceback" not in result.stderr
+            assert result.stderr.startswith("gpuq: error: ")
+            assert "hint: " in result.stderr
+
+
+def test_a_server_that_never_answers_times_out_with_a_hint(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    config = load_config(str(config_file(tmp_path, runtime_dir, '[client]\ntimeout = "2.5s"')))
+    released = threading.Event()
+
+    def hold(conn: socket.socket) -> None:
+        released.wait(timeout=60)
+
+    with fake_server(runtime_dir / "gpuq.sock", hold):
+        with pytest.raises(DaemonUnavailable) as caught:
+            Client.connect(config, autostart=False)
+        released.set()
+    assert "did not answer within 2.5s" in caught.value.message
+    assert caught.value.hint is not None and "[client] timeout" in caught.value.hint
+
+
+def test_a_stopped_daemon_makes_commands_fail_after_the_timeout(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, extra_toml='[client]\ntimeout = "3s"') as daemon:
+        assert daemon.process is not None
+        os.kill(daemon.process.pid, signal.SIGSTOP)
+        try:
+            result = daemon.cli("ls")
+            assert result.returncode == ExitCode.UNAVAILABLE, result.stderr
+            assert "did not answer within 3s" in result.stderr
+            assert f"kill -CONT {daemon.process.pid}" in result.stderr
+            assert "Traceback" not in result.stderr
+        finally:
+            os.kill(daemon.process.pid, signal.SIGCONT)
+        assert daemon.cli("ls").returncode == 0
+
+
+def test_wait_and_logs_follow_outlive_the_timeout(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, extra_toml='[client]\ntimeout = "3s"') as daemon:
+        job_id = daemon.submit(["sh", "-c", "sleep 7; echo done"], gpus=0)
+        waited = daemon.cli("wait", str(job_id))
+        assert waited.returncode == 0, waited.stderr
+        other = daemon.submit(["sh", "-c", "sleep 7; echo followed"], gpus=0)
+        followed = daemon.cli("logs", "-f", str(other))
+        assert followed.returncode == 0, followed.stderr
+        assert followed.stdout == "followed\n"
+
+
+def test_a_directory_at_the_socket_path_gets_a_clear_error(tmp_path: Path) -> None:
+    harness = DaemonHarness(tmp_path)
+    try:
+        (harness.runtime_dir / "gpuq.sock").mkdir()
+        result = harness.cli("ls")
+        assert result.returncode == ExitCode.STATE, result.stderr
+        assert "gpuq.sock is a directory" in result.stderr
+        assert "hint: move it away" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        (harness.runtime_dir / "gpuq.sock").rmdir()
+        harness.close()
+
+
+def test_the_daemon_refuses_a_directory_at_its_socket_path(tmp_path: Path) -> None:
+    harness = DaemonHarness(tmp_path)
+    try:
+        (harness.runtime_dir / "gpuq.sock").mkdir()
+        result = harness.cli("daemon", "run")
+        assert result.returncode == ExitCode.STATE, result.stderr
+        assert "gpuq.sock is a directory" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        (harness.runtime_dir / "gpuq.sock").rmdir()
+        harness.close()
+
+
+@pytest.mark.parametrize("value", ["1s", 2, 0, "-3s", "soon"])
+def test_a_client_timeout_must_outlast_the_heartbeat(tmp_path: Path, value: object) -> None:
+    text = f'"{value}"' if isinstance(value, str) else str(value)
+    path = tmp_path / "config.toml"
+    path.write_text(f"[client]\ntimeout = {text}\n")
+    with pytest.raises(ConfigError, match="client.timeout"):
+        load_config(str(path))
