@@ -3,19 +3,17 @@
 Samples are kept per job, oldest first, thinned past a cap so that a long
 job keeps its whole history at a resolution that falls with age. Suspends
 are recorded per attempt, before they are acted on, with their mode and
-when they completed. The schema change is a named migration that upgrades
-a database of the first schema in place.
+when they completed. Upgrading a database of the first schema, which has
+neither, is tested in test_migrations.py.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuq.daemon.migrations import MIGRATIONS, migrate
 from gpuq.daemon.store import Store
 
 
@@ -72,20 +70,3 @@ def test_a_suspend_is_recorded_per_attempt_and_completed(store: Store) -> None:
     record = store.suspend_of(1, 1)
     assert record is not None
     assert (record.mode, record.completed) == ("park", None)
-
-
-def test_the_first_schema_is_upgraded_in_place(tmp_path: Path) -> None:
-    path = tmp_path / "old.db"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("CREATE TABLE schema_migrations (name TEXT PRIMARY KEY, applied_at REAL)")
-    first_name, first_sql = MIGRATIONS[0]
-    for statement in first_sql.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-    conn.execute("INSERT INTO schema_migrations VALUES (?, 0)", (first_name,))
-    assert migrate(conn) == ["0002_control_channel"]
-    conn.close()
-    store = Store.open(path)
-    add(store, 1, 1)
-    assert store.latest_sample(1) == {"time": 1001.0, "step": 1}
-    store.close()

@@ -2,8 +2,13 @@
 
 Append new migrations to `MIGRATIONS`; never edit one that has shipped. Each
 runs in its own transaction together with its row in `schema_migrations`, so
-a crash leaves the database at a clean version. tests/data holds a database
-of every released schema to prove it still opens.
+a crash leaves the database at a clean version.
+
+A migration ships when it lands on main. Then list the SHA-256 of its SQL in
+tests/data/migrations.sha256 and add a database written by a commit whose
+newest migration it is (tests/data/make_schema_db.py). tests/test_migrations.py
+fails if a listed migration changes or lacks a fixture, and upgrades every
+fixture with today's code. Migrations after the last listed one are unreleased.
 """
 
 from __future__ import annotations
