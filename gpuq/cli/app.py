@@ -23,6 +23,7 @@ from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, GpuqError
 from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.textsafe import visible
 
 app = typer.Typer(
     name="gpuq",
@@ -182,7 +183,7 @@ def _action(method: str, ids: list[int], config: str | None, json_out: bool, **e
             if item["ok"]:
                 print(f"job {item['id']}: {item['state']}")
             else:
-                print(f"gpuq: job {item['id']}: {item['message']}", file=sys.stderr)
+                print(f"gpuq: job {item['id']}: {visible(item['message'])}", file=sys.stderr)
     failed = [r for r in results if not r["ok"]]
     if not failed:
         return 0
@@ -426,8 +427,8 @@ def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         print(f"  GPUs:      {status['gpus']} ({status['backend']})")
         print(f"  Policy:    {status['policy']}")
         print(f"  Jobs:      {counts}")
-        print(f"  State dir: {status['state_dir']}")
-        print(f"  Socket:    {status['runtime_dir']}/gpuq.sock")
+        print(visible(f"  State dir: {status['state_dir']}"))
+        print(visible(f"  Socket:    {status['runtime_dir']}/gpuq.sock"))
 
     _run(json_out, body)
 

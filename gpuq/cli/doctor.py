@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuq.config import Config, load_config
 from gpuq.errors import GpuqError
+from gpuq.textsafe import visible
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +196,9 @@ def run_checks(config_path: str | None) -> list[Check]:
 
 
 def print_checks(checks: list[Check]) -> None:
-    """Human output: one line per check, hints indented below."""
+    """Human output: one line per check, hints indented below (paths shown with `visible`)."""
     marks = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}
     for check in checks:
-        print(f"[{marks[check.status]}] {check.name}: {check.message}")
+        print(visible(f"[{marks[check.status]}] {check.name}: {check.message}"))
         if check.hint and check.status != "ok":
-            print(f"       hint: {check.hint}")
+            print(f"       hint: {visible(check.hint)}")

@@ -1,4 +1,8 @@
-"""Render a GpuqError at the CLI edge: stderr, a hint, and the exit code."""
+"""Render a GpuqError at the CLI edge: stderr, a hint, and the exit code.
+
+Messages often quote user input (a job name, a path), so the human form
+shows them through `gpuq.textsafe.visible`; the JSON form keeps them exact.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import sys
 
 from gpuq.errors import GpuqError
+from gpuq.textsafe import visible
 
 
 def render_error(error: GpuqError, json_mode: bool = False) -> int:
@@ -14,7 +19,7 @@ def render_error(error: GpuqError, json_mode: bool = False) -> int:
         payload = {"error": {**error.to_wire(), "exit_code": int(error.exit_code)}}
         print(json.dumps(payload), file=sys.stderr)
     else:
-        print(f"gpuq: error: {error.message}", file=sys.stderr)
+        print(f"gpuq: error: {visible(error.message)}", file=sys.stderr)
         if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
+            print(f"hint: {visible(error.hint)}", file=sys.stderr)
     return int(error.exit_code)

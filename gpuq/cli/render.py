@@ -2,6 +2,9 @@
 
 Pure functions from the documented JSON objects to text, so the CLI's human
 output and its `--json` output come from the same data. `now` is passed in.
+Every table cell and every line of `show` goes through `gpuq.textsafe.visible`:
+user text (names, commands, paths, reasons) reaches the terminal with its
+control characters escaped, so it cannot clear the screen or forge a row.
 """
 
 from __future__ import annotations
@@ -10,13 +13,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gpuq.textsafe import visible
 from gpuq.units import format_duration, format_size
 
 JOB_COLUMNS = ("ID", "NAME", "STATE", "GPUS", "TIME", "EXIT", "REASON")
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns separated by two spaces; the last column unpadded."""
+    """Left-aligned columns separated by two spaces; the last column unpadded.
+
+    Cells are shown through `visible`, so each row stays one line.
+    """
+    header = [visible(cell) for cell in header]
+    rows = [[visible(cell) for cell in row] for row in rows]
     widths = [len(h) for h in header]
     for row in rows:
         for i, cell in enumerate(row):
@@ -80,7 +89,10 @@ def _when(stamp: float | None) -> str:
 def job_detail(
     job: dict[str, Any], events: Sequence[dict[str, Any]], metrics: dict[str, Any] | None = None
 ) -> str:
-    """The `gpuq show` text: spec, state, GPUs, timings, latest metrics and history."""
+    """The `gpuq show` text: spec, state, GPUs, timings, latest metrics and history.
+
+    Each line goes through `visible`, so no field can add a line or a terminal escape.
+    """
     spec = job["spec"]
     lines = [
         f"Job {job['id']}: {job['name']}",
@@ -119,7 +131,7 @@ def job_detail(
     lines.append("  History:")
     for event in events:
         lines.append(f"    {_when(event['time'])}  {event['state']:<10}  {event['reason']}")
-    return "\n".join(lines)
+    return "\n".join(map(visible, lines))
 
 
 def metrics_line(sample: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ from gpuq.cli.errors import render_error
 from gpuq.cli.render import table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.textsafe import visible
 
 if TYPE_CHECKING:
     from gpuq.sim.engine import SimProgress
@@ -172,7 +173,8 @@ class Progress:
         self.shown = ""
 
     def show(self, text: str) -> None:
-        """Replace the line with `text` if it changed."""
+        """Replace the line with `text` if it changed (escaped: policy names are user text)."""
+        text = visible(text)
         if self.enabled and text != self.shown:
             sys.stderr.write("\r" + text.ljust(len(self.shown)))
             sys.stderr.flush()

@@ -4,7 +4,8 @@
 the views. Each action applies to `current_job_id()` (the highlighted job,
 or the job of the open detail view); destructive ones ask first; the
 request runs in a thread worker, and its per-job results come back as
-notifications.
+notifications: plain text (`markup=False`), with the daemon's messages,
+which may quote a job name, through `gpuq.textsafe.visible`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from textual.app import App
 from textual.message import Message
 
 from gpuq.errors import GpuqError
+from gpuq.textsafe import visible
 from gpuq.tui.messages import ActionDone, ActionFailed, JobChanged
 from gpuq.tui.model import QueueModel
 from gpuq.tui.screens import ConfirmScreen, PromptScreen
@@ -74,12 +76,14 @@ class JobActionsApp(App[None]):
             if result["ok"]:
                 self.notify(f"job {result['id']}: {result['state']}", title=message.method)
             else:
-                self.notify(result["message"], title=message.method, severity="error")
+                self.notify(
+                    visible(result["message"]), title=message.method, severity="error", markup=False
+                )
 
     def on_action_failed(self, message: ActionFailed) -> None:
         """Say why the action was not sent."""
-        text = message.message + (f"\n{message.hint}" if message.hint else "")
-        self.notify(text, title=message.method, severity="error")
+        text = visible(message.message) + (f"\n{visible(message.hint)}" if message.hint else "")
+        self.notify(text, title=message.method, severity="error", markup=False)
 
     def action_cancel_job(self) -> None:
         """Cancel the job (asks first)."""
@@ -119,7 +123,12 @@ class JobActionsApp(App[None]):
             try:
                 value = int(text.strip())
             except ValueError:
-                self.notify(f"not a whole number: {text!r}", severity="error", title="priority")
+                self.notify(
+                    f"not a whole number: {text!r}",
+                    severity="error",
+                    title="priority",
+                    markup=False,
+                )
                 return
             self.send_action("priority", [job_id], priority=value)
 

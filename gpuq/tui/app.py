@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer
 
 from gpuq.errors import GpuqError, UsageError
+from gpuq.textsafe import visible
 from gpuq.tui.actions import JobActionsApp
 from gpuq.tui.detail import JobDetailScreen
 from gpuq.tui.gpumodel import GpuBoard
@@ -357,7 +358,8 @@ class GpuqTop(JobActionsApp):
         try:
             self.model.job_filter = JobFilter.parse(text)
         except UsageError as exc:
-            self.notify(f"{exc.message}\n{exc.hint or ''}", severity="error", title="Filter")
+            text = f"{visible(exc.message)}\n{visible(exc.hint or '')}"
+            self.notify(text, severity="error", title="Filter", markup=False)
             return
         self._reload()
 

@@ -1,8 +1,13 @@
-"""The job detail view: spec, history with reasons, live log tail, runner charts.
+r"""The job detail view: spec, history with reasons, live log tail, runner charts.
 
 Data comes from thread workers (`show`, `metrics` polled every interval,
 `logs` followed); they hand results to the UI thread with `call_from_thread`
 and stop when the screen closes.
+
+Everything shown is plain `Text`, never markup, and user text goes through
+`gpuq.textsafe.visible`: a job named `[bold]x` shows those brackets, and
+ESC in a name or in the job's output is drawn as `\x1b` rather than sent to
+the terminal (Textual passes ESC through `Log`, `Label` and `Static`).
 """
 
 from __future__ import annotations
@@ -21,12 +26,15 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, Log, Static
 
 from gpuq.errors import GpuqError
+from gpuq.textsafe import visible
 from gpuq.tui.model import ago, job_facts
 from gpuq.tui.series import CHARTS, Sample, Series, build_series, merge_samples, plot_rows
 from gpuq.tui.source import Source
 from gpuq.tui.table import STATE_STYLES
 
 LOG_TAIL_LINES = 200
+LOG_LAYOUT_CHARACTERS = "\n\r\t"
+"""Control characters the log view lays out itself (line ends, tabs); others are escaped."""
 
 
 class Chart(Static):
@@ -157,12 +165,12 @@ class JobDetailScreen(Screen[None]):
     def _write_log(self, text: str) -> None:
         if self._stop.is_set():
             return
-        self.query_one("#log", Log).write(text)
+        self.query_one("#log", Log).write(visible(text, keep=LOG_LAYOUT_CHARACTERS))
 
     def _show_error(self, message: str) -> None:
         if self._stop.is_set():
             return
-        self.query_one("#facts", Static).update(Text(message, style="bold red"))
+        self.query_one("#facts", Static).update(Text(visible(message), style="bold red"))
 
     def show_job(self, job: dict[str, Any], events: list[dict[str, Any]] | None = None) -> None:
         """Draw the job's facts and, when given, its history."""
@@ -172,14 +180,14 @@ class JobDetailScreen(Screen[None]):
         if events is not None:
             self.events = events
         now = self.clock()
-        title = Text(f"Job {job['id']}: {job['name']}  ")
+        title = Text(f"Job {job['id']}: {visible(job['name'])}  ")
         title.append(job["state"], style=STATE_STYLES.get(job["state"], ""))
         self.query_one("#title", Label).update(title)
         facts = Table.grid(padding=(0, 2))
         facts.add_column(style="bold")
         facts.add_column()
         for label, value in job_facts(job, now):
-            facts.add_row(label, value)
+            facts.add_row(label, Text(value))  # Text: a command's "[x]" is not markup
         self.query_one("#facts", Static).update(facts)
         history = Table(title="History", title_justify="left", box=None, padding=(0, 1))
         history.add_column("WHEN", no_wrap=True)
@@ -189,7 +197,7 @@ class JobDetailScreen(Screen[None]):
             history.add_row(
                 ago(event["time"], now),
                 Text(event["state"], style=STATE_STYLES.get(event["state"], "")),
-                event["reason"],
+                Text(visible(event["reason"])),
             )
         self.query_one("#history", Static).update(history)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpuq import textsafe
 from gpuq.errors import UsageError
 from gpuq.units import format_duration, format_size
 
@@ -102,17 +103,21 @@ def time_cell(job: Job, now: float) -> str:
 
 
 def row_cells(job: Job, now: float) -> tuple[str, ...]:
-    """One queue-table row, in `COLUMNS` order."""
+    """One queue-table row, in `COLUMNS` order.
+
+    The user's text (user, name, reason) is shown through `textsafe.visible`,
+    so a control character cannot reach the terminal or break the row.
+    """
     return (
         str(job["id"]),
         str(job["state"]),
-        str(job["user"]),
-        job_name(job),
+        textsafe.visible(str(job["user"])),
+        textsafe.visible(job_name(job)),
         gpus_cell(job),
         memory_cell(job),
         time_cell(job, now),
         str(job["priority"]),
-        str(job.get("reason") or ""),
+        textsafe.visible(str(job.get("reason") or "")),
     )
 
 
@@ -371,7 +376,10 @@ def ago(stamp: float | None, now: float) -> str:
 
 
 def job_facts(job: Job, now: float) -> list[tuple[str, str]]:
-    """The detail view's (label, value) lines for a job's spec and state."""
+    """The detail view's (label, value) lines for a job's spec and state.
+
+    Values are shown through `textsafe.visible`: commands, paths and reasons are user text.
+    """
     spec = job.get("spec", {})
     gpus = gpus_cell(job)
     if job.get("gpu_uuids"):
@@ -402,4 +410,4 @@ def job_facts(job: Job, now: float) -> list[tuple[str, str]]:
         facts.append(("Time limit", format_duration(spec["time_limit"])))
     if job.get("array_index") is not None:
         facts.append(("Array", f"task {job['array_index']} of array {job['array_id']}"))
-    return facts
+    return [(label, textsafe.visible(value)) for label, value in facts]

@@ -1,4 +1,9 @@
-"""The widgets of the main view around the queue table: GPU panel, banner, status line."""
+"""The widgets of the main view around the queue table: GPU panel, banner, status line.
+
+Each shows plain `Text`, never markup, with outside text (daemon messages, GPU
+names, the filter) through `gpuq.textsafe.visible`: a `[/x]` in a filter would
+otherwise stop the app with a markup error.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Any, Final
 from rich.text import Text
 from textual.widgets import Static
 
+from gpuq.textsafe import visible
 from gpuq.tui.gpumodel import (
     GpuBoard,
     gpu_mark,
@@ -30,7 +36,7 @@ class Banner(Static):
 
     def show_message(self, text: str) -> None:
         """Show the banner with `text`."""
-        self.update(text)
+        self.update(Text(visible(text)))
         self.add_class("-shown")
 
     def hide(self) -> None:
@@ -86,7 +92,7 @@ class GpuPanel(Static):
         jobs = ",".join(map(str, gpu.get("jobs", ()))) or "-"
         history = list(self.board.history.get(gpu["uuid"], ()))
         head = Text(f"{gpu['index']:>2} ", style="bold")
-        name = str(gpu["name"])[:22].ljust(22)
+        name = visible(str(gpu["name"]))[:22].ljust(22)
         head.append(name + " ")
         mem = memory_text(gpu).rjust(12)
         util = utilization_text(gpu).rjust(4)
@@ -128,4 +134,4 @@ class StatusLine(Static):
 
     def show_status(self, parts: Iterable[str]) -> None:
         """Show the parts separated by two spaces (one line: no new layout needed)."""
-        self.update("  ".join(p for p in parts if p), layout=False)
+        self.update(Text(visible("  ".join(p for p in parts if p))), layout=False)
