@@ -75,7 +75,7 @@ def _daemon_pid_hint(path: Path) -> str:
 class Client:
     """One connection to the daemon, after a successful hello."""
 
-    def __init__(self, sock: socket.socket, hello: dict[str, Any], timeout: float) -> None:
+    def __init__(self, sock: socket.socket, hello: dict[str, Any], timeout: float = 10.0) -> None:
         self._sock = sock
         self._file = sock.makefile("rb")
         self._next_id = 1
