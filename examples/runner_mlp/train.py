@@ -7,6 +7,14 @@ from the daemon) makes it save a checkpoint at the next step and exit with
 code 75; started again, it continues from the next step as if nothing had
 happened. Outside gpuq the runner does nothing and this is a plain script.
 The data is generated from a fixed seed, so nothing is downloaded.
+
+It also keeps state that lives outside the model and optimizer: the best
+accuracy so far, its epoch, and the count of epochs without improvement that
+``--patience`` stops on. They are in the `progress` dict given to the State,
+which the checkpoint saves and `restore()` fills in place; kept in plain
+variables, they would start from 0 on every resume and a resumed run would
+stop later than an uninterrupted one. Steps are counted by ``job.step``,
+which the checkpoint restores, never by a counter of the script's own.
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint-every", type=int, default=0, help="also checkpoint every N steps (gpuq only)"
     )
+    parser.add_argument(
+        "--patience", type=int, default=0, help="stop after N epochs without a better accuracy"
+    )
     parser.add_argument("--deterministic", action="store_true", help="bitwise-reproducible ops")
     parser.add_argument("--out", help="save the final model, optimizer and scheduler state here")
     return parser.parse_args(argv)
@@ -65,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
     loss_fn = nn.CrossEntropyLoss()
-    state = gq.State(model=model, optimizer=opt, lr_scheduler=sched)
+    # Outside the model and optimizer, yet needed to go on exactly: in the checkpoint too.
+    progress = {"best_accuracy": 0.0, "best_epoch": -1, "epochs_without_gain": 0}
+    state = gq.State(model=model, optimizer=opt, lr_scheduler=sched, progress=progress)
     if state.restore():  # everything random was drawn above: nothing random below
         print(f"resumed from step {job.step} (epoch {job.epoch})", flush=True)
     loader = gq.AdaptiveDataLoader(data, batch_size=args.batch_size, max_batch_size=1024)
@@ -87,11 +100,20 @@ def main(argv: list[str] | None = None) -> None:
                     state.save()
         sched.step()  # after the inner loop: once per epoch, resumed or not
         correct = accuracy(model, data, device)
-        print(f"epoch {epoch}: step {job.step}, accuracy {correct:.3f}", flush=True)
+        if correct > progress["best_accuracy"]:  # also after the inner loop: once per epoch
+            progress.update(best_accuracy=correct, best_epoch=epoch, epochs_without_gain=0)
+        else:
+            progress["epochs_without_gain"] += 1
+        best = f"best {progress['best_accuracy']:.3f} (epoch {progress['best_epoch']})"
+        print(f"epoch {epoch}: step {job.step}, accuracy {correct:.3f}, {best}", flush=True)
+        if args.patience and progress["epochs_without_gain"] >= args.patience:
+            print(f"stopping: no better accuracy since epoch {progress['best_epoch']}", flush=True)
+            break
 
     if args.out:
         final = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-        torch.save(final | {"lr_scheduler": sched.state_dict(), "step": job.step}, args.out)
+        final |= {"lr_scheduler": sched.state_dict(), "progress": progress}
+        torch.save(final | {"step": job.step}, args.out)
 
 
 @torch.no_grad()

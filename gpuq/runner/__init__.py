@@ -58,12 +58,13 @@ from gpuq.runner.job import Job, RunnerError, StepInfo, SuspendMode, SuspendRepo
 if TYPE_CHECKING:
     from gpuq.runner.checkpoint import CheckpointError
     from gpuq.runner.data import AdaptiveDataLoader
-    from gpuq.runner.loop import epochs, step
+    from gpuq.runner.loop import ResumeWarning, epochs, step
     from gpuq.runner.state import State
 
 _LAZY = {
     "AdaptiveDataLoader": "gpuq.runner.data",
     "CheckpointError": "gpuq.runner.checkpoint",
+    "ResumeWarning": "gpuq.runner.loop",
     "State": "gpuq.runner.state",
     "epochs": "gpuq.runner.loop",
     "step": "gpuq.runner.loop",
@@ -74,6 +75,7 @@ __all__ = [
     "AdaptiveDataLoader",
     "CheckpointError",
     "Job",
+    "ResumeWarning",
     "RunnerError",
     "State",
     "StepInfo",

@@ -43,15 +43,56 @@ Wrong::
         for x, y in loader:
             gq.step()                     # before opt.step(): a resume skips this batch
             ...
+
+What the checkpoint does not hold starts afresh on a resume: a counter of the
+script's own is 0 again where an uninterrupted run would be at the restored
+step. Count with the runner's ``job.step``, or keep the value in the State
+(a dict of plain values, `gpuq.runner.state`). Right::
+
+    job = gq.init()
+    ...
+    for epoch in gq.epochs(90):
+        for x, y in loader:
+            ...
+            gq.step(loss=loss)
+            if job.step % 100 == 0:       # restored with the checkpoint
+                log(job.step, loss)
+
+Wrong::
+
+    global_step = 0                       # 0 again after every resume
+    for epoch in gq.epochs(90):
+        for x, y in loader:
+            ...
+            global_step += 1
+
+The runner warns (`ResumeWarning`, once) about the wrong form. After
+`State.restore()` put back step r >= 3, it reads the int variables of the
+function running ``for ... in gq.epochs(n)`` as that loop starts, and again as
+it ends or as the job suspends to a checkpoint. A variable is named when it
+was -1, 0 or 1 at the start and grew by exactly the steps taken since (or one
+fewer at a suspend: a counter increased after ``gq.step()``), and an epoch
+began at least two steps into the run. An uninterrupted run's counter would
+have been near r: this one restarted. There is no false alarm on a fresh start
+(nothing restored), on values derived from ``job.step`` (near r at the
+start), on per-epoch batch indices (reset when the last epoch began, they grew
+by at least two steps fewer), or on a run that never reached a new epoch
+(where a count of one attempt's own steps looks the same). A value that
+legitimately restores to 0 and then counts every step does look the same:
+silence it with ``warnings.filterwarnings("ignore", category=gq.ResumeWarning)``.
+The variables are read at those two moments only: Python 3.11 and 3.12 keep a
+snapshot of them in the frame, which would hold the last batch alive.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -70,12 +111,103 @@ from gpuq.runner.job import (
 from gpuq.runner.state import State, cuda_in_use
 
 
+class ResumeWarning(RuntimeWarning):
+    """A resumed run looks set to differ from an uninterrupted one."""
+
+
+MIN_RESTORED_STEP = 3
+"""The smallest restored step at which a counter that starts again from 0 stands out."""
+
+
+@dataclass
+class _ResumedLoop:
+    """An `epochs()` loop that started right after a restore: what its function counted."""
+
+    job: Job
+    frame: FrameType
+    """The frame running ``for ... in gq.epochs(n)``; only read at its start and end."""
+    start_step: int
+    start_counts: dict[str, int]
+    epoch_starts: list[int] = field(default_factory=list)
+    """`job.step` whenever an epoch began in this loop."""
+
+    @classmethod
+    def after_restore(cls, job: Job, frame: FrameType | None) -> _ResumedLoop | None:
+        """Watch this loop if it resumes training from a restored step worth checking."""
+        restored = None if job.state is None else job.state.restored_step
+        if frame is None or restored is None or restored < MIN_RESTORED_STEP:
+            return None
+        if job.step != restored:  # it has trained since the restore: not a restart
+            return None
+        return cls(job, frame, job.step, _integers(frame))
+
+    def check(self, *, suspending: bool) -> None:
+        """Warn once about the function's integers that counted this run's steps from 0."""
+        steps = self.job.step - self.start_step
+        grown = {steps, steps - 1} if suspending else {steps}
+        if not any(began - self.start_step >= 2 for began in self.epoch_starts):
+            return  # no epoch began two steps into the run: a per-epoch index looks the same
+        now = _integers(self.frame)
+        restarted = sorted(
+            name
+            for name, start in self.start_counts.items()
+            if -1 <= start <= 1 and name in now and now[name] - start in grown
+        )
+        if restarted:
+            function = self.frame.f_code.co_name
+            where = "the script" if function == "<module>" else f"{function}()"
+            warnings.warn(
+                f"{', '.join(restarted)} in {where} counted steps from 0 after the resume at step "
+                f"{self.start_step}, where an uninterrupted run would have gone on from "
+                f"{self.start_step}: the checkpoint does not hold it. Count with job.step "
+                "(restored with the checkpoint), or keep the value in a dict given to "
+                "gq.State(..., progress={...}) and read and write it there",
+                ResumeWarning,
+                stacklevel=_levels_up_to(self.frame),
+            )
+
+
+def _integers(frame: FrameType) -> dict[str, int]:
+    """The variables of `frame` that hold an int (not a bool)."""
+    return {name: value for name, value in frame.f_locals.items() if type(value) is int}
+
+
+def _levels_up_to(frame: FrameType) -> int:
+    """The `stacklevel` that makes a warning point at `frame`'s current line."""
+    level, here = 1, sys._getframe(1)
+    while here is not frame:
+        if here.f_back is None:
+            return 2
+        level, here = level + 1, here.f_back
+    return level
+
+
+_resumed: _ResumedLoop | None = None
+"""The loop a checkpoint suspend checks before the process exits."""
+
+
 def epochs(total: int) -> Iterator[int]:
-    """Yield the epochs not yet finished, from the restored one up to `total` - 1."""
+    """Yield the epochs not yet finished, from the restored one up to `total` - 1.
+
+    After a restore it checks the calling function for counters that started
+    again from 0 (module docstring), when the loop ends or the job suspends.
+    """
+    global _resumed
     job = current_job()
-    while job.epoch < total:
-        yield job.epoch
-        job.epoch += 1
+    resumed = _ResumedLoop.after_restore(job, sys._getframe(1))
+    if resumed is not None:
+        _resumed = resumed
+    try:
+        while job.epoch < total:
+            if resumed is not None:
+                resumed.epoch_starts.append(job.step)
+            yield job.epoch
+            job.epoch += 1
+        if resumed is not None:
+            resumed.check(suspending=False)
+    finally:
+        if _resumed is resumed:
+            _resumed = None
 
 
 def step(loss: Any = None) -> None:
@@ -126,7 +258,13 @@ def _suspend_to_checkpoint(job: Job, start: float) -> None:
     _acknowledge(state.checkpoint_dir, job, report, extra)
     job.report_suspend(report)  # over the control channel, before the exit
     _say(f"suspended at step {job.step}: {written.bytes} bytes saved in {report.seconds:.3f}s")
-    job.close()
+    try:
+        if _resumed is not None and _resumed.job is job:
+            _resumed.check(suspending=True)  # now the checkpoint is safe
+    except ResumeWarning as warning:  # warnings made errors must not spoil the suspend's exit
+        _say(f"warning: {warning}")
+    finally:
+        job.close()
     raise SystemExit(SUSPEND_EXIT_CODE)
 
 

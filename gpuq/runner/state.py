@@ -3,14 +3,15 @@
 ``State(model=, optimizer=, lr_scheduler=, scaler=, **extra)`` names the
 objects whose ``state_dict()`` a checkpoint keeps; every extra object needs
 ``state_dict()`` and ``load_state_dict()`` too (an EMA model, a metric
-tracker). A checkpoint also holds the random number generators (Python
-`random`, NumPy's global generator when NumPy is loaded, torch CPU and, when
-CUDA is in use, every CUDA device), the job's step and epoch, and the
-position of each `AdaptiveDataLoader`. `state.restore()` loads the newest
-valid checkpoint, if any, so the loop continues at the exact next step.
-``lr_scaling="adascale"`` (or ``"sqrt"``, ``"linear"``) lets a loader with a
-``max_batch_size`` tune its batch size for goodput, scaling the optimizer's
-learning rate by that rule (`gpuq.runner.data`, `gpuq.runner.tuning`).
+tracker), or is a dict of plain values (below). A checkpoint also holds the
+random number generators (Python `random`, NumPy's global generator when
+NumPy is loaded, torch CPU and, when CUDA is in use, every CUDA device), the
+job's step and epoch, and the position of each `AdaptiveDataLoader`.
+`state.restore()` loads the newest valid checkpoint, if any, so the loop
+continues at the exact next step. ``lr_scaling="adascale"`` (or ``"sqrt"``,
+``"linear"``) lets a loader with a ``max_batch_size`` tune its batch size for
+goodput, scaling the optimizer's learning rate by that rule
+(`gpuq.runner.data`, `gpuq.runner.tuning`).
 
 Generators the script makes itself (``torch.Generator``,
 ``numpy.random.default_rng``) are not found automatically: seed them from the
@@ -35,6 +36,34 @@ Wrong::
 
     state.restore()
     probe = torch.randn(16, 3)            # different numbers after every resume
+
+Everything else the script keeps between iterations is lost on a resume
+unless it is in the State: its own step or epoch counters, a best loss and an
+early-stopping count, an RNN's hidden state carried from batch to batch. Count
+steps with ``job.step`` and epochs with `gpuq.runner.epochs` (both restored),
+and give the rest to State as a dict of plain values (tensors, numbers,
+strings, None, and lists, tuples and dicts of these: what a checkpoint can
+hold). `restore()` updates that dict in place, so keep reading and writing it
+rather than copies of its values; keys the checkpoint lacks keep their values,
+and a restored tensor moves to the device of the tensor it replaces. A dict
+holding anything else is refused when State is created and at every save.
+
+Right::
+
+    progress = {"best_loss": math.inf, "bad_epochs": 0}
+    state = gq.State(model=model, optimizer=opt, progress=progress)
+    state.restore()                       # puts the saved values into `progress`
+    for epoch in gq.epochs(90):
+        ...
+        if val_loss < progress["best_loss"]:
+            progress["best_loss"], progress["bad_epochs"] = val_loss, 0
+
+Wrong::
+
+    best_loss, bad_epochs = math.inf, 0   # inf and 0 again after every resume
+    for epoch in gq.epochs(90):
+        ...
+        if val_loss < best_loss:          # a resumed run "improves" on inf
 """
 
 from __future__ import annotations
@@ -73,16 +102,21 @@ class State:
         named = {"model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
         named |= {"scaler": scaler, **extra}
         self.objects: dict[str, Any] = {k: v for k, v in named.items() if v is not None}
+        """What the checkpoint keeps, by name: objects with a state_dict, and dicts of values."""
         for name, obj in self.objects.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+            if isinstance(obj, dict):
+                _plain_values(name, obj)  # refuse what a checkpoint cannot hold, now
+            elif not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise RunnerError(
                     f"State({name}=...) has no state_dict()/load_state_dict()",
-                    hint="wrap plain values in a small object with those two methods",
+                    hint=f"pass plain values in a dict: State({name}={{'best_loss': ...}})",
                 )
         self.job: Job = current_job()
         given = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.checkpoint_dir: Path | None = given or self.job.checkpoint_dir
         self.restored_from: Path | None = None
+        self.restored_step: int | None = None
+        """The step the loaded checkpoint put back; None on a fresh start."""
         if lr_scaling is not None and lr_scaling not in LR_SCALING_RULES:
             raise RunnerError(
                 f"unknown lr_scaling {lr_scaling!r}",
@@ -103,7 +137,7 @@ class State:
             "format": FORMAT,
             "step": self.job.step,
             "epoch": self.job.epoch,
-            "objects": {name: obj.state_dict() for name, obj in self.objects.items()},
+            "objects": {name: _state_of(name, obj) for name, obj in self.objects.items()},
             "rng": capture_rng(),
             "loaders": loaders,
             "job": {"id": self.job.job_id, "attempt": self.job.attempt, "time": time.time()},
@@ -123,6 +157,9 @@ class State:
             )
         self.job.step, self.job.epoch = int(payload["step"]), int(payload["epoch"])
         for name, obj in self.objects.items():
+            if isinstance(obj, dict):
+                _load_values(obj, payload["objects"][name])
+                continue
             obj.load_state_dict(payload["objects"][name])
             if isinstance(obj, torch.optim.Optimizer) and self.job.step > 0:
                 # It has stepped, in an earlier process: without this, a resume at the end
@@ -154,7 +191,7 @@ class State:
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore from one checkpoint file (verified; no fallback)."""
         self.load_state_dict(checkpoint.read_checkpoint(Path(path)))
-        self.restored_from = Path(path)
+        self.restored_from, self.restored_step = Path(path), self.job.step
 
     def restore(self) -> bool:
         """Resume from the newest valid checkpoint; False when there is none (a fresh start)."""
@@ -164,8 +201,51 @@ class State:
         if found is None:
             return False
         self.load_state_dict(found.payload)
-        self.restored_from = found.path
+        self.restored_from, self.restored_step = found.path, self.job.step
         return True
+
+
+_PLAIN_TYPES = (type(None), bool, int, float, str)
+
+
+def _plain_values(name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `values` as a checkpoint keeps it (tensors detached); refuses anything else.
+
+    Checkpoints are loaded with ``torch.load(weights_only=True)``, which
+    refuses other objects: better a clear error at the save than an
+    unreadable checkpoint at the resume.
+    """
+    return {key: _plain(value, f"{name}[{key!r}]") for key, value in values.items()}
+
+
+def _plain(value: Any, where: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if type(value) in _PLAIN_TYPES:  # exact: numpy.float64 is a float a checkpoint refuses
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(_plain(item, f"{where}[{i}]") for i, item in enumerate(value))
+    if type(value) is dict:
+        return {key: _plain(item, f"{where}[{key!r}]") for key, item in value.items()}
+    raise RunnerError(
+        f"State: {where} is a {type(value).__qualname__}, which a checkpoint cannot hold",
+        hint="keep tensors, numbers, strings, None and lists, tuples or dicts of these "
+        "(float(x), x.tolist(), torch.as_tensor(x)), or pass an object with state_dict()",
+    )
+
+
+def _state_of(name: str, obj: Any) -> Any:
+    """What the checkpoint keeps of one State object."""
+    return _plain_values(name, obj) if isinstance(obj, dict) else obj.state_dict()
+
+
+def _load_values(values: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Put saved values into the script's own dict; a tensor goes to its predecessor's device."""
+    for key, value in saved.items():
+        current = values.get(key)
+        if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
+            value = value.to(current.device)
+        values[key] = value
 
 
 def cuda_in_use() -> bool:
