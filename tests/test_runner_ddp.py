@@ -7,7 +7,9 @@ SIGUSR1 to rank 0 alone (as a control-channel request reaches only rank 0);
 the second is a SIGUSR1 to the launcher's process group (as the daemon
 signals a job), with agreement every 4 steps. Each time both ranks report
 the same step, the launcher exits with 75, and the final parameters equal an
-uninterrupted run's bit for bit.
+uninterrupted run's bit for bit. The ranks wait at the chosen step until the
+signal is sent (tests/ddp_gated.py), so a slow test process on a loaded
+machine cannot miss the training's end.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from gpuq.runner.job import Job, RunnerError
 from tests.daemon_harness import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_ddp" / "train.py"
+GATED = Path(__file__).resolve().with_name("ddp_gated.py")
 ARGS = ["--epochs", "3", "--samples", "1024", "--log-every", "1"]  # 16 steps an epoch, 48 in all
 
 pytestmark = [pytest.mark.torch]
@@ -99,10 +102,21 @@ def plain_environ(**gpuq: str) -> dict[str, str]:
 
 
 class Launch:
-    """One ``torchrun --nproc-per-node 2`` of the example, in a session of its own."""
+    """One ``torchrun --nproc-per-node 2`` of the example, in a session of its own.
 
-    def __init__(self, log: Path, environ: dict[str, str], *extra: str) -> None:
+    With `gate_at`, every rank waits after printing that step until `open_gate()`
+    (tests/ddp_gated.py), so a signal sent meanwhile always lands mid-training.
+    """
+
+    def __init__(
+        self, log: Path, environ: dict[str, str], *extra: str, gate_at: int | None = None
+    ) -> None:
         self.log = log
+        self.gate = log.with_suffix(".gate")
+        script = EXAMPLE
+        if gate_at is not None:
+            script = GATED
+            environ = environ | {"GATE_STEP": str(gate_at), "GATE_FILE": str(self.gate)}
         with open(log, "wb") as output:
             self.process = subprocess.Popen(
                 [
@@ -112,7 +126,7 @@ class Launch:
                     "--standalone",
                     "--nproc-per-node",
                     "2",
-                    str(EXAMPLE),
+                    str(script),
                     *ARGS,
                     *extra,
                 ],
@@ -124,6 +138,9 @@ class Launch:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def open_gate(self) -> None:
+        self.gate.touch()
 
     def printed(self, pattern: str) -> re.Match[str] | None:
         """The first match of `pattern` in the log; fails fast if the launcher ended."""
@@ -197,12 +214,13 @@ def test_both_ranks_stop_at_the_same_step_and_resume_bitwise_equal(
         return plain_environ(job_id="9", checkpoint_dir=str(checkpoints), attempt=str(number))
 
     # 1: SIGUSR1 to rank 0 alone; rank 1 learns of it only through the agreement.
-    first = Launch(tmp_path / "1.log", attempt(1))
-    launches.append(first)
     target = rng.randint(2, 12)
+    first = Launch(tmp_path / "1.log", attempt(1), gate_at=target)
+    launches.append(first)
     pid = wait_for(partial(first.printed, r"^rank 0 pid (\d+)"), timeout=120)[1]
     wait_for(partial(first.printed, rf"^step {target} "), timeout=120)
     os.kill(int(pid), signal.SIGUSR1)
+    first.open_gate()
     assert first.wait() == 75, first.text()
     steps = stopped_steps(first.text())
     ack = json.loads((checkpoints / "suspended.json").read_text())
@@ -212,11 +230,12 @@ def test_both_ranks_stop_at_the_same_step_and_resume_bitwise_equal(
     stopped = ack["step"]
 
     # 2: SIGUSR1 to the launcher's process group, as the daemon sends it; agree every 4 steps.
-    second = Launch(tmp_path / "2.log", attempt(2), "--agree-every", "4")
-    launches.append(second)
     target = stopped + rng.randint(1, 12)
+    second = Launch(tmp_path / "2.log", attempt(2), "--agree-every", "4", gate_at=target)
+    launches.append(second)
     wait_for(partial(second.printed, rf"^step {target} "), timeout=120)
     os.killpg(second.process.pid, signal.SIGUSR1)
+    second.open_gate()
     assert second.wait() == 75, second.text()
     assert f"rank 0 resumed from step {stopped} " in second.text()
     assert f"rank 1 resumed from step {stopped} " in second.text()

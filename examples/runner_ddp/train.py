@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:
             final = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": job.step}
             torch.save(final, args.out)
+    # Free the group now, while Python is intact: with nothing else holding it (DDP
+    # does), destroying it joins gloo's threads, which may still be letting go of
+    # the last all-reduce; at interpreter shutdown that aborts the rank (SIGABRT).
+    del ddp
     dist.destroy_process_group()
 
 

@@ -14,14 +14,24 @@ and writes ``suspended.json``, every rank waits at a barrier until that is on
 disk, and every rank exits with `gpuq.runner.SUSPEND_EXIT_CODE`. On resume
 every rank calls ``state.restore()`` and loads the same checkpoint.
 
-Cost: one all-reduce of 4 bytes per agreement, on the CPU through gloo (the
-default group when the backend is gloo, otherwise a gloo group created once,
-so a NCCL job never waits for its GPU stream). On one machine that is a
-fraction of a millisecond per step (0.4 ms measured between two CPU ranks on
-a busy two-core machine; less on an idle one), small next to a step of real
+Cost: one all-reduce of 4 bytes per agreement, through a gloo group of
+gpuq's own created at the first boundary (on the CPU, so a NCCL job never
+waits for its GPU stream). On one machine that is a fraction of a
+millisecond per step (0.4 ms measured between two CPU ranks on a busy
+two-core machine; less on an idle one), small next to a step of real
 training. `configure(agree_every=k)` agrees only at steps that are multiples
 of k, trading up to k - 1 more steps before a suspend for 1/k of the cost.
 All ranks count the same steps, so they still stop together.
+
+gpuq destroys its group before a suspend exits, and at exit otherwise
+(`release_coordination_group`). A gloo worker thread lets go of a finished
+collective a moment after the ranks have moved on, and that takes the GIL
+(the collective holds Python objects: its tensors, the context ``backward()``
+stashes). If Python has begun to shut down by then, the thread dies inside a
+C++ destructor and the rank aborts ("terminate called without an active
+exception", SIGABRT), which a loaded machine makes likely. Destroying the
+group while Python is intact joins its threads first. The same holds for the
+script's own group: end with ``del ddp`` and ``dist.destroy_process_group()``.
 
 Park mode is not supported: a parked rank would hold its peers in the next
 collective until they time out. A park request under torchrun raises
@@ -59,6 +69,8 @@ Right::
             loss = loss_fn(ddp(x), y); loss.backward()
             opt.step(); opt.zero_grad(set_to_none=True)
             gq.step(loss=loss)                # every rank, every iteration
+    del ddp                                   # it holds the process group
+    dist.destroy_process_group()              # gloo's threads end here, not at exit
 
 Wrong::
 
@@ -71,11 +83,13 @@ can use the environment helpers without loading torch.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +101,12 @@ if TYPE_CHECKING:
     from torch.utils.data import Subset
 
 _settings = {"agree_every": 1}
-_coordination: list[tuple[object, ProcessGroup]] = []
-"""The gloo group used to agree, with the default group it was made for (at most one)."""
+_coordination: list[tuple[weakref.ref[ProcessGroup], ProcessGroup]] = []
+"""gpuq's gloo group, with the default group it was made for (at most one).
+
+The default group is held weakly: the script's ``destroy_process_group()``
+must be able to free it.
+"""
 
 
 def rank(environ: Mapping[str, str] | None = None) -> int:
@@ -149,20 +167,19 @@ def suspend_all_ranks(job: Job, save_and_exit: Callable[[], None]) -> None:
     `save_and_exit` is the single-process suspend (save, acknowledge, raise
     SystemExit); outside a distributed run it is all that happens.
     """
-    group = coordination_group()
-    if group is None:
+    if coordination_group() is None:
         save_and_exit()
         return
     import torch.distributed as dist
 
-    _warn_if_generators_differ(group)
+    _warn_if_generators_differ()
     if dist.get_rank() == 0:
         try:
             save_and_exit()
         except SystemExit:
-            dist.barrier(group=group)  # the others leave once the checkpoint is on disk
+            _leave_together()
             raise
-    dist.barrier(group=group)
+    _leave_together()
     print(
         f"gpuq.runner: rank {dist.get_rank()} suspended at step {job.step} (rank 0 saved)",
         file=sys.stderr,
@@ -173,20 +190,53 @@ def suspend_all_ranks(job: Job, save_and_exit: Callable[[], None]) -> None:
 
 
 def coordination_group() -> ProcessGroup | None:
-    """The CPU (gloo) group the ranks agree through; None without several ranks."""
+    """The CPU (gloo) group the ranks agree through; None without several ranks.
+
+    It is gpuq's own, not the default group, so that gpuq can destroy it
+    before the process exits (`release_coordination_group`).
+    """
     if _distributed_world() <= 1:
         return None
     import torch.distributed as dist
 
     default = dist.group.WORLD
-    if _coordination and _coordination[0][0] is default:
+    if default is None:  # not initialised, which _distributed_world() has ruled out
+        return None
+    if _coordination and _coordination[0][0]() is default:
         return _coordination[0][1]
-    if dist.get_backend() == "gloo":
-        group: ProcessGroup = dist.group.WORLD  # type: ignore[assignment]
-    else:
-        group = dist.new_group(backend="gloo")  # collective: every rank is at its first boundary
-    _coordination[:] = [(default, group)]
+    release_coordination_group()  # one made for an earlier default group
+    group: ProcessGroup = dist.new_group(backend="gloo")
+    # new_group is collective: every rank is at its first boundary here.
+    _coordination[:] = [(weakref.ref(default), group)]
+    atexit.register(release_coordination_group)
     return group
+
+
+def release_coordination_group() -> None:
+    """Destroy gpuq's gloo group and drop it, which joins its threads while Python is intact.
+
+    Called before a suspend exits and at exit (`atexit` runs before Python
+    starts to shut down); see the module docstring for why. Nothing else may
+    hold the group, or its threads outlive this call.
+    """
+    if not _coordination:
+        return
+    import torch.distributed as dist
+
+    atexit.unregister(release_coordination_group)
+    [(made_for, group)] = _coordination
+    _coordination.clear()
+    if dist.is_initialized() and dist.group.WORLD is made_for():
+        dist.destroy_process_group(group)  # else destroying the default group removed it
+    del group  # the last reference: its destructor joins the threads (without the GIL)
+
+
+def _leave_together() -> None:
+    """Wait until every rank is here (rank 0 has saved), then destroy gpuq's group."""
+    import torch.distributed as dist
+
+    dist.barrier(group=coordination_group())
+    release_coordination_group()
 
 
 def shard(dataset: Any, environ: Mapping[str, str] | None = None) -> Subset[Any]:
@@ -227,7 +277,7 @@ def _park_unsupported() -> RunnerError:
     )
 
 
-def _warn_if_generators_differ(group: ProcessGroup) -> None:
+def _warn_if_generators_differ() -> None:
     """Warn on rank 0 when ranks' torch generators differ: a resume gives all of them rank 0's."""
     import torch
     import torch.distributed as dist
@@ -239,7 +289,7 @@ def _warn_if_generators_differ(group: ProcessGroup) -> None:
     torch.save([generators["torch"], generators.get("cuda")], buffer)
     digest = hashlib.sha256(buffer.getvalue()).hexdigest()
     digests: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, digest, group=group)
+    dist.all_gather_object(digests, digest, group=coordination_group())
     if dist.get_rank() == 0 and len(set(digests)) > 1:
         warnings.warn(
             "the ranks' torch random generators differ: a resume restores rank 0's on every "
