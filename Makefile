@@ -51,6 +51,7 @@ bench: $(STAMP)  ## Benchmarks (figures go to bench/RESULTS.md by hand, with the
 	$(PY) bench/bench_policy.py
 	$(PY) -m bench.bench_submit
 	$(PY) -m bench.bench_daemon
+	$(PY) -m bench.bench_turnover
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -108,7 +108,7 @@ async def _time_passes(daemon: DaemonHarness, passes: int = 15) -> list[float]:
         times = []
         for _ in range(passes):
             start = time.perf_counter()
-            plan = scheduler.schedule_pass(state)
+            plan = await scheduler.schedule_pass(state)
             times.append(time.perf_counter() - start)
             assert not plan.start, "the server is full: nothing may start"
         return times

@@ -76,6 +76,13 @@ class DefaultsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LogsConfig:
+    """The `[logs]` section: how large a job's output file may grow (0: no limit)."""
+
+    max_size: int = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
 class ClientConfig:
     """The `[client]` section: how long a command waits for the daemon."""
 
@@ -91,6 +98,7 @@ class Config:
     gpus: GpuConfig
     defaults: DefaultsConfig
     client: ClientConfig = ClientConfig()
+    logs: LogsConfig = LogsConfig()
     source: Path | None = None
 
 
@@ -112,6 +120,8 @@ _EXPECTED: dict[str, str] = {
     "defaults.retries": "a whole number, 0 or more",
     "defaults.time_limit": 'seconds (a number) or a duration such as "4h"',
     "defaults.gpus": "a whole number, 0 or more",
+    "logs.max_size": 'a size of 4K or more, such as "1G" (past it, the middle of a log is '
+    "dropped, with a marker), or 0 for no limit",
     "client.timeout": "seconds of silence from the daemon before a command gives up, more than 2 "
     '(a number or a duration such as "30s")',
     "gpus.backend": " or ".join(map(repr, BACKEND_KINDS)),
@@ -299,6 +309,12 @@ def _positive_duration(value: object) -> float | None:
     return seconds if seconds is None or seconds > 0 else None
 
 
+def _log_size(value: object) -> int | None:
+    """0 (no limit) or a size of at least 4 KiB."""
+    size = _size(value)
+    return size if size is None or size == 0 or size >= 4096 else None
+
+
 def _client_timeout(value: object) -> float | None:
     """A duration longer than the daemon's heartbeat interval (2 s)."""
     seconds = _duration(value)
@@ -353,7 +369,7 @@ def _short_hostname() -> str:
 
 def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str]) -> Config:
     """Validate parsed TOML `data` into a Config (defaults for what is absent)."""
-    sections = ("daemon", "scheduler", "defaults", "gpus", "client")
+    sections = ("daemon", "scheduler", "defaults", "gpus", "client", "logs")
     for section in data:
         if section not in sections:
             raise _unknown(section, section, sections, source)
@@ -364,6 +380,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
     defaults = _Table(data.get("defaults", {}), "defaults", source)
     d = DefaultsConfig()
     client = _Table(data.get("client", {}), "client", source)
+    logs = _Table(data.get("logs", {}), "logs", source)
     return Config(
         daemon=daemon,
         scheduler=SchedulerConfig(
@@ -380,6 +397,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
             gpus=defaults.get("gpus", d.gpus, _integer(0)),
         ),
         client=ClientConfig(timeout=client.get("timeout", ClientConfig().timeout, _client_timeout)),
+        logs=LogsConfig(max_size=logs.get("max_size", LogsConfig().max_size, _log_size)),
         source=source,
     )
 

@@ -32,7 +32,7 @@ NODE = "GPUQ_NODE"
 CONTRACT: dict[str, str] = {
     JOB_ID: "The job's id (an integer); unset outside gpuq.",
     JOB_NAME: "The job's name (`--name`, or the command's base name).",
-    ARRAY_ID: "For array tasks, the id of the array's first task.",
+    ARRAY_ID: "For array tasks, the array's own id (`gpuq cancel` of it cancels every task).",
     ARRAY_INDEX: "For array tasks, this task's index (`--array`).",
     GPU_UUIDS: "Comma-separated UUIDs of the GPUs given to the job (empty for CPU jobs).",
     GPU_MEM: "Bytes of GPU memory reserved on each shared GPU; unset for whole GPUs.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -176,9 +177,19 @@ class Job:
     array_id: int | None = None
     stdout_path: str = ""
     stderr_path: str = ""
+    retry_at: float | None = None
+    first_start_time: float | None = None
+    run_seconds: float = 0.0
+    running_since: float | None = None
 
-    def to_dict(self, *, with_env: bool = False) -> dict[str, Any]:
-        """The documented `--json` job object (docs/json-schema.md)."""
+    def run_time(self, now: float) -> float:
+        """Seconds the job's command has run, over all attempts, suspended time excluded."""
+        if self.running_since is None:
+            return self.run_seconds
+        return self.run_seconds + max(0.0, now - self.running_since)
+
+    def to_dict(self, *, with_env: bool = False, now: float | None = None) -> dict[str, Any]:
+        """The documented `--json` job object (docs/json-schema.md); `now` for `run_time`."""
         spec = self.spec.to_dict()
         if not with_env:
             spec.pop("env")
@@ -199,6 +210,10 @@ class Job:
             "submit_time": self.submit_time,
             "start_time": self.start_time,
             "end_time": self.end_time,
+            "first_start_time": self.first_start_time,
+            "run_time": self.run_time(time.time() if now is None else now),
+            "running_since": self.running_since,
+            "retry_at": self.retry_at,
             "attempts": self.attempts,
             "array_id": self.array_id,
             "array_index": self.spec.array_index,
@@ -209,7 +224,7 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Job:
-        """Decode the `--json` job object back into a Job."""
+        """Decode the `--json` job object back into a Job (its run time as of the encoding)."""
         return cls(
             id=int(data["id"]),
             spec=JobSpec.from_dict(data["spec"]),
@@ -227,6 +242,9 @@ class Job:
             array_id=data.get("array_id"),
             stdout_path=str(data.get("stdout") or ""),
             stderr_path=str(data.get("stderr") or ""),
+            retry_at=data.get("retry_at"),
+            first_start_time=data.get("first_start_time"),
+            run_seconds=float(data.get("run_time") or 0.0),
         )
 
 

@@ -198,6 +198,11 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class Reload:
+    """Read the config file again; apply what can change live, report what needs a restart."""
+
+
+@dataclass(frozen=True, slots=True)
 class Clean:
     """Delete finished jobs (and their logs) that ended before `older_than`."""
 
@@ -230,6 +235,7 @@ Request = (
     | Gpus
     | DaemonStatus
     | Shutdown
+    | Reload
     | Clean
     | Subscribe
 )
@@ -252,6 +258,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "gpus": Gpus,
     "status": DaemonStatus,
     "shutdown": Shutdown,
+    "reload": Reload,
     "clean": Clean,
     "subscribe": Subscribe,
 }

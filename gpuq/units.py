@@ -269,6 +269,12 @@ def _too_many_tasks(text: str) -> UsageError:
     )
 
 
+def path_component(text: str) -> str:
+    """`text` made safe as one file name: no "/", and never "", "." or ".."."""
+    safe = text.replace("/", "_")
+    return "_" * max(1, len(safe)) if safe in ("", ".", "..") else safe
+
+
 def expand_output_pattern(
     pattern: str,
     job_id: int,
@@ -280,14 +286,16 @@ def expand_output_pattern(
     """Fill a log file pattern: %j job id, %a array index, %A array id, %x name, %u user, %%.
 
     For a job outside an array, %a is "0" and %A is the job id, so one pattern
-    serves both kinds of job.
+    serves both kinds of job. A name or user can never add a directory level
+    or climb out of one: "/" in them becomes "_", and a name that is "." or
+    ".." is written with "_" for each dot.
     """
     values = {
         "j": str(job_id),
         "a": str(array_index if array_index is not None else 0),
         "A": str(array_id if array_id is not None else job_id),
-        "x": name,
-        "u": user,
+        "x": path_component(name),
+        "u": path_component(user),
         "%": "%",
     }
     parts: list[str] = []

@@ -76,6 +76,11 @@ class Normalizer:
         text = re.sub(rf"^(  Node: +){re.escape(self.node)}$", r"\1<NODE>", text, flags=re.M)
         if text.startswith("ID "):
             text = mask_column(text, "TIME", "<T>", DURATION)
+        duration = DURATION.pattern
+        text = re.sub(
+            rf"(Run time: +)({duration})( .*; )({duration})", r"\1<DURATION>\3<DURATION>", text
+        )
+        text = re.sub(rf"( ran )({duration})", r"\1<DURATION>", text)
         return text
 
 
@@ -127,7 +132,7 @@ ID  NAME   STATE      GPUS  TIME  EXIT  REASON
 """
 
 CANCEL_GOLDEN = """\
-job 2: running
+job 2: cancel requested
 job 4: cancelled
 job 5: cancelled
 """
@@ -174,11 +179,13 @@ Job 1: three
   Submitted:  <TIME>
   Started:    <TIME>
   Ended:      <TIME>
+  Run time:   <DURATION> (suspended time excluded); <DURATION> since the first start
   Exit code:  3
-  Attempts:   1 (retries allowed: 0)
   Output:     <ROOT>/state/logs/1.out
   Errors:     <ROOT>/state/logs/1.err
   Time limit: 1m30s
+  Attempts:   1 (retries allowed: 0)
+      1  <TIME> .. <TIME>  ran <DURATION>  failed: exited with code 3
   History:
     <TIME>  queued      submitted
     <TIME>  starting    starting on <GPU0>
@@ -232,10 +239,10 @@ def test_submit_prints_the_id_in_each_output_form(daemon: DaemonHarness) -> None
         ([], "Submitted job 1\n"),
         (["-q"], "2\n"),
         (["--parsable"], "3\n"),
-        (["--json"], '{"schema_version": 1, "ids": [4]}\n'),
-        (["--array", "0-2"], "Submitted array job 5 (3 tasks: 5-7)\n"),
-        (["-q", "--array", "1,3"], "8\n9\n"),
-        (["--json", "--array", "0-1"], '{"schema_version": 1, "ids": [10, 11]}\n'),
+        (["--json"], '{"schema_version": 1, "ids": [4], "array_id": null}\n'),
+        (["--array", "0-2"], "Submitted array job 5 (3 tasks: 6-8)\n"),
+        (["-q", "--array", "1,3"], "10\n11\n"),
+        (["--json", "--array", "0-1"], '{"schema_version": 1, "ids": [13, 14], "array_id": 12}\n'),
     ]
     for options, expected in cases:
         result = daemon.cli("submit", "--gpus", "0", *options, "--", "true")

@@ -377,7 +377,7 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "foreign_memory": 0,
         "foreign_pid": 999999,
     }
-    assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "source"}
+    assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
 
 
 def test_config_to_dict_of_defaults_has_no_source(env: dict[str, str]) -> None:

@@ -1,5 +1,10 @@
 """SIGKILL the daemon mid-flight: no job lost, none run twice, no id reused.
 
+Also: a job's shim killed while the daemon is down leaves nothing running
+(recovery kills what is left before a GPU or a retry is handed out), and a
+full state directory holds a job's exit back, GPUs and all, until it can be
+recorded, across a restart too.
+
 Every job appends "<id> <attempt>" to a shared runs file when it starts, then
 exits with a code derived from its index, so the test can check that each job
 ran exactly once and ended with its true exit code, whatever the daemon was
@@ -10,16 +15,20 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuq.daemon import jobfiles, proctree
 from gpuq.daemon.faults import POINTS
-from gpuq.errors import DaemonUnavailable
+from gpuq.errors import DaemonUnavailable, StateError
 from tests.daemon_harness import DaemonHarness, wait_for
 
 FOUR_GPUS = '[[gpus.fake]]\nname = "Fake"\nmemory = "16G"\ncount = 4\n'
@@ -160,5 +169,204 @@ def test_kill_at_random_moments(tmp_path: Path) -> None:
         assert sorted(acknowledged) == list(range(1, count + 1))
         jobs = wait_all_done(daemon, count)
         check_invariants(daemon, jobs, count)
+    finally:
+        daemon.close()
+
+
+# -- a shim killed while the daemon is down ------------------------------------------
+
+
+def attempt_processes(daemon: DaemonHarness, job_id: int, attempt: int) -> list[int]:
+    """Live processes of one attempt of a job, found by its environment."""
+    job_dir = str(daemon.state_dir / "jobs" / str(job_id))
+    return proctree.attempt_members(job_dir, attempt, 0, proctree.table())
+
+
+def test_a_shim_killed_while_the_daemon_is_down_leaves_nothing_running(tmp_path: Path) -> None:
+    daemon = DaemonHarness(tmp_path)  # two GPUs
+    runs = tmp_path / "runs"
+    try:
+        daemon.start()
+        record = f'echo "$GPUQ_JOB_ID $GPUQ_ATTEMPT" >> {runs}'
+        first = daemon.submit(
+            ["sh", "-c", f"{record}; setsid sleep 600 & sleep 600"], gpus=2, retries=1
+        )
+        waiting = daemon.submit(["sh", "-c", record], gpus=1)
+        daemon.wait_state(first, "running")
+        wait_for(lambda: len(attempt_processes(daemon, first, 1)) == 3, what="sh and two sleeps")
+        left = attempt_processes(daemon, first, 1)
+        shim = jobfiles.read_json(daemon.state_dir / "jobs" / str(first) / jobfiles.SHIM)
+        assert shim is not None
+
+        daemon.kill()
+        os.kill(int(shim["pid"]), signal.SIGKILL)
+        daemon.start()
+
+        def started(job_id: int, attempt: int) -> bool:
+            return f"{job_id} {attempt}" in runs.read_text().split("\n")
+
+        wait_for(lambda: started(waiting, 1), what="the waiting job to get a GPU")
+        assert not [pid for pid in left if (p := proctree.read_proc(pid)) and p.alive], (
+            "the GPU was handed out while the lost attempt still ran"
+        )
+        wait_for(lambda: started(first, 2), timeout=60, what="the retry to start")
+        assert attempt_processes(daemon, first, 1) == []
+        assert len(attempt_processes(daemon, first, 2)) in (1, 2, 3)
+        reasons = [e["reason"] for e in daemon.call("show", id=first)["events"]]
+        assert any("shim ended while the daemon was down" in r for r in reasons), reasons
+        daemon.call("cancel", ids=[first])
+        daemon.wait_state(first, "cancelled")
+    finally:
+        daemon.close()
+
+
+# -- a full state directory ------------------------------------------------------------
+
+
+@pytest.fixture
+def small_state_dir(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs to hold the daemon's state directory (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "state"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+def fill(directory: Path, name: str = "filler") -> Path:
+    """Write a file until the filesystem has not one byte left; returns it."""
+    filler = directory / name
+    with open(filler, "wb", buffering=0) as handle:
+        for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 8, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * chunk)
+            except OSError:
+                pass
+    return filler
+
+
+def until_writes_fail(daemon: DaemonHarness, spec: dict[str, Any], probe: int) -> None:
+    """Write state until the daemon cannot commit even its smallest transaction.
+
+    New rows need pages the full filesystem cannot give, so SQLite's write-ahead
+    log can no longer be checkpointed and only grows. A refused commit still
+    leaves room for a smaller one in the log, so after submits are refused the
+    held `probe` job's priority (a one-row update, the smallest write the daemon
+    makes) is rewritten until that is refused too: then recording an exit fails.
+    """
+    priorities = iter(range(1, 1_000_000))
+
+    def submit_refused() -> bool:
+        try:
+            daemon.call("submit", spec={**spec, "hold": True})
+        except StateError:
+            return True
+        return False
+
+    def update_refused() -> bool:
+        results = daemon.call("priority", ids=[probe], priority=next(priorities))["results"]
+        return not results[0]["ok"]
+
+    wait_for(submit_refused, interval=0.0, what="a refused submit")
+    wait_for(update_refused, interval=0.0, what="a refused update")
+
+
+def started(state_dir: Path, job_id: int) -> None:
+    """Wait until the job's command runs: its shim has written (and trimmed) `child.json`."""
+    child = state_dir / "jobs" / str(job_id) / jobfiles.CHILD
+    wait_for(lambda: jobfiles.read_json(child), what=f"job {job_id}'s command to start")
+
+
+def end_while_full(daemon: DaemonHarness, go: Path, job_id: int) -> Path:
+    """Let the job end while the daemon is stopped, then fill what its exit record freed.
+
+    The shim writes `exit.json` into space reserved at the start and trims the
+    rest, which frees a few pages: filled again before the daemon reads the
+    exit, they cannot let the daemon's own write through. Returns the filler.
+    """
+    assert daemon.process is not None
+    exit_file = daemon.state_dir / "jobs" / str(job_id) / jobfiles.EXIT
+    os.kill(daemon.process.pid, signal.SIGSTOP)
+    try:
+        go.touch()
+        wait_for(exit_file.exists, what="the shim to record the exit in its reserved space")
+        return fill(daemon.state_dir, "filler-after-exit")
+    finally:
+        os.kill(daemon.process.pid, signal.SIGCONT)
+
+
+def test_a_full_disk_keeps_an_exit_and_its_gpus_until_it_is_recorded(
+    tmp_path: Path, small_state_dir: Path
+) -> None:
+    daemon = DaemonHarness(tmp_path, gpus_toml='[[gpus.fake]]\nname = "Fake"\nmemory = "8G"\n')
+    try:
+        daemon.start()
+        go = tmp_path / "go"
+        ending = daemon.submit(["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; exit 3"])
+        waiting = daemon.submit(["true"])
+        probe = daemon.submit(["true"], hold=True)
+        daemon.wait_state(ending, "running")
+        started(small_state_dir, ending)
+        filler = fill(small_state_dir)
+        until_writes_fail(daemon, job_spec(tmp_path, 0, 0), probe)
+        more = end_while_full(daemon, go, ending)
+
+        def held_back() -> dict[str, Any] | None:
+            job = daemon.job(ending)
+            return job if "recording it waits for disk space" in job["reason"] else None
+
+        job = wait_for(held_back, what="the exit to be held back")
+        assert job["state"] == "running"
+        assert daemon.job(waiting)["state"] == "queued", "its GPU is not free until recorded"
+        listing = daemon.cli("ls")
+        assert listing.returncode == 0
+        assert "is full or not writable" in listing.stderr
+        assert "[FAIL] daemon" in daemon.cli("doctor").stdout
+
+        filler.unlink()
+        more.unlink()
+        recorded = daemon.wait_state(ending, "failed")
+        assert (recorded["exit_code"], recorded["reason"]) == (3, "exited with code 3")
+        assert daemon.wait_state(waiting, "succeeded")
+        assert "is full" not in daemon.cli("ls").stderr
+    finally:
+        daemon.close()
+
+
+def test_an_exit_held_back_by_a_full_disk_survives_a_daemon_restart(
+    tmp_path: Path, small_state_dir: Path
+) -> None:
+    daemon = DaemonHarness(tmp_path)
+    try:
+        daemon.start()
+        go = tmp_path / "go"
+        ending = daemon.submit(
+            ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; exit 5"], gpus=0
+        )
+        probe = daemon.submit(["true"], gpus=0, hold=True)
+        daemon.wait_state(ending, "running")
+        started(small_state_dir, ending)
+        filler = fill(small_state_dir)
+        until_writes_fail(daemon, job_spec(tmp_path, 0, 0), probe)
+        more = end_while_full(daemon, go, ending)
+        daemon.kill()
+        filler.unlink()
+        more.unlink()
+        daemon.start()
+        job = daemon.wait_state(ending, "failed", "lost")
+        assert (job["state"], job["exit_code"]) == ("failed", 5)
     finally:
         daemon.close()

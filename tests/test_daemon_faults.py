@@ -353,7 +353,7 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
         pytest.param(
             {"after": ["99"]},
             "not_found",
-            "unknown dependency: job 99 does not exist",
+            "unknown dependency: no job or array 99",
             id="unknown-dependency",
         ),
         pytest.param(
@@ -395,7 +395,7 @@ def test_an_impossible_submission_is_refused_with_its_code_and_no_job(
         (["--gpus", "3"], ExitCode.UNAVAILABLE, "the job needs 3 GPUs; this server has 2"),
         (["--gpus", "0", "--gpu-mem", "1G"], ExitCode.USAGE, "--gpu-mem needs --gpus 1 or more"),
         (["--retries", "-1"], ExitCode.USAGE, "--retries must be 0 or more"),
-        (["--after", "42"], ExitCode.NOT_FOUND, "unknown dependency: job 42 does not exist"),
+        (["--after", "42"], ExitCode.NOT_FOUND, "unknown dependency: no job or array 42"),
     ],
 )
 def test_the_cli_reports_a_refused_submission_with_its_exit_code(
@@ -413,7 +413,7 @@ def test_a_job_can_depend_only_on_jobs_that_already_exist(daemon: DaemonHarness)
     with pytest.raises(GpuqError) as caught:
         daemon.submit(["true"], gpus=0, after=[str(first + 1)])
     assert caught.value.code == "not_found"
-    assert caught.value.hint == "a job can only depend on jobs submitted before it"
+    assert caught.value.hint == "a job can only depend on jobs and arrays submitted before it"
     assert daemon.submit(["true"], gpus=0, after=[str(first)]) == first + 1
     assert_serving(daemon)
 

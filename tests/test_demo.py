@@ -30,4 +30,4 @@ def test_the_demo_packs_queues_trains_and_reports() -> None:
     assert "shared" in out, "two jobs packed on one GPU show as shared"
     assert "waiting for 1 free GPU" in out, "the whole-GPU job is shown queued"
     assert "accuracy" in out, "the PyTorch training run printed its result"
-    assert "succeeded" in out and "retrying (attempt 2 of 2)" in out
+    assert "succeeded" in out and "retrying in 1s (attempt 2 of 2)" in out

@@ -105,7 +105,7 @@ def test_show_prints_the_history_with_reasons(daemon: DaemonHarness) -> None:
         ("queued", "submitted"),
         ("starting", "starting on CPU"),
         ("running", "started"),
-        ("queued", "exited with code 2; retrying (attempt 2 of 2)"),
+        ("queued", "exited with code 2; retrying in 1s (attempt 2 of 2)"),
         ("starting", "starting on CPU"),
         ("running", "started"),
         ("failed", "exited with code 2"),

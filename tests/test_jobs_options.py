@@ -251,7 +251,7 @@ def test_a_dependent_job_waits_until_its_dependency_ends(daemon: DaemonHarness) 
 def test_after_an_unknown_job_is_refused(daemon: DaemonHarness) -> None:
     result = daemon.cli("submit", "--after", "42", "--", "true")
     assert result.returncode == 3
-    assert "job 42 does not exist" in result.stderr
+    assert "no job or array 42" in result.stderr
     bad = daemon.cli("submit", "--after", "x:sometimes", "--", "true")
     assert bad.returncode == 2
     assert "bad dependency" in bad.stderr
@@ -278,9 +278,10 @@ def test_array_runs_at_most_the_limit_at_once_and_names_outputs(daemon: DaemonHa
         task,
     )
     assert result.returncode == 0, result.stderr
-    ids = json.loads(result.stdout)["ids"]
+    submitted = json.loads(result.stdout)
+    ids, array_id = submitted["ids"], submitted["array_id"]
     assert len(ids) == 6
-    array_id = ids[0]
+    assert array_id == ids[0] - 1, "the array's own id comes just before its tasks'"
     index_of = {job_id: n for n, job_id in enumerate(ids)}
     finished: set[int] = set()
 
@@ -375,8 +376,8 @@ def test_retries_rerun_a_failing_job_until_it_succeeds(daemon: DaemonHarness) ->
     reasons = [
         e["reason"] for e in json.loads(daemon.cli("show", "--json", str(job_id)).stdout)["events"]
     ]
-    assert "exited with code 1; retrying (attempt 2 of 3)" in reasons
-    assert "exited with code 1; retrying (attempt 3 of 3)" in reasons
+    assert "exited with code 1; retrying in 1s (attempt 2 of 3)" in reasons
+    assert "exited with code 1; retrying in 2s (attempt 3 of 3)" in reasons
 
 
 def test_retries_run_out(daemon: DaemonHarness) -> None:
@@ -467,10 +468,11 @@ def test_json_prints_the_schema_version_and_ids(daemon: DaemonHarness) -> None:
     single = daemon.cli("submit", "--json", "--gpus", "0", "--", "true")
     assert single.returncode == 0, single.stderr
     first = json.loads(single.stdout)
-    assert first == {"schema_version": 1, "ids": [first["ids"][0]]}
+    assert first == {"schema_version": 1, "ids": [first["ids"][0]], "array_id": None}
     array = daemon.cli("submit", "--json", "--gpus", "0", "--array", "1,3,5", "--", "true")
     ids = json.loads(array.stdout)["ids"]
-    assert ids == [first["ids"][0] + 1, first["ids"][0] + 2, first["ids"][0] + 3]
+    assert json.loads(array.stdout)["array_id"] == first["ids"][0] + 1
+    assert ids == [first["ids"][0] + 2, first["ids"][0] + 3, first["ids"][0] + 4]
     for job_id, index in zip(ids, (1, 3, 5), strict=True):
         assert daemon.wait_state(job_id, "succeeded")["array_index"] == index
 

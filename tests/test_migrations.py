@@ -230,7 +230,7 @@ def test_a_new_job_gets_an_id_above_every_old_one(
 ) -> None:
     assert upgraded.max_job_id() == expected["max_job_id"]
     spec = JobSpec(command=("true",), cwd="/", env={"NEW": "1"})
-    (job,) = upgraded.insert_jobs([NewJob(spec, JobState.QUEUED, "submitted")], 2e9, None)
+    (job,), _ = upgraded.insert_jobs([NewJob(spec, JobState.QUEUED, "submitted")], 2e9, None)
     assert job.id == expected["max_job_id"] + 1
     assert upgraded.full_spec(job.id).env == {"NEW": "1"}
     upgraded.add_sample(job.id, 1, {"time": 2e9, "step": 1})

@@ -424,7 +424,8 @@ def test_random_requests_each_get_one_reply_and_only_submit_creates_jobs(
             for request, reply in zip(requests, replies, strict=True)
             if request.get("method") == "submit" and "result" in reply
             if not reply["result"]["duplicate"]
-            for job_id in reply["result"]["ids"]
+            for job_id in ([reply["result"]["array_id"]] if reply["result"]["array_id"] else [])
+            + reply["result"]["ids"]
         ]
         assert created == list(range(before + 1, healthy_job_count(fuzz_daemon) + 1))
 

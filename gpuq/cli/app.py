@@ -19,7 +19,7 @@ import typer
 
 from gpuq.cli import render, sim
 from gpuq.cli.errors import render_error
-from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit
+from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, GpuqError
 from gpuq.models import JSON_SCHEMA_VERSION
@@ -36,6 +36,39 @@ app = typer.Typer(
 daemon_app = typer.Typer(help="Start, stop and inspect the gpuq daemon.", no_args_is_help=True)
 app.add_typer(daemon_app, name="daemon")
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from gpuq import __version__
+        from gpuq.wire import PROTOCOL_VERSION
+
+        print(f"gpuq {__version__} (protocol {PROTOCOL_VERSION})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            "-V",
+            callback=_print_version,
+            is_eager=True,
+            help="Print gpuq's version and protocol version, and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Queue, pack and run GPU jobs on your lab's servers.
+
+    Exit codes: 0 ok, 1 failure, 2 usage, 3 no such job, 4 wrong state,
+    5 daemon unreachable or impossible resources, 6 protocol, 7 state
+    directory, 8 timeout (see man gpuq). `gpuq wait` and `submit --wait`
+    exit with the job's own code; `gpuq wait --exit-zero --json` keeps the
+    jobs' codes out of the exit status, for scripts.
+    """
+
+
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print JSON (schema in docs/json-schema.md).")
 ]
@@ -43,7 +76,10 @@ ConfigOpt = Annotated[
     str | None,
     typer.Option("--config", envvar="GPUQ_CONFIG", help="Configuration file.", show_envvar=True),
 ]
-IdsArg = Annotated[list[int], typer.Argument(help="Job ids.", show_default=False)]
+IdsArg = Annotated[
+    list[int],
+    typer.Argument(help="Job ids; an array's id stands for all its tasks.", show_default=False),
+]
 
 T = TypeVar("T")
 
@@ -67,8 +103,22 @@ def _print_json(data: dict[str, Any]) -> None:
     print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **data}, indent=2))
 
 
+def _print_warnings(result: dict[str, Any]) -> None:
+    """The daemon's own problems (a full disk, a deleted state directory), on stderr."""
+    from gpuq.textsafe import visible
+
+    for warning in result.get("warnings") or ():
+        print(f"gpuq: warning: {visible(warning)}", file=sys.stderr)
+
+
 @app.command("ls")
 def list_jobs(
+    ids: Annotated[
+        list[int] | None,
+        typer.Argument(
+            help="Only these jobs; an array's id lists all its tasks.", show_default=False
+        ),
+    ] = None,
     state: Annotated[
         list[str] | None,
         typer.Option("--state", "-s", help="Only jobs in this state (repeatable)."),
@@ -82,41 +132,57 @@ def list_jobs(
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """List the queue: pending and running jobs (and finished ones with --all)."""
+    """List the queue: pending and running jobs (and finished ones with --all).
+
+    TIME is how long a job has run, over all its attempts and without the
+    time it spent suspended; for a job that never started, how long it has
+    waited. Problems of the daemon itself (a full disk) are printed to stderr.
+    """
 
     def body() -> None:
         with _client(config) as client:
-            jobs = client.call(
+            result = client.call(
                 "list",
+                ids=ids or [],
                 states=state or [],
                 user=user,
                 name=name,
-                include_done=all_jobs or bool(state),
+                include_done=all_jobs or bool(state) or bool(ids),
                 limit=limit,
-            )["jobs"]
+            )
+        _print_warnings(result)
         if json_out:
-            _print_json({"jobs": jobs})
+            _print_json({"jobs": result["jobs"], "warnings": result.get("warnings", [])})
         else:
-            print(render.jobs_table(jobs))
+            print(render.jobs_table(result["jobs"]))
 
     _run(json_out, body)
 
 
 @app.command()
 def show(
-    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    job_id: Annotated[int, typer.Argument(help="Job id, or an array's id.")],
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Show a job: spec, state, GPUs, timings and its history with reasons."""
+    """Show a job: spec, state, GPUs, run and wall time, each attempt, history with reasons.
+
+    Given an array's id, show the array and all its tasks.
+    """
 
     def body() -> None:
         with _client(config) as client:
             result = client.call("show", id=job_id)
         if json_out:
             _print_json(result)
+        elif "array" in result:
+            print(render.array_detail(result["array"], result["jobs"]))
         else:
-            print(render.job_detail(result["job"], result["events"], result.get("metrics")))
+            print(
+                render.job_detail(
+                    result["job"], result["events"], result.get("metrics"), result["attempts"]
+                )
+            )
 
     _run(json_out, body)
 
@@ -173,17 +239,39 @@ def logs(
     _run(False, body)
 
 
-def _action(method: str, ids: list[int], config: str | None, json_out: bool, **extra: Any) -> int:
+def _action(
+    method: str,
+    ids: list[int],
+    config: str | None,
+    json_out: bool,
+    *,
+    wait: bool = False,
+    **extra: Any,
+) -> int:
+    """Apply an action to jobs; with `wait`, also wait until they ended and show how."""
     with _client(config) as client:
         results = client.call(method, ids=ids, **extra)["results"]
+        done: dict[int, dict[str, Any]] = {}
+        if wait:
+            acted = [r["id"] for r in results if r["ok"]]
+            if acted:
+                done = {j["id"]: j for j in client.call("wait", ids=acted)["jobs"]}
+    for item in results:
+        if item["id"] in done:
+            item["state"] = done[item["id"]]["state"]
     if json_out:
         _print_json({"results": results})
     else:
         for item in results:
-            if item["ok"]:
+            if not item["ok"]:
+                message = visible(item["message"])
+                if not message.startswith(f"job {item['id']} "):
+                    message = f"job {item['id']}: {message}"
+                print(f"gpuq: {message}", file=sys.stderr)
+            elif item["id"] in done:
                 print(f"job {item['id']}: {item['state']}")
             else:
-                print(f"gpuq: job {item['id']}: {visible(item['message'])}", file=sys.stderr)
+                print(f"job {item['id']}: {visible(item.get('message') or item['state'])}")
     failed = [r for r in results if not r["ok"]]
     if not failed:
         return 0
@@ -200,8 +288,25 @@ def _register_action(method: str, help_text: str) -> None:
     app.command(method)(command)
 
 
+@app.command()
+def cancel(
+    ids: IdsArg,
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Wait until the jobs have ended; show how.")
+    ] = False,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Cancel jobs (or whole arrays, by the array's id).
+
+    A pending job is cancelled at once; a running one gets SIGTERM, then
+    SIGKILL after the kill grace: it prints `cancel requested`, and with
+    --wait the state it ended in.
+    """
+    _run(json_out, lambda: _action("cancel", ids, config, json_out, wait=wait))
+
+
 for _method, _help in (
-    ("cancel", "Cancel jobs: pending ones at once, running ones with TERM, then KILL."),
     ("hold", "Keep queued jobs from starting until released."),
     ("release", "Let held jobs start."),
     ("retry", "Queue failed, cancelled or lost jobs again, under their own ids."),
@@ -248,10 +353,25 @@ def wait(
     timeout: Annotated[
         str | None, typer.Option("--timeout", help="Give up after this long (exit 8).")
     ] = None,
+    exit_zero: Annotated[
+        bool,
+        typer.Option(
+            "--exit-zero",
+            help="Exit 0 once the jobs ended, whatever their outcome (read it from --json), "
+            "so that any other code is gpuq's own.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Wait for jobs to end; exit 0 if all succeeded, else the largest exit code."""
+    """Wait for jobs (or whole arrays) to end.
+
+    Exits 0 if all succeeded, else with the largest exit code of the jobs
+    (1 for a job that ended without one). A job's own code may equal one of
+    gpuq's (3 no such job, 5 daemon unreachable, 8 timeout); scripts that
+    must tell them apart use --exit-zero with --json, which lists each
+    job's state and exit code.
+    """
 
     def body() -> int:
         from gpuq.units import parse_duration
@@ -263,8 +383,7 @@ def wait(
             _print_json({"jobs": jobs})
         else:
             print(render.jobs_table(jobs))
-        ended = [j for j in jobs if j["state"] in ("succeeded", "failed", "cancelled", "lost")]
-        return max((j["exit_code"] or 1 for j in ended if j["state"] != "succeeded"), default=0)
+        return 0 if exit_zero else wait_exit_code(jobs)
 
     _run(json_out, body)
 
@@ -396,6 +515,30 @@ def daemon_restart(config: ConfigOpt = None) -> None:
     _run(False, body)
 
 
+@daemon_app.command("reload")
+def daemon_reload(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Apply the config file without a restart (SIGHUP does the same).
+
+    [scheduler], [logs], [defaults], [client] and daemon.kill_grace change
+    at once; other [daemon] keys and [gpus] need gpuq daemon restart, and
+    the command names them. An invalid file changes nothing (exit 2).
+    """
+
+    def body() -> None:
+        with _client(config, autostart=False) as client:
+            result = client.call("reload")
+        if json_out:
+            _print_json(result)
+            return
+        applied = ", ".join(result["applied"]) or "nothing changed"
+        print(f"gpuq daemon reloaded {result['source'] or 'the built-in defaults'}: {applied}")
+        if result["restart_needed"]:
+            keys = ", ".join(result["restart_needed"])
+            print(f"gpuq: {keys} take effect after gpuq daemon restart", file=sys.stderr)
+
+    _run(json_out, body)
+
+
 @daemon_app.command("run")
 def daemon_run(
     config: ConfigOpt = None,
@@ -429,6 +572,8 @@ def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         print(f"  Jobs:      {counts}")
         print(visible(f"  State dir: {status['state_dir']}"))
         print(visible(f"  Socket:    {status['runtime_dir']}/gpuq.sock"))
+        for warning in status.get("warnings") or []:
+            print(visible(f"  Warning:   {warning}"))
 
     _run(json_out, body)
 

@@ -72,6 +72,7 @@ def check_socket(config: Config) -> Check:
     try:
         with Client.connect(config, autostart=False) as client:
             pid = client.hello.get("pid")
+            warnings = client.call("status").get("warnings") or []
     except GpuqError as exc:
         if path.exists():
             return Check(
@@ -88,6 +89,13 @@ def check_socket(config: Config) -> Check:
             f"stale socket {path} ({exc.strerror})",
             "gpuq daemon start replaces it",
         )
+    if warnings:
+        return Check(
+            "daemon",
+            "fail",
+            f"running (pid {pid}), but: " + "; ".join(warnings),
+            "gpuq daemon status shows the daemon's state",
+        )
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         return Check(
@@ -100,15 +108,32 @@ def check_socket(config: Config) -> Check:
 
 
 def check_nvml(config: Config) -> Check:
-    """Can NVML see GPUs? Without it gpuq uses fake GPUs or runs CPU jobs only."""
+    """Can NVML see GPUs? Not needed where fake GPUs are declared or chosen."""
     from gpuq.gpus import GpuConfig, make_backend
 
+    fake = sum(decl.count for decl in config.gpus.fake)
+    if config.gpus.backend == "fake" or (config.gpus.backend == "auto" and fake):
+        if fake:
+            return Check("GPUs", "ok", f"{fake} fake GPU(s) declared; NVML is not used")
+        return Check(
+            "GPUs",
+            "warn",
+            'backend = "fake" with no fake GPUs declared: only CPU jobs (--gpus 0) can run',
+            'declare some: [[gpus.fake]] with name = "Fake", memory = "24G", count = 2 '
+            "(docs/configuration.md)",
+        )
     try:
         backend = make_backend(GpuConfig(backend="nvml"))
     except GpuqError as exc:
-        status = "fail" if config.gpus.backend == "nvml" else "warn"
-        using = "fake GPUs from the config" if config.gpus.fake else "CPU-only jobs"
-        return Check("NVML", status, f"{exc.message}; gpuq will use {using}", exc.hint or "")
+        if config.gpus.backend == "nvml":
+            return Check("NVML", "fail", exc.message, exc.hint or "")
+        return Check(
+            "NVML",
+            "warn",
+            f"{exc.message}; gpuq runs CPU-only jobs (--gpus 0)",
+            "on a machine with NVIDIA GPUs, install the driver; on one without, declare fake "
+            "GPUs to try gpuq ([[gpus.fake]] in the config, docs/configuration.md)",
+        )
     try:
         devices = backend.devices()
         return Check(

@@ -90,6 +90,7 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "ls": (
         ("The queue: pending and running jobs.", "gpuq ls"),
         ("Every job, finished ones included.", "gpuq ls -a"),
+        ("Every task of array 32.", "gpuq ls 32"),
         ("The ids of failed jobs, for a script.", "gpuq ls -s failed --json | jq '.jobs[].id'"),
     ),
     "show": (
@@ -110,6 +111,8 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "cancel": (
         ("Cancel two jobs.", "gpuq cancel 42 43"),
+        ("Cancel a running job and wait until it has ended.", "gpuq cancel --wait 42"),
+        ("Cancel every task of array 32 (the id the submit printed).", "gpuq cancel 32"),
         ("Cancel every queued job.", "gpuq cancel $(gpuq ls -s queued --json | jq '.jobs[].id')"),
     ),
     "hold": (("Keep a queued job from starting.", "gpuq hold 42"),),
@@ -131,6 +134,11 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         (
             "Wait for the first of two jobs, at most two hours.",
             "gpuq wait --any --timeout 2h 42 43",
+        ),
+        (
+            "Tell gpuq's own errors from the jobs' exit codes: exit 0 when they ended, "
+            "each job's outcome in the JSON.",
+            "gpuq wait --exit-zero --json 42 | jq '.jobs[] | {id, state, exit_code}'",
         ),
     ),
     "gpus": (
@@ -169,8 +177,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq submit --gpu-mem 6G -- python small.py",
         ),
         (
-            "Ten tasks, two at a time; each reads GPUQ_ARRAY_INDEX.",
-            "gpuq submit --array 0-9%2 -- python sweep.py",
+            "Ten tasks, two at a time; each reads GPUQ_ARRAY_INDEX. The array gets an id of its "
+            "own, which stands for all its tasks.",
+            "gpuq submit --array 0-9%2 -- python sweep.py\n"
+            "gpuq submit --after 32 -- python summarize.py",
         ),
         (
             "Submit a script that carries its own options in '#GPUQ' lines at its top, "
@@ -199,6 +209,13 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("Run the daemon in the foreground, as systemd does.", "gpuq daemon run --log-level INFO"),
     ),
     "daemon restart": (("Restart the daemon after an upgrade.", "gpuq daemon restart"),),
+    "daemon reload": (
+        (
+            "Apply an edited config file; it names the keys that need a restart.",
+            "gpuq daemon reload",
+        ),
+        ("The same with a signal.", "kill -HUP $(gpuq daemon status --json | jq .pid)"),
+    ),
     "daemon status": (
         ("The daemon's pid, paths and job counts.", "gpuq daemon status"),
         ("Only the pid, for a script.", "gpuq daemon status --json | jq .pid"),

@@ -49,10 +49,12 @@ def gpus_cell(job: dict[str, Any]) -> str:
 
 
 def time_cell(job: dict[str, Any], now: float) -> str:
-    """Run time for started jobs, time waited for pending ones."""
-    if job["start_time"] is not None:
-        end = job["end_time"] or now
-        return format_duration(max(0.0, end - job["start_time"]))
+    """Run time for jobs that ever started (suspended time excluded), time waited for others.
+
+    A job object's `run_time` is as of the reply that carried it.
+    """
+    if job.get("first_start_time") is not None or job["start_time"] is not None:
+        return format_duration(float(job.get("run_time") or 0.0))
     if job["end_time"] is not None:
         return "-"
     return format_duration(max(0.0, now - job["submit_time"]))
@@ -87,13 +89,22 @@ def _when(stamp: float | None) -> str:
 
 
 def job_detail(
-    job: dict[str, Any], events: Sequence[dict[str, Any]], metrics: dict[str, Any] | None = None
+    job: dict[str, Any],
+    events: Sequence[dict[str, Any]],
+    metrics: dict[str, Any] | None = None,
+    attempts: Sequence[dict[str, Any]] = (),
+    now: float | None = None,
 ) -> str:
-    """The `gpuq show` text: spec, state, GPUs, timings, latest metrics and history.
+    """The `gpuq show` text: spec, state, GPUs, timings, attempts, latest metrics and history.
 
     Each line goes through `visible`, so no field can add a line or a terminal escape.
     """
+    now = time.time() if now is None else now
     spec = job["spec"]
+    first = job.get("first_start_time") or job["start_time"]
+    wall = None
+    if first is not None:
+        wall = format_duration(max(0.0, (job["end_time"] or now) - first))
     lines = [
         f"Job {job['id']}: {job['name']}",
         f"  State:      {job['state']}" + (f" ({job['reason']})" if job["reason"] else ""),
@@ -105,11 +116,17 @@ def job_detail(
         f"  Node:       {job['node'] or '-'}",
         f"  Priority:   {job['priority']}",
         f"  Submitted:  {_when(job['submit_time'])}",
-        f"  Started:    {_when(job['start_time'])}",
+        f"  Started:    {_when(first)}"
+        + (
+            f" (attempt {job['attempts']} at {_when(job['start_time'])})"
+            if len(attempts) > 1
+            else ""
+        ),
         f"  Ended:      {_when(job['end_time'])}",
+        f"  Run time:   {format_duration(float(job.get('run_time') or 0.0))} "
+        "(suspended time excluded)" + (f"; {wall} since the first start" if wall else ""),
         f"  Exit code:  {'-' if job['exit_code'] is None else job['exit_code']}"
         + (f" ({job['signal']})" if job["signal"] else ""),
-        f"  Attempts:   {job['attempts']} (retries allowed: {spec['retries']})",
         f"  Output:     {job['stdout'] or '-'}",
     ]
     if job["stderr"] and job["stderr"] != job["stdout"]:
@@ -128,10 +145,34 @@ def job_detail(
             lines.append(f"  {label + ':':<11} {value}")
     if metrics:
         lines.append(f"  Metrics:    {metrics_line(metrics)} ({_when(metrics['time'])})")
+    lines.append(f"  Attempts:   {job['attempts']} (retries allowed: {spec['retries']})")
+    if attempts:
+        for attempt in attempts:
+            ran = format_duration(attempt["run_time"])
+            ended = "running" if attempt["end_time"] is None else _when(attempt["end_time"])
+            outcome = f"  {attempt['state']}: {attempt['reason']}" if attempt["reason"] else ""
+            lines.append(
+                f"    {attempt['attempt']:>3}  {_when(attempt['start_time'])} .. {ended}  "
+                f"ran {ran}{outcome}"
+            )
     lines.append("  History:")
     for event in events:
         lines.append(f"    {_when(event['time'])}  {event['state']:<10}  {event['reason']}")
     return "\n".join(map(visible, lines))
+
+
+def array_detail(array: dict[str, Any], jobs: Sequence[dict[str, Any]]) -> str:
+    """The `gpuq show ARRAY_ID` text: the array, its tasks' states, and its tasks."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        counts[job["state"]] = counts.get(job["state"], 0) + 1
+    states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    head = [
+        f"Array {array['id']}: {array['name']} ({array['size']} tasks: {states or 'none left'})",
+        f"  Submitted:  {_when(array['submit_time'])}",
+        "",
+    ]
+    return "\n".join([*map(visible, head), jobs_table(jobs)])
 
 
 def metrics_line(sample: dict[str, Any]) -> str:

@@ -50,7 +50,8 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "multi",
         "ID[:ok|any|notok]",
         "Start only after job ID succeeded (ok), ended (any) or failed (notok). Repeatable; "
-        "comma-separated lists work too.",
+        "comma-separated lists work too. An array's id waits for all its tasks: ok when "
+        "every task succeeded, notok when all ended and one did not.",
     ),
     Option(
         ("--array", "-a"),
@@ -58,7 +59,9 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "str",
         "SPEC",
         "Submit one task per index: 0-99, 1,3,5-7, 0-15:4; '%4' runs at most 4 at once. "
-        "Each task sees GPUQ_ARRAY_INDEX.",
+        "Each task gets its own id and sees GPUQ_ARRAY_INDEX; the array gets an id of its "
+        "own (GPUQ_ARRAY_ID), which cancel, hold, release, wait, ls, show and --after "
+        "accept for all its tasks.",
     ),
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
@@ -97,7 +100,14 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Run this shell command when the job ends (GPUQ_JOB_ID, GPUQ_JOB_STATE, "
         "GPUQ_JOB_EXIT_CODE set).",
     ),
-    Option(("--wait", "-W"), "wait", "flag", "", "Wait for the job and exit with its exit code."),
+    Option(
+        ("--wait", "-W"),
+        "wait",
+        "flag",
+        "",
+        "Wait for the job and exit with its exit code (which may equal one of gpuq's own "
+        "codes; gpuq wait --exit-zero --json tells them apart).",
+    ),
     Option(("--parsable", "-q"), "parsable", "flag", "", "Print only the job id(s)."),
     Option(("--json",), "json", "flag", "", "Print the result as JSON."),
     Option(("--config",), "config", "str", "FILE", "Configuration file."),
@@ -281,19 +291,19 @@ def run_submit(argv: Sequence[str]) -> int:
 
         config = load_config(values.get("config"))
         spec, indices = build_spec(values, command, config.defaults, time.time())
-        ids = submit_with_retry(config, spec, indices)
+        ids, array_id = submit_with_retry(config, spec, indices)
         if values.get("json"):
             import json
 
-            print(json.dumps({"schema_version": 1, "ids": ids}))
+            print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
         elif values.get("parsable"):
             print("\n".join(map(str, ids)))
-        elif len(ids) == 1:
+        elif array_id is None:
             print(f"Submitted job {ids[0]}")
         else:
-            print(f"Submitted array job {ids[0]} ({len(ids)} tasks: {ids[0]}-{ids[-1]})")
+            print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
         if values.get("wait"):
-            return wait_exit_code(config, ids)
+            return wait_for_jobs(config, ids)
         return 0
     except HelpRequested:
         from gpuq.cli.app import run_app
@@ -305,8 +315,27 @@ def run_submit(argv: Sequence[str]) -> int:
         return render_error(exc, json_mode)
 
 
-def submit_with_retry(config: Any, spec: dict[str, Any], indices: list[int]) -> list[int]:
-    """Submit with an idempotency token, retrying once if the daemon vanished."""
+def task_ranges(ids: list[int]) -> str:
+    """`33-35` for consecutive ids, `33-35,40` otherwise."""
+    parts: list[str] = []
+    start = previous = ids[0]
+    for job_id in [*ids[1:], None]:
+        if job_id is not None and job_id == previous + 1:
+            previous = job_id
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if job_id is not None:
+            start = previous = job_id
+    return ",".join(parts)
+
+
+def submit_with_retry(
+    config: Any, spec: dict[str, Any], indices: list[int]
+) -> tuple[list[int], int | None]:
+    """Submit with an idempotency token, retrying once if the daemon vanished.
+
+    Returns the job ids and, for an array, the array's own id.
+    """
     from gpuq.client import Client
     from gpuq.errors import DaemonUnavailable
 
@@ -315,24 +344,27 @@ def submit_with_retry(config: Any, spec: dict[str, Any], indices: list[int]) -> 
         try:
             with Client.connect(config) as client:
                 result = client.call("submit", spec=spec, array=indices, token=token)
-            return [int(i) for i in result["ids"]]
+            array_id = result.get("array_id")
+            return [int(i) for i in result["ids"]], None if array_id is None else int(array_id)
         except DaemonUnavailable:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def wait_exit_code(config: Any, ids: list[int]) -> int:
+def wait_for_jobs(config: Any, ids: list[int]) -> int:
     """Block until the jobs end; the largest exit code (1 if one failed without one)."""
     from gpuq.client import Client
 
     with Client.connect(config) as client:
         jobs = client.call("wait", ids=ids)["jobs"]
-    code = 0
-    for job in jobs:
-        if job["state"] != "succeeded":
-            code = max(code, job["exit_code"] or 1)
-    return code
+    return wait_exit_code(jobs)
+
+
+def wait_exit_code(jobs: list[dict[str, Any]]) -> int:
+    """0 if every ended job succeeded, else the largest exit code (1 if one has none)."""
+    ended = [j for j in jobs if j["state"] in ("succeeded", "failed", "cancelled", "lost")]
+    return max((j["exit_code"] or 1 for j in ended if j["state"] != "succeeded"), default=0)
 
 
 if __name__ == "__main__":  # pragma: no cover

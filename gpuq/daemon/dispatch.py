@@ -13,6 +13,7 @@ from gpuq.daemon.handlers import (
     listing,
     logs,
     metrics,
+    reload,
     show,
     shutdown,
     status,
@@ -32,6 +33,7 @@ from gpuq.protocol import (
     ListJobs,
     Logs,
     Release,
+    Reload,
     Request,
     Resume,
     Retry,
@@ -59,7 +61,7 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
         case Show():
             return show.handle(state, request)
         case Cancel() | Hold() | Release() | Retry() | SetPriority() | Suspend() | Resume():
-            return actions.handle(state, request)
+            return await actions.handle(state, request)
         case Wait():
             return await wait.handle(state, request, emit)
         case Logs():
@@ -72,6 +74,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return status.handle(state, request)
         case Shutdown():
             return shutdown.handle(state, request)
+        case Reload():
+            return reload.handle(state, request)
         case Clean():
             return clean.handle(state, request)
         case Subscribe():

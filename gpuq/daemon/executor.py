@@ -1,36 +1,54 @@
-"""Starting, signalling, watching and re-adopting job shims.
+"""Starting, signalling, watching and re-adopting job shims, and finding what they leave.
 
-A job runs as: daemon -> shim (new session, holds the job lock) -> command
-(its own process group). The daemon watches each shim through a pidfd, so
-shims it did not start itself (re-adopted after a restart) are watched the
-same way as its own children.
+A job runs as: spawner -> shim (new session, child subreaper, holds the job
+lock) -> command (its own process group) -> its descendants. The daemon asks
+its spawner for each shim without blocking (`launch`), and watches each shim
+through a pidfd, so shims it did not start itself (re-adopted after a
+restart) are watched the same way. Signals go to the whole job: its process
+group and every descendant of its shim (`signal`). When a shim is gone
+without a word, `kill_leftovers` finds what is left of its attempt by
+process group and environment, verified by start time and boot id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuq.daemon import jobfiles
+from gpuq.daemon import jobfiles, proctree
+from gpuq.daemon.spawner import Spawned, SpawnerClient
+
+log = logging.getLogger("gpuq.daemon")
+
+EXIT_BUDGET_SECONDS = 0.02
+"""Longest stretch spent recording ended jobs before the event loop serves others."""
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a job's shim ended: the command's status or why there is none."""
+    """How a job's shim ended: the command's status or why there is none.
+
+    `start_failed`: the command could not be executed (or its output not
+    opened): a failure of the job, not a loss. `time_limit`: the shim
+    ended the job at its time limit, whatever the command's exit status.
+    """
 
     returncode: int | None
     signal: str | None
     reason: str
     end_time: float | None
+    start_failed: bool = False
+    time_limit: bool = False
 
     @property
     def exit_code(self) -> int | None:
@@ -42,7 +60,12 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
-    """Everything the shim needs to run one attempt of a job."""
+    """Everything the shim needs to run one attempt of a job.
+
+    `create_below` maps an output path to the directory below which its
+    missing directories may be created; `max_log_bytes` caps each output
+    file (None: no cap).
+    """
 
     command: tuple[str, ...]
     cwd: str
@@ -52,14 +75,24 @@ class LaunchSpec:
     time_limit: float | None
     signal: tuple[int, float] | None
     kill_grace: float
+    create_below: Mapping[str, str] = field(default_factory=dict)
+    max_log_bytes: int | None = None
+
+
+OnSpawned = Callable[[Spawned], None]
 
 
 class Executor:
     """Process mechanics for jobs whose directories live under `jobs_dir`."""
 
-    def __init__(self, jobs_dir: Path) -> None:
+    def __init__(self, jobs_dir: Path, spawner: SpawnerClient | None = None) -> None:
         self.jobs_dir = jobs_dir
+        self.spawner = spawner
         self._watched: dict[int, int] = {}  # job id -> pidfd
+        self._ended: collections.deque[tuple[int, Callable[[int, Outcome], None]]] = (
+            collections.deque()
+        )
+        self._draining = False
 
     def job_dir(self, job_id: int) -> Path:
         """The job's directory (created on first use)."""
@@ -68,11 +101,13 @@ class Executor:
         (path / jobfiles.CHECKPOINTS).mkdir(exist_ok=True)
         return path
 
-    def launch(self, job_id: int, spec: LaunchSpec) -> int:
-        """Start the shim for one attempt of a job; returns the shim's pid.
+    def launch(self, job_id: int, spec: LaunchSpec, on_spawned: OnSpawned) -> None:
+        """Start the shim for one attempt of a job; `on_spawned` gets its pid and pidfd.
 
-        The lock is taken here and handed to the shim, so there is no moment
-        in which the job runs without its lock being held.
+        The lock is taken here and handed over with the request, so there
+        is no moment in which the job runs, or may be about to, without its
+        lock held. Raises OSError if the job's files cannot be written (a
+        full disk) and RuntimeError if a shim still holds the lock.
         """
         job_dir = self.job_dir(job_id)
         for stale in (jobfiles.EXIT, jobfiles.CHILD, jobfiles.SHIM):
@@ -85,27 +120,38 @@ class Executor:
                 "env": dict(spec.env),
                 "stdout": spec.stdout,
                 "stderr": spec.stderr,
+                "create_below": dict(spec.create_below),
+                "max_log_bytes": spec.max_log_bytes,
                 "time_limit": spec.time_limit,
                 "signal": None if spec.signal is None else list(spec.signal),
                 "kill_grace": spec.kill_grace,
             },
         )
+        jobfiles.reserve(job_dir)
         lock_fd = jobfiles.try_lock(job_dir / jobfiles.LOCK)
         if lock_fd is None:
             raise RuntimeError(f"job {job_id} is already running (its lock is held)")
+        if self.spawner is not None:
+            self.spawner.spawn(job_dir, lock_fd, on_spawned)
+            return
         try:
-            shim = subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "gpuq.daemon.shim", str(job_dir), str(lock_fd)],
-                pass_fds=(lock_fd,),
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd="/",
-            )
+            spawned = self._spawn_directly(job_dir, lock_fd)
         finally:
             os.close(lock_fd)
-        return shim.pid
+        asyncio.get_running_loop().call_soon(on_spawned, spawned)
+
+    def _spawn_directly(self, job_dir: Path, lock_fd: int) -> Spawned:
+        """The slow path without a spawner: a new interpreter per shim."""
+        shim = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "gpuq.daemon.shim", str(job_dir), str(lock_fd)],
+            pass_fds=(lock_fd,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+        )
+        return Spawned(shim.pid, os.pidfd_open(shim.pid))
 
     def watch(
         self,
@@ -113,13 +159,16 @@ class Executor:
         job_id: int,
         pid: int,
         on_exit: Callable[[int, Outcome], None],
+        pidfd: int | None = None,
     ) -> None:
-        """Call `on_exit(job_id, outcome)` when the shim `pid` ends."""
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            loop.call_soon(on_exit, job_id, self.outcome(job_id))
-            return
+        """Call `on_exit(job_id, outcome)` when the shim `pid` (or `pidfd`) ends."""
+        if pidfd is None:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                loop.call_soon(on_exit, job_id, self.outcome(job_id))
+                return
+        fd = pidfd
         self._watched[job_id] = fd
 
         def ready() -> None:
@@ -127,10 +176,31 @@ class Executor:
             os.close(fd)
             self._watched.pop(job_id, None)
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)  # reap our own child; adopted shims are not ours
-            on_exit(job_id, self.outcome(job_id))
+                os.waitpid(pid, os.WNOHANG)  # reap a shim of our own; the spawner reaps its own
+            self._ended.append((job_id, on_exit))
+            if not self._draining:
+                self._draining = True
+                loop.call_soon(self._drain_ended, loop)
 
         loop.add_reader(fd, ready)
+
+    def _drain_ended(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Handle ended shims for at most `EXIT_BUDGET_SECONDS`, then let others have the loop.
+
+        Hundreds of jobs may end at once; each is read and recorded here, and
+        the rest wait for the loop's next turn, behind the clients' requests.
+        """
+        deadline = time.perf_counter() + EXIT_BUDGET_SECONDS
+        while self._ended and time.perf_counter() < deadline:
+            job_id, on_exit = self._ended.popleft()
+            try:
+                on_exit(job_id, self.outcome(job_id))
+            except Exception:
+                log.exception("job %s: recording how it ended failed", job_id)
+        if self._ended:
+            loop.call_soon(self._drain_ended, loop)
+        else:
+            self._draining = False
 
     def unwatch_all(self, loop: asyncio.AbstractEventLoop) -> None:
         """Stop watching every shim (daemon shutdown; the jobs run on)."""
@@ -143,20 +213,29 @@ class Executor:
         """Read how the job ended; a shim that died without a word is reported."""
         data = jobfiles.read_json(self.jobs_dir / str(job_id) / jobfiles.EXIT)
         if data is None:
-            self._kill_orphan(job_id)
-            return Outcome(None, None, "the job's supervisor (shim) died unexpectedly", None)
+            survivors = self.kill_leftovers(job_id)
+            reason = "the job's supervisor (shim) died unexpectedly"
+            if survivors:
+                reason += f"; processes {survivors} of the job could not be killed"
+            return Outcome(None, None, reason, None)
         reason = str(data.get("error") or data.get("reason") or "")
         rc = data.get("returncode")
         return Outcome(
-            rc if isinstance(rc, int) else None, data.get("signal"), reason, data.get("end_time")
+            rc if isinstance(rc, int) else None,
+            data.get("signal"),
+            reason,
+            data.get("end_time"),
+            start_failed=bool(data.get("start_failed")),
+            time_limit=bool(data.get("time_limit")),
         )
 
     def live_shim(self, job_id: int, settle: float = 10.0) -> int | None:
         """The pid of the job's running shim, if one holds the job's lock.
 
-        A shim holds the lock from before it starts, so a held lock with no
-        record yet is a shim still starting up: wait up to `settle` seconds
-        for its record rather than mistake it for a dead one.
+        A shim (or the spawner, with the request in flight) holds the lock
+        from before it starts, so a held lock with no record yet is a shim
+        still starting up: wait up to `settle` seconds for its record rather
+        than mistake it for a dead one.
         """
         job_dir = self.jobs_dir / str(job_id)
         deadline = time.monotonic() + settle
@@ -178,20 +257,60 @@ class Executor:
         return (self.jobs_dir / str(job_id) / jobfiles.SHIM).exists()
 
     def signal(self, job_id: int, signum: int) -> bool:
-        """Send `signum` to the job's process group; False if it is gone."""
-        child = self._child(job_id)
+        """Send `signum` to the whole job: its process group and every descendant of its shim.
+
+        False if the job's command has not started yet or is gone.
+        """
+        child = self._record(job_id, jobfiles.CHILD)
         if child is None:
             return False
+        pgid = int(child["pgid"])
         try:
-            os.killpg(int(child["pgid"]), signum)
+            os.killpg(pgid, signum)
+            reached = True
         except ProcessLookupError:
-            return False
-        return True
+            reached = False
+        shim = self._record(job_id, jobfiles.SHIM)
+        if shim is not None:
+            procs = proctree.table()
+            others = proctree.outside_group(
+                proctree.descendants(int(shim["pid"]), procs), pgid, procs
+            )
+            reached = proctree.send(others, signum) > 0 or reached
+        return reached
 
-    def _child(self, job_id: int) -> dict[str, Any] | None:
-        record = jobfiles.read_json(self.jobs_dir / str(job_id) / jobfiles.CHILD)
+    def kill_leftovers(self, job_id: int, timeout: float = 10.0) -> list[int]:
+        """Kill every process left of the job's attempt whose shim is gone; returns survivors.
+
+        Found by the attempt's process group and by its environment
+        (`proctree.attempt_members`), only among processes of this boot that
+        started no earlier than the attempt's shim, so a reused pid is
+        never hit.
+        """
+        job_dir = self.jobs_dir / str(job_id)
+        shim = jobfiles.read_json(job_dir / jobfiles.SHIM)
+        launch = jobfiles.read_json(job_dir / jobfiles.LAUNCH)
+        if shim is None or launch is None or shim.get("boot_id") != jobfiles.boot_id():
+            return []  # no attempt ever ran, or it ran before a reboot
+        not_before = int(shim.get("starttime") or 0)
+        attempt = int(str(launch.get("env", {}).get("GPUQ_ATTEMPT", "0")))
+        child = jobfiles.read_json(job_dir / jobfiles.CHILD)
+
+        def find() -> list[int]:
+            procs = proctree.table()
+            members = set(proctree.attempt_members(str(job_dir), attempt, not_before, procs))
+            if child is not None and isinstance(child.get("pgid"), int):
+                since = int(child.get("starttime") or not_before)
+                members.update(
+                    p.pid
+                    for p in procs.values()
+                    if p.pgid == child["pgid"] and p.alive and p.starttime >= since
+                )
+            return sorted(members)
+
+        return proctree.kill_until_gone(find, timeout)
+
+    def _record(self, job_id: int, name: str) -> dict[str, Any] | None:
+        """The shim's or the child's record, if that process still lives."""
+        record = jobfiles.read_json(self.jobs_dir / str(job_id) / name)
         return record if jobfiles.is_same_process(record) else None
-
-    def _kill_orphan(self, job_id: int) -> None:
-        """With its shim gone, nobody supervises the command: stop it."""
-        self.signal(job_id, signal.SIGKILL)

@@ -8,8 +8,12 @@
 - `exit.json`: how the job ended (written by the shim, atomically);
 - `checkpoints/`: kept across suspend and retry.
 
-Every JSON file is written to a temporary name, fsynced and renamed, so a
-reader sees the old file or the new one, never half of one.
+Every JSON file is written to a temporary name and renamed, so a reader sees
+the old file or the new one, never half of one. The records a shim writes
+are *reserved* by the daemon before the shim starts (`reserve`): their
+temporary files are created full of spaces, which JSON ignores, and the shim
+overwrites them in place. A shim can therefore record its start and its
+job's exit even when the disk filled up while the job ran.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any, Final
 
+from gpuq.daemon import proctree
+
 LOCK: Final = "lock"
 LAUNCH: Final = "launch.json"
 SHIM: Final = "shim.json"
@@ -28,16 +34,52 @@ EXIT: Final = "exit.json"
 CHECKPOINTS: Final = "checkpoints"
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically replace `path` with `data` as JSON (tmp, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+RESERVED_BYTES: Final = 16 * 1024
+"""Room reserved for each record a shim writes (its reason text is capped to fit)."""
+SHIM_RECORDS: Final = (SHIM, CHILD, EXIT)
+"""The records a shim writes, each reserved by the daemon before the shim starts."""
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def write_json(path: Path, data: dict[str, Any], *, durable: bool = False) -> None:
+    """Atomically replace `path` with `data` as JSON (tmp, rename; fsync if `durable`).
+
+    A reserved temporary file (`reserve`) is overwritten in place, so the
+    write needs no new disk space as long as the record fits.
+    """
+    tmp = _tmp(path)
+    payload = json.dumps(data).encode()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
     try:
-        os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
+        os.pwrite(fd, payload, 0)
+        os.ftruncate(fd, len(payload))  # shrinking frees the rest of a reservation
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def reserve(job_dir: Path, names: tuple[str, ...] = SHIM_RECORDS) -> None:
+    """Pre-create the temporary files of `names`, full of spaces, for `write_json` to fill.
+
+    Raises OSError (ENOSPC) when the disk is already too full to start a job.
+    """
+    blank = b" " * RESERVED_BYTES
+    for name in names:
+        fd = os.open(
+            _tmp(job_dir / name),
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            os.write(fd, blank)
+        finally:
+            os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -50,14 +92,9 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (/proc stat field 22)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    return int(fields[19])
+    """Start time of the live process `pid` in clock ticks since boot; None for a zombie."""
+    proc = proctree.read_proc(pid)
+    return proc.starttime if proc is not None and proc.alive else None
 
 
 def boot_id() -> str:
@@ -81,7 +118,7 @@ def try_lock(path: Path) -> int | None:
 
     Returns the locked fd, or None if another process (a live shim) holds it.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

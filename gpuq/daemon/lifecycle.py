@@ -1,52 +1,96 @@
-"""Job lifecycle rules: start an attempt, end it, retry, notify.
+"""Job lifecycle rules: start an attempt, end it, retry with backoff.
 
 held -> queued -> starting -> running -> succeeded | failed | cancelled | lost,
 with running -> suspending -> suspended -> running (stop and park modes) or
 -> queued (checkpoint mode; see `gpuq.daemon.suspend`). Each step is
 committed (with its reason) before the process-level action it announces.
+
+Starting never blocks the event loop: `start` commits `starting`, writes the
+launch record and hands the spawn to the executor; the job turns `running`
+when its shim exists (`_spawned`). An outcome that cannot be committed (a
+full disk) is kept in `DaemonState.unrecorded` and recorded again each
+second (`record_pending`); the job keeps its GPUs until then.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
+import logging
 import os
 import shutil
 import signal
-import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from gpuq import env as job_env
 from gpuq.daemon import faults, jobfiles, suspend
 from gpuq.daemon.executor import LaunchSpec, Outcome
+from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import UsageError
+from gpuq.errors import StateError, UsageError
 from gpuq.models import Job, JobState
 from gpuq.policies.base import Placement
-from gpuq.units import expand_output_pattern
+from gpuq.units import expand_output_pattern, format_duration
+
+log = logging.getLogger("gpuq.daemon")
 
 CANCEL_REQUESTED = "cancel requested"
 CHILD_POLL_SECONDS = 0.05
 """How often a cancel looks again for the process group of a job just started."""
+RETRY_BASE_SECONDS = 1.0
+RETRY_MAX_SECONDS = 300.0
+"""Retries back off: 1 s, 2 s, 4 s ... up to 5 minutes between attempts."""
+FULL_DISK_PAUSE = 5.0
+"""Seconds a job waits before another start when its files could not be written."""
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def output_paths(state: DaemonState, job: Job) -> tuple[str, str]:
-    """Absolute stdout and stderr paths of a job (patterns expanded)."""
+def retry_delay(retries_done: int) -> float:
+    """Seconds to wait before the next retry, after `retries_done` of them (0 for the first)."""
+    return float(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2.0 ** min(retries_done, 20)))
+
+
+def output_targets(state: DaemonState, job: Job) -> tuple[str, str, dict[str, str]]:
+    """Absolute stdout and stderr paths, and where missing directories may be created.
+
+    Relative patterns are taken from the job's working directory, and
+    directories are created only below it; gpuq's own log directory is
+    created as needed; an absolute pattern's directory must exist.
+    """
     spec = job.spec
+    log_dir = state.config.daemon.log_dir
+    below: dict[str, str] = {}
 
     def expand(pattern: str) -> str:
         text = expand_output_pattern(
             pattern, job.id, spec.array_index, job.array_id, spec.name, spec.user
         )
-        return str(Path(spec.cwd, text)) if not os.path.isabs(text) else text
+        if os.path.isabs(text):
+            return text
+        path = str(Path(spec.cwd, text))
+        below[path] = spec.cwd
+        return path
 
-    log_dir = state.config.daemon.log_dir
-    stdout = expand(spec.output) if spec.output else str(log_dir / f"{job.id}.out")
+    if spec.output:
+        stdout = expand(spec.output)
+    else:
+        stdout = str(log_dir / f"{job.id}.out")
+        below[stdout] = str(log_dir)
     if spec.error:
         stderr = expand(spec.error)
+    elif spec.output:
+        stderr = stdout
     else:
-        stderr = stdout if spec.output else str(log_dir / f"{job.id}.err")
+        stderr = str(log_dir / f"{job.id}.err")
+        below[stderr] = str(log_dir)
+    return stdout, stderr, below
+
+
+def output_paths(state: DaemonState, job: Job) -> tuple[str, str]:
+    """Absolute stdout and stderr paths of a job (patterns expanded)."""
+    stdout, stderr, _ = output_targets(state, job)
     return stdout, stderr
 
 
@@ -87,8 +131,8 @@ def job_environment(
 
 
 def start(state: DaemonState, job: Job, placement: Placement) -> None:
-    """Start one attempt of `job` on the placement's GPUs."""
-    stdout, stderr = output_paths(state, job)
+    """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked."""
+    stdout, stderr, below = output_targets(state, job)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
     job = state.transition(
         job,
@@ -103,11 +147,11 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
         exit_code=None,
         signal=None,
         end_time=None,
+        retry_at=None,
     )
     spec = job.spec
+    attempt = job.attempts
     try:
-        for path in {stdout, stderr}:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         launch = LaunchSpec(
             command=spec.command,
             cwd=spec.cwd,
@@ -117,44 +161,131 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
             time_limit=spec.time_limit,
             signal=None if spec.signal is None else (spec.signal.signal, spec.signal.seconds),
             kill_grace=state.config.daemon.kill_grace,
+            create_below=below,
+            max_log_bytes=state.config.logs.max_size or None,
         )
         faults.crash_point("starting-committed")
-        pid = state.executor.launch(job.id, launch)
-        faults.crash_point("shim-spawned")
-    except (OSError, RuntimeError) as exc:
+        state.executor.launch(
+            job.id, launch, lambda spawned: _spawned(state, job.id, attempt, spawned)
+        )
+        if not state.unrecorded:
+            state.clear_disk_full()  # this job's files were written: there is room again
+    except OSError as exc:
+        state.control.close(job.id)
+        if exc.errno in DISK_FULL_ERRNOS:
+            _requeue_for_space(state, job, exc)
+        else:
+            state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
+    except RuntimeError as exc:
         state.control.close(job.id)
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
-        return
-    job = state.transition(job, JobState.RUNNING, "started", start_time=time.time())
-    watch(state, job.id, pid)
 
 
-def watch(state: DaemonState, job_id: int, pid: int) -> None:
+def _requeue_for_space(state: DaemonState, job: Job, exc: OSError) -> None:
+    """Put back a job whose files could not be written, and tell the user the disk is full."""
+    state.report_disk_full(f"cannot write the files of job {job.id}: {exc.strerror}")
+    state.transition(
+        job,
+        JobState.QUEUED,
+        f"requeued: the state directory is full ({exc.strerror}); trying again",
+        attempts=max(0, job.attempts - 1),
+        gpu_uuids=(),
+        gpu_mem_reserved=None,
+        retry_at=time.time() + FULL_DISK_PAUSE,
+    )
+
+
+def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) -> None:
+    """The spawner answered for one attempt: the job runs, or did not start."""
+    job = state.active.get(job_id)
+    current = job is not None and job.attempts == attempt and job.state is JobState.STARTING
+    if spawned.pid is None:
+        if job is None or not current:
+            return
+        state.control.close(job_id)
+        if state.executor.live_shim(job_id) is None:
+            state.transition(
+                job,
+                JobState.QUEUED,
+                f"requeued: {spawned.error}",
+                attempts=max(0, job.attempts - 1),
+                gpu_uuids=(),
+                gpu_mem_reserved=None,
+            )
+            return
+        # The spawner forked the shim and died before answering: adopt it.
+        shim = jobfiles.read_json(state.executor.jobs_dir / str(job_id) / jobfiles.SHIM)
+        assert shim is not None
+        spawned = Spawned(int(shim["pid"]), None)
+        state.control.open(job_id)
+    faults.crash_point("shim-spawned")
+    if job is None or not current:  # cannot happen: a starting job stays until its shim ends
+        log.error("job %s: a shim started for attempt %d, which is not current", job_id, attempt)
+    else:
+        state.transition(job, JobState.RUNNING, "started", start_time=time.time())
+    watch(state, job_id, spawned.pid or 0, spawned.pidfd)
+
+
+def watch(state: DaemonState, job_id: int, pid: int, pidfd: int | None = None) -> None:
     """Have `finish` called when the job's shim ends."""
     loop = asyncio.get_running_loop()
-    state.executor.watch(loop, job_id, pid, lambda jid, out: finish(state, jid, out))
+    state.executor.watch(loop, job_id, pid, lambda jid, out: finish(state, jid, out), pidfd)
 
 
 def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
-    """Record how an attempt ended, and retry or notify as the spec asks."""
+    """Record how an attempt ended, and retry as the spec asks.
+
+    If the state cannot be written (a full disk), the outcome is kept in
+    memory, the job keeps its GPUs, and `record_pending` tries again.
+    """
     job = state.active.get(job_id)
     if job is None or job.state.is_terminal:
+        state.unrecorded.pop(job_id, None)
         return
     faults.crash_point("exit-observed")
-    state.control.close(job_id)
+    try:
+        _record(state, job, outcome)
+    except StateError as exc:
+        if job_id not in state.unrecorded:
+            log.warning("job %d ended but its outcome cannot be recorded yet: %s", job_id, exc)
+        state.unrecorded[job_id] = outcome
+        state.report_disk_full(f"cannot record how job {job_id} ended: {exc.message}")
+        state.active[job_id] = replace(
+            job, reason=f"ended ({_describe(outcome)}); recording it waits for disk space"
+        )
+        return
+    state.unrecorded.pop(job_id, None)
+
+
+def record_pending(state: DaemonState) -> None:
+    """Try again to record every outcome a full disk held back."""
+    for job_id, outcome in list(state.unrecorded.items()):
+        finish(state, job_id, outcome)
+    if not state.unrecorded:
+        state.clear_disk_full()
+
+
+def _describe(outcome: Outcome) -> str:
+    """`exit 0`, `exit 137 (SIGKILL)` or the reason, for messages."""
+    if outcome.exit_code is None:
+        return outcome.reason or "no exit status"
+    return f"exit {outcome.exit_code}" + (f" ({outcome.signal})" if outcome.signal else "")
+
+
+def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
+    """Commit the outcome of `job`'s attempt (raises StateError if it cannot be written)."""
     end_time = outcome.end_time or time.time()
-    peak = state.memory_peaks.pop(job_id, None)
-    if peak:
-        state.store.record_memory_peak(job.spec.name, peak, end_time)
     fields = {"exit_code": outcome.exit_code, "signal": outcome.signal, "end_time": end_time}
     if cancel_requested(state, job):
         state.transition(job, JobState.CANCELLED, "cancelled by user", **fields)
     elif suspend.suspended_by_exit(state, job, outcome):
-        return
-    elif outcome.returncode == 0:
+        pass
+    elif outcome.returncode == 0 and not outcome.time_limit:
         state.transition(job, JobState.SUCCEEDED, outcome.reason or "exited with code 0", **fields)
     else:
-        if outcome.returncode is None:
+        if outcome.time_limit or outcome.start_failed:
+            ended, why = JobState.FAILED, outcome.reason
+        elif outcome.returncode is None:
             ended, why = JobState.LOST, outcome.reason
         else:
             ended = JobState.FAILED
@@ -162,13 +293,26 @@ def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
             why = outcome.reason or f"exited with code {outcome.exit_code}{sig}"
         tries = job.attempts - state.store.checkpoint_restarts(job.id, job.attempts)
         if tries <= job.spec.retries:
-            retry = f"{why}; retrying (attempt {tries + 1} of {job.spec.retries + 1})"
+            delay = retry_delay(tries - 1)
             state.transition(
-                job, JobState.QUEUED, retry, gpu_uuids=(), gpu_mem_reserved=None, **fields
+                job,
+                JobState.QUEUED,
+                f"{why}; retrying in {format_duration(delay)} "
+                f"(attempt {tries + 1} of {job.spec.retries + 1})",
+                gpu_uuids=(),
+                gpu_mem_reserved=None,
+                retry_at=end_time + delay,
+                **fields,
             )
-            return
-        state.transition(job, ended, why, **fields)
-    notify(state, job_id)
+        else:
+            state.transition(job, ended, why, **fields)
+    state.control.close(job.id)
+    peak = state.memory_peaks.pop(job.id, None)
+    if peak:
+        try:
+            state.store.record_memory_peak(job.spec.name, peak, end_time)
+        except StateError as exc:  # only a hint for `--gpu-mem auto`; the outcome is recorded
+            log.warning("job %d: memory peak not recorded: %s", job.id, exc)
 
 
 def cancel_requested(state: DaemonState, job: Job) -> bool:
@@ -218,33 +362,6 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
     job = state.active.get(job_id)
     if job is not None and job.attempts == attempt:
         state.executor.signal(job_id, signal.SIGKILL)
-
-
-def notify(state: DaemonState, job_id: int) -> None:
-    """Run the job's `--notify` command, detached, with the outcome in its env."""
-    job = state.store.get(job_id)
-    if job is None or not job.spec.notify:
-        return
-    environ = dict(state.store.full_spec(job_id).env)
-    environ.update(
-        {
-            job_env.JOB_ID: str(job.id),
-            job_env.JOB_NAME: job.spec.name,
-            "GPUQ_JOB_STATE": job.state.value,
-            "GPUQ_JOB_EXIT_CODE": "" if job.exit_code is None else str(job.exit_code),
-        }
-    )
-    with contextlib.suppress(OSError):
-        subprocess.Popen(  # noqa: S602 - the user's own shell command
-            job.spec.notify,
-            shell=True,
-            cwd=job.spec.cwd if os.path.isdir(job.spec.cwd) else "/",
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
 
 
 def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | None) -> None:

@@ -82,6 +82,31 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
         );
         """,
     ),
+    (
+        "0003_hardening",
+        """
+        ALTER TABLE jobs ADD COLUMN retry_at REAL;
+        ALTER TABLE jobs ADD COLUMN first_start_time REAL;
+        ALTER TABLE jobs ADD COLUMN run_seconds REAL NOT NULL DEFAULT 0;
+        ALTER TABLE jobs ADD COLUMN running_since REAL;
+        UPDATE jobs SET first_start_time = start_time WHERE start_time IS NOT NULL;
+        UPDATE jobs SET run_seconds = max(0, end_time - start_time)
+            WHERE start_time IS NOT NULL AND end_time IS NOT NULL;
+        UPDATE jobs SET running_since = start_time
+            WHERE state IN ('running', 'suspending') AND start_time IS NOT NULL;
+        CREATE INDEX jobs_by_array ON jobs(array_id) WHERE array_id IS NOT NULL;
+        CREATE TABLE arrays (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL DEFAULT '',
+            submit_time REAL NOT NULL,
+            size INTEGER NOT NULL
+        );
+        CREATE TABLE meta (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        """,
+    ),
 )
 
 

@@ -22,7 +22,7 @@ from gpuq.models import GpuInfo
 def job_pgids(state: DaemonState) -> dict[int, int]:
     """Process group id -> job id, for every job that may hold a GPU."""
     for job in state.active.values():
-        if job.state.is_active and job.id not in state.child_pgids:
+        if job.state.is_active and job.gpu_uuids and job.id not in state.child_pgids:
             record = jobfiles.read_json(state.executor.jobs_dir / str(job.id) / jobfiles.CHILD)
             if jobfiles.is_same_process(record):
                 assert record is not None
@@ -34,11 +34,16 @@ def attach_fake_jobs(state: DaemonState, backend: FakeBackend, attached: dict[in
     """Make the fake GPUs report each running job's process, like NVML would.
 
     A fake job uses the memory it reserved (a share), or nothing (a whole GPU).
+    Its memory goes with its process, as a real GPU's would: a job whose
+    process ended before the daemon saw the exit shows none, not foreign memory.
     """
     live = {
         job.id: job
         for job in state.active.values()
-        if job.state.is_active and job.gpu_uuids and job.id in state.child_pgids
+        if job.state.is_active
+        and job.gpu_uuids
+        and job.id in state.child_pgids
+        and _exists(state.child_pgids[job.id])
     }
     for job_id in list(attached):
         if job_id not in live:
@@ -49,6 +54,14 @@ def attach_fake_jobs(state: DaemonState, backend: FakeBackend, attached: dict[in
             for uuid in job.gpu_uuids:
                 backend.attach(uuid, pid, job.gpu_mem_reserved or 0)
             attached[job_id] = pid
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.getpgid(pid)
+    except OSError:
+        return False
+    return True
 
 
 def split_memory(

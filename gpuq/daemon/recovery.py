@@ -11,8 +11,12 @@ store says may have a process (starting, running, suspending, suspended):
    (exit code, signal), applying retries as usual;
 3. no shim and no record while `starting`: the daemon died before the job
    ran, so it goes back to the queue (no attempt is counted);
-4. otherwise the job ended unobserved: mark it `lost` with the reason, and
-   requeue it if it has retries left.
+4. otherwise the job's shim is gone without a record (killed while the
+   daemon was down): kill whatever is left of the attempt (its process
+   group and every process carrying its environment, verified by start
+   time and boot id: `Executor.kill_leftovers`), then mark it `lost` with
+   the reason, and requeue it if it has retries left. The kill comes first,
+   so neither its GPUs nor a retry are handed out while it still runs.
 
 Queued and held jobs need nothing: they are only rows. Because the shim holds
 the job lock from before the command starts until after `exit.json` is
@@ -72,10 +76,10 @@ def recover(state: DaemonState) -> dict[str, int]:
             )
             counts["requeued"] += 1
         else:
-            lifecycle.finish(
-                state,
-                job.id,
-                Outcome(None, None, "the job ended while the daemon was down, unobserved", None),
-            )
+            survivors = state.executor.kill_leftovers(job.id)
+            reason = "the job's shim ended while the daemon was down, without a record"
+            if survivors:
+                reason += f"; processes {survivors} of the job could not be killed"
+            lifecycle.finish(state, job.id, Outcome(None, None, reason, None))
             counts["lost"] += 1
     return counts

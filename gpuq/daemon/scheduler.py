@@ -9,6 +9,7 @@ pure functions, so they are unit-tested without a daemon.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,10 @@ def readiness(
                 f"begins at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(spec.begin))}"
             )
             next_begin = spec.begin if next_begin is None else min(next_begin, spec.begin)
+            continue
+        if job.retry_at is not None and job.retry_at > now:
+            # Its own reason says when and which attempt ("...; retrying in 4s (attempt 3 of 5)").
+            next_begin = job.retry_at if next_begin is None else min(next_begin, job.retry_at)
             continue
         blocked = ""
         for dep in spec.after:
@@ -137,8 +142,22 @@ def build_view(
     return view
 
 
-def schedule_pass(state: DaemonState) -> Plan:
-    """Run one pass: settle, decide and launch. Returns the plan acted on."""
+START_BUDGET_SECONDS = 0.02
+"""Longest stretch a pass spends starting jobs before it lets the event loop serve others."""
+THREAD_DECIDE_JOBS = 256
+"""Above this many ready jobs, the policy decides in a worker thread, off the event loop."""
+
+
+async def schedule_pass(state: DaemonState) -> Plan:
+    """Run one pass: settle, decide and launch. Returns the plan acted on.
+
+    The event loop is never held for long: a large decision runs in a
+    worker thread (the view is an immutable snapshot, and only this pass
+    starts jobs), and starts are made in slices of `START_BUDGET_SECONDS`
+    with a yield between them. Each start only asks the spawner for a shim.
+    """
+    if not state.check_state_dir():
+        return Plan()
     now = time.time()
     pending = sorted(
         (j for j in state.active.values() if j.state is JobState.QUEUED), key=lambda j: j.id
@@ -148,11 +167,7 @@ def schedule_pass(state: DaemonState) -> Plan:
         if job.state.is_active and job.array_id is not None:
             per_array[job.array_id] = per_array.get(job.array_id, 0) + 1
 
-    def lookup(job_id: int) -> JobState | None:
-        job = state.active.get(job_id) or state.store.get(job_id)
-        return None if job is None else job.state
-
-    ready = readiness(pending, lookup, per_array, now)
+    ready = readiness(pending, state.dependency_state, per_array, now)
     for job_id, why in ready.never.items():
         state.transition(state.active[job_id], JobState.CANCELLED, why, end_time=now)
     margin = state.config.scheduler.auto_mem_margin
@@ -169,13 +184,22 @@ def schedule_pass(state: DaemonState) -> Plan:
         state.config.scheduler.foreign_tolerance,
         learned,
     )
-    plan = state.policy.decide(view, now)
+    if len(view.pending) > THREAD_DECIDE_JOBS:
+        plan = await asyncio.to_thread(state.policy.decide, view, now)
+    else:
+        plan = state.policy.decide(view, now)
     reasons = dict(ready.waiting)
     reasons.update(plan.waiting)
     state.waiting_reasons = reasons
+    state.next_begin = ready.next_begin
+    slice_start = time.perf_counter()
     for placement in plan.start:
+        if time.perf_counter() - slice_start > START_BUDGET_SECONDS:
+            await asyncio.sleep(0)
+            slice_start = time.perf_counter()
+            if not state.check_state_dir():
+                break
         placed = state.active.get(placement.job_id)
         if placed is not None and placed.state is JobState.QUEUED:
             lifecycle.start(state, placed, placement)
-    state.next_begin = ready.next_begin
     return plan

@@ -24,12 +24,13 @@ import time
 from pathlib import Path
 
 from gpuq.config import Config
-from gpuq.daemon import monitor, recovery, scheduler, suspend
+from gpuq.daemon import lifecycle, monitor, recovery, scheduler, statedir, suspend
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.executor import Executor
+from gpuq.daemon.spawner import SpawnerClient
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import Store
-from gpuq.errors import DaemonUnavailable, StateError
+from gpuq.errors import DaemonUnavailable, GpuqError, StateError
 from gpuq.gpus import make_backend
 from gpuq.paths import ensure_private_dir, filesystem_type, is_network_filesystem
 from gpuq.policies import get_policy
@@ -40,6 +41,9 @@ log = logging.getLogger("gpuq.daemon")
 SOCKET_NAME = "gpuq.sock"
 LOCK_NAME = "gpuqd.lock"
 MAX_PASS_BACKOFF = 0.25
+HOUSEKEEPING_SECONDS = 1.0
+SHUTDOWN_GRACE_SECONDS = 1.0
+"""How long a shutdown waits for requests in progress to be answered before it cancels them."""
 
 
 def socket_path(config: Config) -> Path:
@@ -105,6 +109,9 @@ class Server:
         self._bound = False  # only a daemon that bound the socket may remove it
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[None]] = set()
+        self._store: Store | None = None
+        self._spawner: SpawnerClient | None = None
+        self._reported: set[str] = set()
 
     async def startup(self) -> None:
         """Prepare everything and start serving; raises GpuqError on failure."""
@@ -116,16 +123,28 @@ class Server:
         self._take_lock()
         path = socket_path(self.config)
         remove_stale_socket(path)
-        store = Store.open(cfg.state_dir / "gpuq.db")
+        jobs_dir = cfg.state_dir / "jobs"
+        database = cfg.state_dir / "gpuq.db"
+        store = Store.open(database, statedir.id_floor(cfg.runtime_dir, jobs_dir), time.time())
+        self._store = store
         backend = make_backend(self.config.gpus)
+        self._spawner = SpawnerClient()
+        try:
+            self._spawner.start()
+        except OSError as exc:
+            log.warning("%s; starting each shim as a new process instead (slower)", exc)
+            self._spawner = None
         state = DaemonState(
             self.config,
             store,
             backend,
-            Executor(cfg.state_dir / "jobs"),
+            Executor(jobs_dir, self._spawner),
             get_policy(self.config.scheduler.policy),
         )
+        state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
         self.state = state
+        if self._spawner is not None:
+            self._spawner.attach(asyncio.get_running_loop())
         state.control.listener = suspend.ChannelListener(state)
         state.load()
         await monitor.sample_once(state, {})
@@ -176,6 +195,7 @@ class Server:
         self._tasks = [
             asyncio.create_task(monitor.run_monitor(state)),
             asyncio.create_task(self._schedule_forever(state)),
+            asyncio.create_task(self._housekeeping(state)),
         ]
         await state.should_exit.wait()
 
@@ -184,7 +204,7 @@ class Server:
             state.wake.clear()
             started = time.perf_counter()
             try:
-                plan = scheduler.schedule_pass(state)
+                plan = await scheduler.schedule_pass(state)
             except Exception:  # a bad pass must not end scheduling for good
                 log.exception("scheduler pass failed; retrying after a pause")
                 await asyncio.sleep(MAX_PASS_BACKOFF)
@@ -206,23 +226,55 @@ class Server:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.wake.wait(), timeout=timeout)
 
+    async def _housekeeping(self, state: DaemonState) -> None:
+        """Every second: look at the state directory, record outcomes a full disk held back."""
+        while not state.should_exit.is_set():
+            if not state.check_state_dir() and "state_dir" not in self._reported:
+                self._reported.add("state_dir")
+                log.error("%s", state.problems["state_dir"])
+            if state.unrecorded:
+                lifecycle.record_pending(state)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.should_exit.wait(), timeout=HOUSEKEEPING_SECONDS)
+
     async def shutdown(self) -> None:
         """Stop serving; jobs keep running and will be re-adopted."""
         if self._server is not None:
             self._server.close()
-        for task in [*self._tasks, *self._connections]:
+        for task in self._tasks:
+            task.cancel()
+        if self._connections:  # a request being answered (a shutdown's own) gets its reply out
+            await asyncio.wait(self._connections, timeout=SHUTDOWN_GRACE_SECONDS)
+        for task in self._connections:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
         if self.state is not None:
             self.state.control.close_all()
             self.state.executor.unwatch_all(asyncio.get_running_loop())
             self.state.backend.close()
-            self.state.store.close()
+        if self._spawner is not None:
+            self._spawner.close()
+        if self._store is not None:
+            self._store.close()
         if self._bound:
             with contextlib.suppress(FileNotFoundError):
                 socket_path(self.config).unlink()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+
+
+def _reload_on_hangup(state: DaemonState) -> None:
+    """SIGHUP: reload the config file, as `gpuq daemon reload` does."""
+    try:
+        result = state.reload_config()
+    except GpuqError as exc:
+        log.error("config not reloaded: %s (%s)", exc.message, exc.hint)  # noqa: TRY400
+        return
+    log.info(
+        "config reloaded: applied %s; restart needed for %s",
+        result["applied"],
+        result["restart_needed"],
+    )
 
 
 async def serve(config: Config) -> None:
@@ -235,10 +287,11 @@ async def serve(config: Config) -> None:
         state = server.state
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, state.should_exit.set)
+        loop.add_signal_handler(signal.SIGHUP, _reload_on_hangup, state)
         try:
             await server.main_loop()
         finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
     finally:
         await server.shutdown()

@@ -1,19 +1,28 @@
-"""The per-job supervisor: `python -m gpuq.daemon.shim JOB_DIR LOCK_FD`.
+"""The per-job supervisor: one shim per job attempt, holding the job's lock.
 
-The daemon starts one shim per job in a new session, handing it the job's
-lock file descriptor already locked (flock). The shim holds that lock for its
-whole life, so "the lock is held" means "a shim is running this job", even
-across daemon crashes: the daemon never has to guess.
+The daemon starts each shim through the spawner (`gpuq.daemon.spawner`, a
+fork per job), or as `python -m gpuq.daemon.shim JOB_DIR LOCK_FD` when the
+spawner is unavailable, in a new session, handing it the job's lock file
+descriptor already locked (flock). The shim holds that lock for its whole
+life, so "the lock is held" means "a shim is running this job", even across
+daemon crashes: the daemon never has to guess.
 
-The shim reads `launch.json`, starts the command in its own process group
-with its output redirected, enforces the time limit (with the optional
-early signal), and when the command ends kills whatever is left of its
-process group and writes `exit.json` atomically. It imports only the
-standard library and `gpuq.daemon.jobfiles` so it starts fast.
+The shim becomes a child subreaper, so every descendant of the job stays in
+its process tree even after leaving the job's session and process group. It
+reads `launch.json`, opens the output files without following symbolic links
+(`outputs.open_output`), starts the command in its own process group,
+enforces the time limit (with the optional early signal) and the log size
+limit, and when the command ends kills whatever is left of the job's tree
+and writes `exit.json` into the space the daemon reserved for it, retrying
+while the disk is full. It imports only the standard library and
+`gpuq.daemon` modules that do too, so it starts fast.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -21,115 +30,223 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
-from gpuq.daemon import jobfiles
+from gpuq.daemon import jobfiles, proctree
+from gpuq.daemon.outputs import LogLimit, OutputError, open_outputs
+
+PR_SET_CHILD_SUBREAPER: Final = 36
+MAX_REASON: Final = 2000
+"""Longest reason text in exit.json (it must fit the reserved record)."""
+EXIT_RETRY_MAX: Final = 5.0
+"""Longest pause between two attempts to record the exit on a full disk."""
 
 
-def _open_output(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children (Linux prctl)."""
     try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def signal_tree(pgid: int, signum: int) -> None:
+    """Send `signum` once to each process of the job: its group, then descendants outside it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
+    procs = proctree.table()
+    proctree.send(
+        proctree.outside_group(proctree.descendants(os.getpid(), procs), pgid, procs), signum
+    )
+
+
+def describe_start_error(command: list[str], cwd: str, exc: OSError) -> str:
+    """Why the command could not be executed, in the OS's words plus what it means."""
+    program = command[0]
+    what = exc.strerror or str(exc)
+    if exc.errno == errno.ENOENT and exc.filename == cwd:
+        return f"cannot start {program!r}: working directory {cwd!r} no longer exists"
+    text = f"cannot execute {program!r}: {what} (errno {exc.errno})"
+    if exc.errno == errno.ENOENT and (
+        os.path.exists(program) or os.path.exists(Path(cwd, program))
+    ):
+        text += "; the file exists, so its interpreter (the #! line) was not found"
+    elif exc.errno == errno.ENOEXEC:
+        text += "; not a binary or a script with a #! line"
+    elif exc.errno == errno.E2BIG:
+        text += "; the arguments and environment are too large for the OS"
+    return text
 
 
 def supervise(job_dir: Path) -> dict[str, Any]:
-    """Run the job described in `job_dir` to completion; returns exit.json."""
+    """Run the job described in `job_dir` to completion; returns the exit record."""
     launch = jobfiles.read_json(job_dir / jobfiles.LAUNCH)
     if launch is None:
         return {"returncode": None, "error": "launch.json is missing or unreadable"}
     try:
-        out_fd = _open_output(launch["stdout"])
-        err_fd = out_fd if launch["stderr"] == launch["stdout"] else _open_output(launch["stderr"])
-    except OSError as exc:
-        return {"returncode": None, "error": f"cannot open the job's output file: {exc}"}
+        outputs = open_outputs(launch)
+    except OutputError as exc:
+        return {"returncode": None, "error": str(exc), "start_failed": True}
+    command = [str(arg) for arg in launch["command"]]
     try:
         child = subprocess.Popen(  # noqa: S603 - running the user's command is the point
-            launch["command"],
+            command,
             cwd=launch["cwd"],
             env=launch["env"],
             stdin=subprocess.DEVNULL,
-            stdout=out_fd,
-            stderr=err_fd,
+            stdout=outputs.stdout,
+            stderr=outputs.stderr,
             start_new_session=True,
         )
     except OSError as exc:
-        return {"returncode": None, "error": f"cannot start {launch['command'][0]!r}: {exc}"}
-    finally:
-        os.close(out_fd)
-        if err_fd != out_fd:
-            os.close(err_fd)
+        outputs.close()
+        error = describe_start_error(command, launch["cwd"], exc)
+        return {"returncode": None, "error": error, "start_failed": True}
     jobfiles.write_json(
         job_dir / jobfiles.CHILD,
         {"pid": child.pid, "pgid": child.pid, "starttime": jobfiles.process_start_time(child.pid)},
     )
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        _signal_group(child.pid, signum)
+        signal_tree(child.pid, signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    reason = _wait(child, launch)
-    _signal_group(child.pid, signal.SIGKILL)  # leftovers of the job's process group
+    limit = LogLimit(outputs, launch.get("max_log_bytes"))
+    try:
+        reason, timed_out = _wait(child, launch, limit)
+    finally:
+        sweep(child.pid)
+        limit.check()
+        outputs.close()
     returncode = child.returncode
     result: dict[str, Any] = {"returncode": returncode, "end_time": time.time(), "reason": reason}
+    if timed_out:
+        result["time_limit"] = True
     if returncode is not None and returncode < 0:
         result["signal"] = signal.Signals(-returncode).name
     return result
 
 
-def _wait(child: subprocess.Popen[bytes], launch: dict[str, Any]) -> str:
-    """Wait for the child, enforcing the time limit; returns the end reason."""
-    limit = launch.get("time_limit")
-    if limit is None:
-        child.wait()
-        return ""
+def _wait(
+    child: subprocess.Popen[bytes], launch: dict[str, Any], limit: LogLimit
+) -> tuple[str, bool]:
+    """Wait for the child, enforcing the time and log limits; returns (reason, timed out)."""
+    seconds = launch.get("time_limit")
     start = time.monotonic()
     early = launch.get("signal")
-    grace = float(launch.get("kill_grace", 10.0))
-    if early is not None:
-        sig, seconds = int(early[0]), float(early[1])
-        if _wait_until(child, start + max(0.0, limit - seconds)):
-            return ""
-        _signal_group(child.pid, sig)
-    if _wait_until(child, start + limit):
-        return ""
-    _signal_group(child.pid, signal.SIGTERM)
-    if not _wait_until(child, time.monotonic() + grace):
-        _signal_group(child.pid, signal.SIGKILL)
+    if seconds is not None and early is not None:
+        sig, lead = int(early[0]), float(early[1])
+        if _wait_until(child, start + max(0.0, seconds - lead), limit):
+            return "", False
+        signal_tree(child.pid, sig)
+    if _wait_until(child, None if seconds is None else start + seconds, limit):
+        return "", False
+    assert seconds is not None
+    signal_tree(child.pid, signal.SIGTERM)
+    if not _wait_until(child, time.monotonic() + float(launch.get("kill_grace", 10.0)), limit):
+        signal_tree(child.pid, signal.SIGKILL)
         child.wait()
-    return f"time limit of {limit:g}s reached"
+    return f"time limit of {seconds:g}s reached", True
 
 
-def _wait_until(child: subprocess.Popen[bytes], deadline: float) -> bool:
-    """True if the child ended before the monotonic `deadline`."""
+def _wait_until(child: subprocess.Popen[bytes], deadline: float | None, limit: LogLimit) -> bool:
+    """True if the child ended before the monotonic `deadline` (None: no deadline)."""
+    while True:
+        timeout = limit.interval
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            timeout = left if timeout is None else min(timeout, left)
+        try:
+            child.wait(timeout=None if timeout is None else max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            limit.check()
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        else:
+            return True
+
+
+def _has_children() -> bool:
+    """Whether the shim has any child, zombies included.
+
+    The shim is a subreaper and has reaped the job's main process: whatever
+    that left behind was reparented to the shim when it exited, so no child
+    means no descendant at all.
+    """
     try:
-        child.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
         return False
     return True
 
 
-def main(argv: list[str]) -> int:
-    """Entry point; the exit status of the job itself is in exit.json."""
-    job_dir, lock_fd = Path(argv[0]), int(argv[1])
+def sweep(pgid: int) -> None:
+    """Kill whatever is left of the job (its group, every descendant) and reap it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    if not _has_children():
+        return  # the usual case: nothing left, so no scan of every process on the machine
+    shim = os.getpid()
+    proctree.kill_until_gone(lambda: proctree.descendants(shim, proctree.table()))
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
+
+
+def record_exit(job_dir: Path, result: dict[str, Any]) -> bool:
+    """Write exit.json, retrying while the disk is full; False if the job directory is gone.
+
+    The shim keeps the job's lock meanwhile, so the daemon sees a job whose
+    end is not recorded yet, never a lost one.
+    """
+    for key in ("error", "reason"):
+        if isinstance(result.get(key), str):
+            result[key] = result[key][:MAX_REASON]
+    pause = 0.1
+    while True:
+        try:
+            jobfiles.write_json(job_dir / jobfiles.EXIT, result, durable=True)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            print(f"gpuq shim {job_dir}: cannot record the exit yet: {exc}", file=sys.stderr)
+        time.sleep(pause)
+        pause = min(EXIT_RETRY_MAX, pause * 2)
+
+
+def run(job_dir: Path, lock_fd: int) -> int:
+    """Supervise one attempt while holding `lock_fd`; returns the shim's exit status."""
     os.set_inheritable(lock_fd, False)  # the job itself must not hold the lock
-    jobfiles.write_json(
-        job_dir / jobfiles.SHIM,
-        {
-            "pid": os.getpid(),
-            "starttime": jobfiles.process_start_time(os.getpid()),
-            "boot_id": jobfiles.boot_id(),
-        },
-    )
+    become_subreaper()
+    try:
+        jobfiles.write_json(
+            job_dir / jobfiles.SHIM,
+            {
+                "pid": os.getpid(),
+                "starttime": jobfiles.process_start_time(os.getpid()),
+                "boot_id": jobfiles.boot_id(),
+            },
+        )
+    except OSError as exc:
+        record_exit(job_dir, {"returncode": None, "error": f"cannot record the shim: {exc}"})
+        return 1
     result = supervise(job_dir)
-    jobfiles.write_json(job_dir / jobfiles.EXIT, result)
-    return 0
+    return 0 if record_exit(job_dir, result) else 1
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `python -m gpuq.daemon.shim JOB_DIR LOCK_FD` (the slow path)."""
+    os.setsid() if os.getsid(0) != os.getpid() else None
+    return run(Path(argv[0]), int(argv[1]))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterable
@@ -18,12 +19,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuq.config import Config
+from gpuq.daemon import notify, reload
 from gpuq.daemon.control import CONTROL_DIR, ControlHub
-from gpuq.daemon.executor import Executor
+from gpuq.daemon.executor import Executor, Outcome
+from gpuq.daemon.reload import ConfigWatch
+from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
-from gpuq.errors import ConflictError, NotFoundError
+from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.gpus import GpuBackend
 from gpuq.models import GpuInfo, Job, JobState
+from gpuq.policies import get_policy
 from gpuq.policies.base import Policy
 
 
@@ -36,6 +41,29 @@ class GpuSnapshot:
     foreign_memory: dict[str, int] = field(default_factory=dict)
     jobs_on_gpu: dict[str, list[int]] = field(default_factory=dict)
     time: float = 0.0
+
+
+log = logging.getLogger("gpuq.daemon")
+
+RUNNING_STATES = frozenset({JobState.RUNNING, JobState.SUSPENDING})
+"""States in which a job's command runs: only these count as run time."""
+
+
+def account_run_time(job: Job, state: JobState, now: float, changes: dict[str, Any]) -> None:
+    """Add the run-time fields a transition of `job` to `state` changes to `changes`.
+
+    A run stops at the job's recorded end time when one is given (an exit
+    seen after a daemon restart), else now.
+    """
+    if state in RUNNING_STATES:
+        if job.running_since is None:
+            changes.setdefault("running_since", now)
+            if job.first_start_time is None:
+                changes.setdefault("first_start_time", now)
+    elif job.running_since is not None:
+        stop = changes.get("end_time") or now
+        changes["run_seconds"] = job.run_seconds + max(0.0, stop - job.running_since)
+        changes["running_since"] = None
 
 
 class DaemonState:
@@ -64,6 +92,12 @@ class DaemonState:
         self.memory_peaks: dict[int, int] = {}
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
+        self.unrecorded: dict[int, Outcome] = {}
+        """Outcomes seen but not yet committed (a full disk); retried every second."""
+        self.state_dir_watch: StateDirWatch | None = None
+        self.config_watch = ConfigWatch(config.source)
+        self.problems: dict[str, str] = {}
+        """What the user must know about the daemon itself (full disk, state directory gone)."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -86,6 +120,25 @@ class DaemonState:
             )
         return job
 
+    def resolve_ids(self, ids: Iterable[int]) -> list[int]:
+        """Job ids, each array id replaced by the ids of its tasks (unknown ids kept)."""
+        resolved: list[int] = []
+        for job_id in ids:
+            if job_id not in self.active and self.store.get(job_id) is None:
+                tasks = self.store.array_tasks(job_id) if self.store.array(job_id) else []
+                if tasks:
+                    resolved.extend(task.id for task in tasks)
+                    continue
+            resolved.append(job_id)
+        return resolved
+
+    def dependency_state(self, job_id: int) -> JobState | None:
+        """The state a dependency on `job_id` sees: a job's, or an array's as a whole."""
+        job = self.active.get(job_id) or self.store.get(job_id)
+        if job is not None:
+            return job.state
+        return self.store.array_state(job_id)
+
     def with_reason(self, job: Job) -> Job:
         """The job with its current waiting reason filled in (pending jobs)."""
         reason = self.waiting_reasons.get(job.id)
@@ -94,16 +147,26 @@ class DaemonState:
         return job
 
     def transition(self, job: Job, state: JobState, reason: str, **changes: Any) -> Job:
-        """Commit a transition, then update the cache and tell subscribers."""
-        updated = self.store.transition(job, state, reason, time.time(), **changes)
+        """Commit a transition, then update the cache, tell subscribers and notify.
+
+        Run time is accounted here: time in `running` or `suspending`
+        counts, time suspended or waiting does not. A job that reaches a
+        final state runs its `--notify` command, whatever the state.
+        """
+        now = time.time()
+        account_run_time(job, state, now, changes)
+        updated = self.store.transition(job, state, reason, now, **changes)
         if state.is_terminal:
             self.active.pop(job.id, None)
             self.waiting_reasons.pop(job.id, None)
             self.child_pgids.pop(job.id, None)
         else:
             self.active[job.id] = updated
-        self.publish({"type": "job", "job": updated.to_dict()})
+        if self._subscribers:
+            self.publish({"type": "job", "job": updated.to_dict(now=now)})
         self.wake.set()
+        if state.is_terminal and updated.spec.notify:
+            notify.run(self.store, updated)
         return updated
 
     def require(self, job_id: int, allowed: Iterable[JobState], action: str) -> Job:
@@ -116,6 +179,63 @@ class DaemonState:
                 f"{action} applies to {', '.join(sorted(s.value for s in allowed))} jobs",
             )
         return job
+
+    # -- problems ---------------------------------------------------------
+
+    def report_disk_full(self, detail: str) -> None:
+        """Tell users (ls banner, doctor) that state cannot be written."""
+        self.problems["disk"] = (
+            f"the state directory {self.config.daemon.state_dir} is full or not writable "
+            f"({detail}); free some space: what is pending is recorded as soon as it can be"
+        )
+
+    def clear_disk_full(self) -> None:
+        """State can be written again."""
+        self.problems.pop("disk", None)
+
+    def check_state_dir(self) -> bool:
+        """Look again at the state directory; False once it was deleted or replaced."""
+        if self.state_dir_watch is None or "state_dir" in self.problems:
+            return "state_dir" not in self.problems
+        problem = self.state_dir_watch.problem()
+        if problem is None:
+            return True
+        self.problems["state_dir"] = problem
+        return False
+
+    def require_state_dir(self) -> None:
+        """Refuse work that would need the state directory once it is gone."""
+        if not self.check_state_dir():
+            raise StateError(
+                self.problems["state_dir"],
+                "gpuq daemon restart starts afresh in a new state directory (ids continue; "
+                "jobs still running keep running but are not re-adopted)",
+            )
+
+    def remember_ids(self, last_id: int) -> None:
+        """Keep the id high-water mark outside the database too (`gpuq.daemon.statedir`)."""
+        try:
+            remember_last_id(self.config.daemon.runtime_dir, last_id)
+        except OSError as exc:
+            log.warning("cannot write the id high-water mark: %s", exc)
+
+    def warnings(self) -> list[str]:
+        """The daemon's problems, for the `warnings` of replies (shown by `gpuq ls`, doctor)."""
+        return [*self.problems.values(), *self.config_watch.warnings()]
+
+    def reload_config(self) -> dict[str, Any]:
+        """Apply the config file as it is now (`gpuq.daemon.reload`); ConfigError if invalid."""
+        running, applied, restart = reload.reload(self.config)
+        if running.scheduler.policy != self.config.scheduler.policy:
+            self.policy = get_policy(running.scheduler.policy)
+        self.config = running
+        self.config_watch.loaded(running.source)
+        self.config_watch.restart_needed = sorted(
+            set(self.config_watch.restart_needed) | set(restart)
+        )
+        self.wake.set()
+        source = None if running.source is None else str(running.source)
+        return {"source": source, "applied": applied, "restart_needed": restart}
 
     # -- events -----------------------------------------------------------
 
@@ -152,4 +272,5 @@ class DaemonState:
             "runtime_dir": str(self.config.daemon.runtime_dir),
             "jobs": counts,
             "highest_job_id": self.store.max_job_id(),
+            "warnings": self.warnings(),
         }

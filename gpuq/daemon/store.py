@@ -13,6 +13,7 @@ job is launched, so the daemon's in-memory view of 10,000 jobs stays small.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +28,8 @@ MAX_SAMPLES_PER_JOB = 2000
 """Metrics samples kept per job; older ones are thinned beyond this."""
 _COLUMNS = (
     "id, state, reason, spec, submit_time, start_time, end_time, exit_code, signal, "
-    "gpu_uuids, gpu_mem_reserved, node, attempts, array_id, stdout_path, stderr_path"
+    "gpu_uuids, gpu_mem_reserved, node, attempts, array_id, stdout_path, stderr_path, "
+    "retry_at, first_start_time, run_seconds, running_since"
 )
 _MUTABLE = frozenset(
     {
@@ -42,18 +44,31 @@ _MUTABLE = frozenset(
         "attempts",
         "stdout_path",
         "stderr_path",
+        "retry_at",
+        "first_start_time",
+        "run_seconds",
+        "running_since",
     }
 )
 
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A job to insert: its spec (with environment) and array membership."""
+    """A job to insert: its spec (with environment), state and reason."""
 
     spec: JobSpec
     state: JobState
     reason: str
-    array_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayInfo:
+    """An array: its own id (from the same sequence as job ids), name, time and size."""
+
+    id: int
+    name: str
+    submit_time: float
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,21 +88,45 @@ class Store:
         self.path = path
 
     @classmethod
-    def open(cls, path: Path) -> Store:
-        """Open (creating and migrating) the database at `path`."""
+    def open(cls, path: Path, id_floor: int = 0, now: float = 0.0) -> Store:
+        """Open (creating and migrating) the database at `path`, and prove it is writable.
+
+        Ids continue above `id_floor` (the high-water mark kept outside the
+        database), so a database made afresh never hands out an old id.
+        """
         try:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot open the state database {path}: {exc}") from exc
+        try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA busy_timeout=5000")
             migrate(conn)
-        except sqlite3.Error as exc:
+            store = cls(conn, path)
+            with store._transaction():
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('opened', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (repr(now),),
+                )
+                store._raise_id_floor(id_floor)
+        except (sqlite3.Error, StateError) as exc:
+            conn.close()
+            text = str(exc)
+            read_only = _read_only(path)
+            if read_only or "readonly" in text or "read-only" in text:
+                raise StateError(
+                    f"the state database {path} is read-only ({read_only or text})",
+                    "make it and its directory writable by you (ls -l; chmod u+w), "
+                    "or remount the filesystem read-write, or choose another state_dir",
+                ) from None
             raise StateError(
-                f"cannot open the state database {path}: {exc}",
+                f"cannot open the state database {path}: {text}",
                 "check the state directory (gpuq doctor); "
                 "move a corrupt file aside to start afresh",
-            ) from exc
-        return cls(conn, path)
+            ) from None
+        return store
 
     def close(self) -> None:
         """Close the connection (checkpointing the WAL)."""
@@ -95,11 +134,24 @@ class Store:
 
     # -- writes ---------------------------------------------------------
 
-    def insert_jobs(self, jobs: Sequence[NewJob], now: float, token: str | None) -> list[Job]:
-        """Insert jobs (an array's tasks share `array_id`) in one transaction."""
+    def insert_jobs(
+        self, jobs: Sequence[NewJob], now: float, token: str | None, *, array: bool = False
+    ) -> tuple[list[Job], int | None]:
+        """Insert jobs in one transaction; returns them and the array's id (with `array`).
+
+        An array gets an id of its own from the job id sequence, before its
+        tasks, so `gpuq cancel 32` can name the whole array while each task
+        keeps its own id.
+        """
         out: list[Job] = []
         with self._transaction():
             array_id: int | None = None
+            if array:
+                array_id = self._reserve_id()
+                self._conn.execute(
+                    "INSERT INTO arrays (id, name, submit_time, size) VALUES (?,?,?,?)",
+                    (array_id, jobs[0].spec.name if jobs else "", now, len(jobs)),
+                )
             for new in jobs:
                 spec_json, env_json = _encode_spec(new.spec)
                 cur = self._conn.execute(
@@ -119,15 +171,12 @@ class Store:
                     ),
                 )
                 job_id = int(cur.lastrowid or 0)
-                if new.array_first:
-                    array_id = job_id
-                    self._conn.execute("UPDATE jobs SET array_id=? WHERE id=?", (job_id, job_id))
                 self._event(job_id, now, new.state, new.reason)
                 lean = replace(new.spec, env={})
                 out.append(
                     Job(job_id, lean, new.state, new.reason, submit_time=now, array_id=array_id)
                 )
-        return out
+        return out, array_id
 
     def transition(self, job: Job, state: JobState, reason: str, now: float, **changes: Any) -> Job:
         """Move `job` to `state`, recording the reason; returns the new Job."""
@@ -139,7 +188,8 @@ class Store:
             self._conn.execute(
                 "UPDATE jobs SET state=?, reason=?, start_time=?, end_time=?, exit_code=?, "
                 "signal=?, gpu_uuids=?, gpu_mem_reserved=?, node=?, attempts=?, "
-                "stdout_path=?, stderr_path=? WHERE id=?",
+                "stdout_path=?, stderr_path=?, retry_at=?, first_start_time=?, "
+                "run_seconds=?, running_since=? WHERE id=?",
                 (
                     state.value,
                     reason,
@@ -153,6 +203,10 @@ class Store:
                     updated.attempts,
                     updated.stdout_path,
                     updated.stderr_path,
+                    updated.retry_at,
+                    updated.first_start_time,
+                    updated.run_seconds,
+                    updated.running_since,
                     job.id,
                 ),
             )
@@ -179,6 +233,10 @@ class Store:
             self._conn.executemany("DELETE FROM profiles WHERE job_id=?", rows)
             self._conn.executemany("DELETE FROM job_suspends WHERE job_id=?", rows)
             self._conn.executemany("DELETE FROM jobs WHERE id=?", rows)
+            self._conn.execute(
+                "DELETE FROM arrays WHERE id NOT IN "
+                "(SELECT array_id FROM jobs WHERE array_id IS NOT NULL)"
+            )
 
     def record_memory_peak(self, name: str, peak: int, now: float) -> None:
         """Remember the largest GPU memory a job called `name` used."""
@@ -315,9 +373,60 @@ class Store:
         return [_row_to_job(r) for r in self._conn.execute(sql + " ORDER BY id", args)]
 
     def max_job_id(self) -> int:
-        """The highest id ever handed out (AUTOINCREMENT's high-water mark)."""
+        """The highest id ever handed out, to a job or an array (AUTOINCREMENT's mark)."""
         row = self._conn.execute("SELECT seq FROM sqlite_sequence WHERE name='jobs'").fetchone()
         return 0 if row is None else int(row[0])
+
+    def array(self, array_id: int) -> ArrayInfo | None:
+        """The array with this id, or None (also for arrays made before arrays had ids)."""
+        row = self._conn.execute(
+            "SELECT id, name, submit_time, size FROM arrays WHERE id=?", (array_id,)
+        ).fetchone()
+        return None if row is None else ArrayInfo(int(row[0]), str(row[1]), row[2], int(row[3]))
+
+    def array_tasks(self, array_id: int) -> list[Job]:
+        """The tasks of an array, in id order."""
+        rows = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,)
+        )
+        return [_row_to_job(r) for r in rows]
+
+    def array_state(self, array_id: int) -> JobState | None:
+        """An array as one dependency: queued until every task ended, then succeeded or failed.
+
+        None if no array has this id.
+        """
+        if self.array(array_id) is None:
+            return None
+        terminal = [s.value for s in JobState if s.is_terminal]
+        marks = ",".join("?" * len(terminal))
+        total, ended, succeeded = self._conn.execute(
+            f"SELECT count(*), sum(state IN ({marks})), sum(state='succeeded') "
+            "FROM jobs WHERE array_id=?",
+            (*terminal, array_id),
+        ).fetchone()
+        if not total or ended < total:
+            return JobState.QUEUED
+        return JobState.SUCCEEDED if succeeded == total else JobState.FAILED
+
+    def _reserve_id(self) -> int:
+        """Take the next id of the job sequence without a job row (for an array)."""
+        self._raise_id_floor(0)
+        self._conn.execute("UPDATE sqlite_sequence SET seq = seq + 1 WHERE name='jobs'")
+        return self.max_job_id()
+
+    def _raise_id_floor(self, floor: int) -> None:
+        """Make the next id at least `floor` + 1 (inside a transaction)."""
+        if self._conn.execute("SELECT 1 FROM sqlite_sequence WHERE name='jobs'").fetchone():
+            self._conn.execute(
+                "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name='jobs'", (floor,)
+            )
+        else:
+            self._conn.execute(
+                "INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', "
+                "max(?, (SELECT coalesce(max(id), 0) FROM jobs)))",
+                (floor,),
+            )
 
     # -- internals ------------------------------------------------------
 
@@ -329,6 +438,19 @@ class Store:
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._conn)
+
+
+def _read_only(path: Path) -> str:
+    """Why the database at `path` cannot be written, if the filesystem or modes say so."""
+    try:
+        if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
+            return "its filesystem is mounted read-only"
+    except OSError:
+        return ""
+    for target in (path, path.parent):
+        if target.exists() and not os.access(target, os.W_OK):
+            return f"{target} is not writable"
+    return ""
 
 
 class _Transaction:
@@ -374,6 +496,10 @@ def _row_to_job(row: Sequence[Any]) -> Job:
         array_id,
         stdout_path,
         stderr_path,
+        retry_at,
+        first_start_time,
+        run_seconds,
+        running_since,
     ) = row
     return Job(
         id=job_id,
@@ -392,4 +518,8 @@ def _row_to_job(row: Sequence[Any]) -> Job:
         array_id=array_id,
         stdout_path=stdout_path,
         stderr_path=stderr_path,
+        retry_at=retry_at,
+        first_start_time=first_start_time,
+        run_seconds=float(run_seconds or 0.0),
+        running_since=running_since,
     )

@@ -7,6 +7,7 @@ the others (the CLI exits non-zero if any failed).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, assert_never
 
@@ -27,6 +28,9 @@ from gpuq.protocol import (
 )
 
 Action = Cancel | Hold | Release | Retry | SetPriority | Suspend | Resume
+
+SLICE_SECONDS = 0.02
+"""Longest stretch an action spends on its jobs before it yields the event loop."""
 
 
 def _apply(state: DaemonState, request: Action, job_id: int) -> str:
@@ -75,16 +79,30 @@ def _apply(state: DaemonState, request: Action, job_id: int) -> str:
             assert_never(request)
 
 
-def handle(state: DaemonState, request: Action) -> dict[str, Any]:
-    """Apply the action to each id; report per-job outcomes."""
+async def handle(state: DaemonState, request: Action) -> dict[str, Any]:
+    """Apply the action to each id; report per-job outcomes.
+
+    Releasing or cancelling a 5,000-task array commits 5,000 transitions:
+    the loop is let go every `SLICE_SECONDS`, so other clients are served
+    meanwhile.
+    """
     if isinstance(request, Suspend) and request.mode not in SUSPEND_MODES:
         raise UsageError(
             f"unknown suspend mode {request.mode!r}", f"modes: {', '.join(SUSPEND_MODES)}"
         )
+    state.require_state_dir()
     outcomes = []
-    for job_id in request.ids:
+    slice_start = time.perf_counter()
+    for job_id in state.resolve_ids(request.ids):
+        if time.perf_counter() - slice_start > SLICE_SECONDS:
+            await asyncio.sleep(0)
+            slice_start = time.perf_counter()
         try:
-            outcomes.append(ActionOutcome(job_id, True, state=_apply(state, request, job_id)))
+            ended_in = _apply(state, request, job_id)
+            message = ""
+            if isinstance(request, Cancel) and ended_in != JobState.CANCELLED.value:
+                message = lifecycle.CANCEL_REQUESTED
+            outcomes.append(ActionOutcome(job_id, True, message, state=ended_in))
         except GpuqError as exc:
             outcomes.append(ActionOutcome(job_id, False, exc.message, code=exc.code))
     return {"results": [o.to_dict() for o in outcomes]}

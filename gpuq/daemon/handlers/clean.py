@@ -14,6 +14,7 @@ from gpuq.protocol import Clean
 
 def handle(state: DaemonState, request: Clean) -> dict[str, Any]:
     """Remove jobs that ended more than `older_than` seconds ago."""
+    state.require_state_dir()
     cutoff = time.time() - request.older_than
     doomed = [
         j for j in state.store.jobs(TERMINAL_STATES) if j.end_time is None or j.end_time <= cutoff

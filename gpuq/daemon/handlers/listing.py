@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuq.daemon.state import DaemonState
@@ -11,18 +12,23 @@ from gpuq.protocol import ListJobs, parse_states
 
 def handle(state: DaemonState, request: ListJobs) -> dict[str, Any]:
     """Jobs matching every given filter, in id order."""
+    ids = state.resolve_ids(request.ids)
     states: frozenset[JobState] | None = parse_states(request.states) if request.states else None
     if not request.include_done:
         unfinished = frozenset(s for s in JobState if not s.is_terminal)
         states = unfinished if states is None else states & unfinished
-    if states is not None and all(not s.is_terminal for s in states) and not request.ids:
+    if states is not None and all(not s.is_terminal for s in states) and not ids:
         jobs = sorted((j for j in state.active.values() if j.state in states), key=lambda j: j.id)
     else:
-        jobs = state.store.jobs(states, request.ids)
+        jobs = state.store.jobs(states, ids)
     if request.user is not None:
         jobs = [j for j in jobs if j.spec.user == request.user]
     if request.name is not None:
         jobs = [j for j in jobs if request.name in j.spec.name]
     if request.limit is not None:
         jobs = jobs[-request.limit :] if request.limit > 0 else []
-    return {"jobs": [state.with_reason(j).to_dict() for j in jobs]}
+    now = time.time()
+    return {
+        "jobs": [state.with_reason(j).to_dict(now=now) for j in jobs],
+        "warnings": state.warnings(),
+    }

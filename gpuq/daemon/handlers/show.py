@@ -1,15 +1,36 @@
-"""show: one job with its event history and its latest metrics sample."""
+"""show: one job (or array) with its event history, attempts and latest metrics sample."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from gpuq.daemon.history import attempts
 from gpuq.daemon.state import DaemonState
+from gpuq.errors import NotFoundError
 from gpuq.protocol import Show
 
 
 def handle(state: DaemonState, request: Show) -> dict[str, Any]:
-    """The job object, every transition with its reason, and the newest runner sample."""
-    job = state.with_reason(state.job(request.id))
-    events = [event.to_dict() for event in state.store.events(job.id)]
-    return {"job": job.to_dict(), "events": events, "metrics": state.store.latest_sample(job.id)}
+    """The job object, its transitions and attempts, and the newest runner sample.
+
+    For an array's id: the array and every task (`array`, `jobs`).
+    """
+    now = time.time()
+    try:
+        job = state.with_reason(state.job(request.id))
+    except NotFoundError:
+        array = state.store.array(request.id)
+        if array is None:
+            raise
+        tasks = state.resolve_ids([array.id])
+        jobs = [state.with_reason(state.job(task)).to_dict(now=now) for task in tasks]
+        info = {"id": array.id, "name": array.name, "submit_time": array.submit_time}
+        return {"array": {**info, "size": array.size}, "jobs": jobs}
+    events = state.store.events(job.id)
+    return {
+        "job": job.to_dict(now=now),
+        "events": [event.to_dict() for event in events],
+        "attempts": [attempt.to_dict() for attempt in attempts(events, now)],
+        "metrics": state.store.latest_sample(job.id),
+    }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import os
 import time
 from typing import Any
 
@@ -45,25 +46,48 @@ def check_fits_server(state: DaemonState, spec: JobSpec) -> None:
             )
 
 
+def check_output_pattern(pattern: str, spec: JobSpec) -> None:
+    """Refuse a bad placeholder, and an absolute pattern whose directory does not exist.
+
+    gpuq creates missing directories only below the job's working directory
+    (`gpuq.daemon.outputs`), so a missing directory elsewhere would fail the
+    job at its start: better said now.
+    """
+    expand_output_pattern(pattern, 1, 0, 1, spec.name, spec.user)
+    directory = os.path.dirname(pattern)
+    if os.path.isabs(pattern) and "%" not in directory and not os.path.isdir(directory):
+        raise UsageError(
+            f"the directory {directory} of output pattern {pattern!r} does not exist",
+            f"create it (mkdir -p {directory}), or use a pattern relative to the working "
+            "directory, below which gpuq creates missing directories",
+        )
+
+
 def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
-    """Queue the job(s); the same token twice returns the first ids."""
+    """Queue the job(s); the same token twice returns the first ids.
+
+    An array gets an id of its own (`array_id`), ahead of its tasks' ids.
+    """
     if request.token:
         existing = state.store.job_ids_for_token(request.token)
         if existing:
-            return {"ids": existing, "duplicate": True}
+            first = state.store.get(existing[0])
+            array_id = None if first is None else first.array_id
+            return {"ids": existing, "array_id": array_id, "duplicate": True}
+    state.require_state_dir()
     spec = validate_spec(request.spec)
     spec = dataclasses.replace(spec, user=getpass.getuser())
     check_fits_server(state, spec)
     check_runnable_command(spec.command, spec.cwd, spec.env.get("PATH"))
     for dep in spec.after:
-        if state.store.get(dep.job_id) is None:
+        if state.dependency_state(dep.job_id) is None:
             raise NotFoundError(
-                f"unknown dependency: job {dep.job_id} does not exist",
-                "a job can only depend on jobs submitted before it",
+                f"unknown dependency: no job or array {dep.job_id}",
+                "a job can only depend on jobs and arrays submitted before it",
             )
     for pattern in (spec.output, spec.error):
         if pattern:
-            expand_output_pattern(pattern, 1, 0, 1, spec.name, spec.user)
+            check_output_pattern(pattern, spec)
     if len(request.array) > MAX_ARRAY:
         raise UsageError(f"an array may have at most {MAX_ARRAY} tasks")
     if len(set(request.array)) != len(request.array) or any(i < 0 for i in request.array):
@@ -72,15 +96,17 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
     reason = "held at submission" if spec.hold else "submitted"
     if request.array:
         new = [
-            NewJob(dataclasses.replace(spec, array_index=i), initial, reason, array_first=n == 0)
-            for n, i in enumerate(request.array)
+            NewJob(dataclasses.replace(spec, array_index=i), initial, reason) for i in request.array
         ]
     else:
         new = [NewJob(spec, initial, reason)]
-    jobs = state.store.insert_jobs(new, time.time(), request.token)
+    jobs, array_id = state.store.insert_jobs(
+        new, time.time(), request.token, array=bool(request.array)
+    )
     faults.crash_point("submit-committed")
+    state.remember_ids(jobs[-1].id)
     for job in jobs:
         state.active[job.id] = job
         state.publish({"type": "job", "job": job.to_dict()})
     state.wake.set()
-    return {"ids": [j.id for j in jobs], "duplicate": False}
+    return {"ids": [j.id for j in jobs], "array_id": array_id, "duplicate": False}

@@ -1,0 +1,90 @@
+"""An array has an id of its own, and every command that takes ids accepts it.
+
+`gpuq submit --array 0-2` prints `Submitted array job A (3 tasks: B-D)`: A
+names the array, B-D its tasks. `ls`, `show`, `hold`, `release`, `cancel`,
+`wait` and `--after` given A act on the whole array, as Slurm's `32_[0-2]`
+does, while each task keeps its own id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.daemon_harness import DaemonHarness, listed
+from tests.daemon_harness import submit_cli as submit
+
+
+def submit_array(daemon: DaemonHarness, *args: str) -> tuple[int, list[int]]:
+    """Submit a 3-task array with `args` before the command; (array id, task ids)."""
+    result = daemon.cli("submit", "--gpus", "0", "--array", "0-2", *args)
+    assert result.returncode == 0, result.stderr
+    found = re.fullmatch(r"Submitted array job (\d+) \(3 tasks: (\d+)-(\d+)\)\n", result.stdout)
+    assert found, result.stdout
+    array_id, first, last = map(int, found.groups())
+    return array_id, list(range(first, last + 1))
+
+
+def test_submit_names_the_array_apart_from_its_tasks(daemon: DaemonHarness) -> None:
+    array_id, tasks = submit_array(daemon, "--hold", "--", "true")
+    assert len(tasks) == 3 and array_id not in tasks
+    as_json = daemon.cli(
+        "submit", "--json", "--gpus", "0", "--array", "0-1", "--hold", "--", "true"
+    )
+    reply = json.loads(as_json.stdout)
+    assert reply["array_id"] not in reply["ids"] and len(reply["ids"]) == 2
+
+
+def test_ls_and_show_of_an_array_id_list_its_tasks(daemon: DaemonHarness) -> None:
+    array_id, tasks = submit_array(daemon, "--hold", "--", "true")
+    other = submit(daemon, "--gpus", "0", "--hold", "--", "true")
+    assert [job["id"] for job in listed(daemon, str(array_id))] == tasks
+    assert other not in [job["id"] for job in listed(daemon, str(array_id))]
+    shown = daemon.cli("show", str(array_id))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"Array {array_id}: true (3 tasks: 3 held)\n")
+    assert all(f"\n{task} " in shown.stdout for task in tasks)
+
+
+def test_release_and_wait_act_on_every_task(daemon: DaemonHarness) -> None:
+    array_id, tasks = submit_array(daemon, "--hold", "--", "true")
+    released = daemon.cli("release", str(array_id))
+    assert released.returncode == 0, released.stderr
+    assert released.stdout == "".join(f"job {task}: queued\n" for task in tasks)
+    waited = daemon.cli("wait", "--json", str(array_id))
+    assert waited.returncode == 0, waited.stderr
+    jobs = json.loads(waited.stdout)["jobs"]
+    assert [(job["id"], job["state"]) for job in jobs] == [(t, "succeeded") for t in tasks]
+
+
+def test_hold_and_cancel_act_on_every_task(daemon: DaemonHarness) -> None:
+    array_id, tasks = submit_array(daemon, "--begin", "now+1h", "--", "true")
+    held = daemon.cli("hold", str(array_id))
+    assert held.returncode == 0, held.stderr
+    assert {job["state"] for job in listed(daemon, str(array_id))} == {"held"}
+    cancelled = daemon.cli("cancel", str(array_id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout == "".join(f"job {task}: cancelled\n" for task in tasks)
+
+
+def test_after_an_array_id_waits_for_the_whole_array(daemon: DaemonHarness) -> None:
+    gate = daemon.root / "gate"
+    task = f"[ $GPUQ_ARRAY_INDEX != 2 ] || while [ ! -e {gate} ]; do sleep 0.05; done"
+    array_id, tasks = submit_array(daemon, "--", "sh", "-c", task)
+    dependent = submit(daemon, "--gpus", "0", "--after", str(array_id), "--", "true")
+    for first_two in tasks[:2]:
+        daemon.wait_state(first_two, "succeeded")
+    daemon.wait_state(tasks[2], "running")
+    job = daemon.job(dependent)
+    assert (job["state"], job["reason"]) == ("queued", f"waiting for job {array_id} (ok)")
+    gate.touch()
+    daemon.wait_state(dependent, "succeeded")
+
+
+def test_after_ok_on_an_array_with_a_failed_task_never_runs(daemon: DaemonHarness) -> None:
+    array_id, _ = submit_array(daemon, "--", "sh", "-c", "exit $GPUQ_ARRAY_INDEX")
+    dependent = submit(daemon, "--gpus", "0", "--after", f"{array_id}:ok", "--", "true")
+    job = daemon.wait_state(dependent, "cancelled")
+    assert job["reason"] == (
+        f"dependency {array_id}:ok can never be satisfied: job {array_id} failed"
+    )

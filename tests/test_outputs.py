@@ -1,0 +1,171 @@
+"""A job's output files: where they go, what gpuq creates, and how large they grow.
+
+Placeholders never add a directory level (`--name ../../x` with `%x` stays
+where the pattern says); missing directories are created only below the
+job's working directory; an absolute pattern's directory must exist; and
+`[logs] max_size` keeps a chatty job's log under its limit, with a marker
+where output was dropped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuq.daemon.outputs import LogLimit, OutputError, Outputs, open_output
+from gpuq.units import expand_output_pattern, path_component
+from tests.daemon_harness import DaemonHarness, running_daemon
+
+ENDED = ("succeeded", "failed", "cancelled", "lost")
+
+
+@pytest.mark.parametrize(
+    ("name", "component"),
+    [
+        ("train", "train"),
+        ("../../x", ".._.._x"),
+        ("..", "__"),
+        (".", "_"),
+        ("a/b", "a_b"),
+        ("/etc/cron.d/job", "_etc_cron.d_job"),
+    ],
+)
+def test_a_name_becomes_one_harmless_path_component(name: str, component: str) -> None:
+    assert path_component(name) == component
+    assert "/" not in expand_output_pattern("logs/%x.out", 1, None, None, name, "me")[5:]
+
+
+def test_a_hostile_name_stays_in_the_directory_its_pattern_names(daemon: DaemonHarness) -> None:
+    job_id = daemon.submit(["echo", "hello"], gpus=0, name="../../escaped", output="logs/%x-%j.out")
+    job = daemon.wait_state(job_id, *ENDED)
+    assert job["state"] == "succeeded", job
+    written = daemon.root / "logs" / f".._.._escaped-{job_id}.out"
+    assert job["stdout"] == str(written)
+    assert written.read_text() == "hello\n"
+    assert not (daemon.root.parent.parent / f"escaped-{job_id}.out").exists()
+
+
+def test_missing_directories_below_the_working_directory_are_created(
+    daemon: DaemonHarness,
+) -> None:
+    job_id = daemon.submit(["echo", "deep"], gpus=0, output="runs/%j/out.log")
+    assert daemon.wait_state(job_id, *ENDED)["state"] == "succeeded"
+    assert (daemon.root / "runs" / str(job_id) / "out.log").read_text() == "deep\n"
+
+
+def test_an_absolute_pattern_in_a_missing_directory_is_refused_at_submit(
+    daemon: DaemonHarness,
+) -> None:
+    missing = daemon.root / "nowhere" / "deeper"
+    result = daemon.cli("submit", "--gpus", "0", "--output", f"{missing}/out.log", "--", "true")
+    assert result.returncode == 2, result.stderr
+    assert f"the directory {missing} of output pattern" in result.stderr
+    assert f"mkdir -p {missing}" in result.stderr
+    assert not missing.exists()
+
+
+def test_a_directory_outside_the_working_directory_is_never_created(
+    daemon: DaemonHarness,
+) -> None:
+    outside = daemon.root.parent / f"outside-{os.getpid()}"
+    job_id = daemon.submit(["echo", "x"], gpus=0, output=f"../{outside.name}/%j/out.log")
+    job = daemon.wait_state(job_id, *ENDED)
+    assert job["state"] == "failed"
+    assert "only below the job's working directory" in job["reason"]
+    assert not outside.exists()
+
+
+def test_a_symlink_at_the_output_path_fails_the_job_and_is_left_alone(
+    daemon: DaemonHarness,
+) -> None:
+    target = daemon.root / "someone-elses.txt"
+    target.write_text("untouched\n")
+    (daemon.root / "out.log").symlink_to(target)
+    job_id = daemon.submit(["echo", "appended"], gpus=0, output="out.log")
+    job = daemon.wait_state(job_id, *ENDED)
+    assert job["state"] == "failed"
+    assert job["exit_code"] is None
+    assert "it is a symbolic link" in job["reason"]
+    assert target.read_text() == "untouched\n"
+
+
+def test_dev_null_is_a_fine_output(daemon: DaemonHarness) -> None:
+    job_id = daemon.submit(["echo", "gone"], gpus=0, output="/dev/null")
+    assert daemon.wait_state(job_id, *ENDED)["state"] == "succeeded"
+
+
+def test_a_fifo_at_the_output_path_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="cannot open"):
+        open_output(str(fifo), None)
+
+
+# -- the size limit ------------------------------------------------------------------
+
+
+def trimmed(tmp_path: Path, limit: int, sizes: list[int]) -> bytes:
+    """Append blocks of these sizes to a log, checking the limit after each; the log's bytes."""
+    path = tmp_path / "job.log"
+    fd = open_output(str(path), None)
+    try:
+        limit_check = LogLimit(Outputs(fd, fd), limit)
+        for n, size in enumerate(sizes):
+            os.write(fd, bytes([ord("a") + n % 26]) * size)
+            limit_check.check()
+    finally:
+        os.close(fd)
+    return path.read_bytes()
+
+
+def test_a_log_under_the_limit_is_untouched(tmp_path: Path) -> None:
+    assert trimmed(tmp_path, 8192, [4000, 4000]) == b"a" * 4000 + b"b" * 4000
+
+
+def test_a_log_over_the_limit_keeps_its_head_and_tail_with_a_marker(tmp_path: Path) -> None:
+    data = trimmed(tmp_path, 8192, [4000, 4000, 4000])
+    assert len(data) <= 8192
+    head, marker, tail = data.partition(b"\n[gpuq: ")
+    assert head == b"a" * 1024  # the first eighth
+    assert marker
+    note, _, kept = tail.partition(b"]\n")
+    assert note.startswith(b"8928 bytes of output dropped here (8928 in all)")
+    assert b"[logs] max_size" in note
+    assert kept == b"c" * 2048  # the last quarter
+
+
+def test_repeated_trims_keep_the_first_head_and_count_all_that_was_dropped(
+    tmp_path: Path,
+) -> None:
+    data = trimmed(tmp_path, 8192, [6000] * 6)
+    assert len(data) <= 8192
+    assert data.startswith(b"a" * 1024 + b"\n[gpuq: ")
+    assert data.endswith(b"f" * 2048)
+    assert data.count(b"[gpuq: ") == 1
+
+
+def test_a_chatty_job_s_log_stays_under_max_size(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, extra_toml='[logs]\nmax_size = "64K"') as daemon:
+        job_id = daemon.submit(
+            [
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 40 ]; do head -c 20000 /dev/zero | tr '\\0' x;"
+                " echo; i=$((i+1)); sleep 0.1; done; echo the-end",
+            ],
+            gpus=0,
+        )
+        assert daemon.wait_state(job_id, *ENDED, timeout=60)["state"] == "succeeded"
+        log = Path(daemon.job(job_id)["stdout"]).read_bytes()
+        assert len(log) <= 64 * 1024
+        assert b"bytes of output dropped here" in log
+        assert log.endswith(b"the-end\n")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonHarness]:
+    with running_daemon(tmp_path) as harness:
+        yield harness
