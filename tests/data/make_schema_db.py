@@ -20,6 +20,8 @@ The commits, from `git log -- gpuq/daemon/migrations.py gpuq/daemon/store.py`:
   commit whose newest migration was 0001.
 - 0002_control_channel: 7ce7247, main when the fixtures were made; store.py and
   migrations.py were unchanged since 234f932 added the migration.
+- 0003_hardening: f1e007d, the commit that added it (arrays with ids of their
+  own, run-time accounting, retry times).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 FIXTURES: dict[str, str] = {
     "0001_initial": "6f2a8f28bb707caf9eb53b4403d1a80f9f46d80a",
     "0002_control_channel": "7ce72472c687bb0ad440dfe5f587a93a96bdf7f6",
+    "0003_hardening": "f1e007d811a8029a266400fdf1701e49cb4476c6",
 }
 """Each released schema (its newest migration) and the commit whose code writes its fixture."""
 
@@ -113,12 +116,27 @@ def write_jobs(store: Any, control_channel: bool) -> None:
     from gpuq.daemon.store import NewJob
     from gpuq.models import Dependency, DependencyKind, JobSpec, JobState, SignalSpec
 
+    # Before 0003_hardening an array was named after its first task (`array_first`)
+    # and insert_jobs returned the jobs; since, it returns (jobs, the array's own id).
+    named_after_first_task = "array_first" in {f.name for f in dataclasses.fields(NewJob)}
+
+    def insert(specs: list[JobSpec], at: float, token: str, array: bool = False) -> list[Any]:
+        news = []
+        for i, spec in enumerate(specs):
+            state, reason = (
+                (JobState.HELD, "held at submission")
+                if spec.hold
+                else (JobState.QUEUED, "submitted")
+            )
+            extra = {"array_first": array and i == 0} if named_after_first_task else {}
+            news.append(NewJob(spec, state, reason, **extra))
+        if named_after_first_task:
+            return list(store.insert_jobs(news, T0 + at, token))
+        jobs, _ = store.insert_jobs(news, T0 + at, token, array=array)
+        return list(jobs)
+
     def submit(spec: JobSpec, at: float, token: str) -> Any:
-        state, reason = (
-            (JobState.HELD, "held at submission") if spec.hold else (JobState.QUEUED, "submitted")
-        )
-        (job,) = store.insert_jobs([NewJob(spec, state, reason)], T0 + at, token)
-        return job
+        return insert([spec], at, token)[0]
 
     def run(job: Any, at: float, attempt: int, gpus: tuple[str, ...], **changes: Any) -> Any:
         out = f"/home/alice/proj/{job.id}.out"
@@ -160,16 +178,8 @@ def write_jobs(store: Any, control_channel: bool) -> None:
     store.transition(failed, JobState.FAILED, "exit code 3", T0 + 13, end_time=T0 + 13, exit_code=3)
 
     sweep = JobSpec(command=("python", "sweep.py"), cwd="/home/alice/proj", name="sweep")
-    tasks = [
-        NewJob(
-            dataclasses.replace(sweep, array_index=i, array_parallel=2),
-            JobState.QUEUED,
-            "submitted",
-            array_first=i == 0,
-        )
-        for i in range(3)
-    ]
-    first, *_ = store.insert_jobs(tasks, T0 + 20, "tok-sweep")
+    tasks = [dataclasses.replace(sweep, array_index=i, array_parallel=2) for i in range(3)]
+    first, *_ = insert(tasks, 20, "tok-sweep", array=True)
     run(first, 21, 1, ("GPU-bbbb",))
 
     after = (Dependency(done.id, DependencyKind.OK), Dependency(failed.id, DependencyKind.ANY))
