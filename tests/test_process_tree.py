@@ -4,7 +4,8 @@ A descendant that leaves the job's session and process group (`setsid`)
 is still the job's: cancel, the time limit and the end of the job kill it,
 and a stop-mode suspend stops it. A job killed at its time limit failed,
 whatever its exit status; a command that cannot be executed failed, with
-the OS's reason.
+the OS's reason. A shim's own bookkeeping weighs less on the CPU than the
+daemon; the job it runs weighs as usual.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
+
 from gpuq.daemon import jobfiles, proctree
+from gpuq.daemon import shim as shim_module
 from tests.daemon_harness import DaemonHarness, wait_for
 from tests.daemon_harness import submit_cli as submit
 
@@ -179,3 +183,27 @@ def test_the_shims_are_forked_by_one_spawner_not_started_as_interpreters(
     (spawner,) = parents
     assert daemon.process is not None and spawner != daemon.process.pid
     assert b"gpuq.daemon.spawner" in Path(f"/proc/{spawner}/cmdline").read_bytes()
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of `pid`'s autogroup (None where the kernel has no autogroups)."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_shim_yields_the_cpu_to_the_daemon_but_its_job_does_not(
+    daemon: DaemonHarness,
+) -> None:
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if not enabled.exists() or enabled.read_text().strip() != "1":
+        pytest.skip("this kernel does not group sessions for the CPU (autogroups)")
+    job_id = submit(daemon, "--gpus", "0", "--", "sleep", "600")
+    job_dir = daemon.state_dir / "jobs" / str(job_id)
+    child = wait_for(lambda: jobfiles.read_json(job_dir / jobfiles.CHILD), what="the job")
+    shim = jobfiles.read_json(job_dir / jobfiles.SHIM)
+    assert shim is not None
+    assert autogroup_nice(int(shim["pid"])) == shim_module.SHIM_AUTOGROUP_NICE
+    assert autogroup_nice(int(child["pid"])) == 0
+    daemon.cli("cancel", str(job_id))

@@ -61,6 +61,10 @@ def signal_tree(pgid: int, signum: int) -> None:
     )
 
 
+SHIM_AUTOGROUP_NICE = 10
+"""Nice value of a shim's session (autogroup); see `defer_to_the_daemon`."""
+
+
 def describe_start_error(command: list[str], cwd: str, exc: OSError) -> str:
     """Why the command could not be executed, in the OS's words plus what it means."""
     program = command[0]
@@ -223,10 +227,23 @@ def record_exit(job_dir: Path, result: dict[str, Any]) -> bool:
         pause = min(EXIT_RETRY_MAX, pause * 2)
 
 
+def defer_to_the_daemon() -> None:
+    """Lower the CPU weight of the shim's own session, never the job's.
+
+    With autogroups (Linux's default), each session shares the CPU as one
+    group: hundreds of shims starting and ending at once would each weigh
+    as much as the daemon, and `gpuq ls` would wait behind them. The job
+    runs in a session of its own, at the usual weight.
+    """
+    with contextlib.suppress(OSError):
+        Path("/proc/self/autogroup").write_text(f"{SHIM_AUTOGROUP_NICE}\n")
+
+
 def run(job_dir: Path, lock_fd: int) -> int:
     """Supervise one attempt while holding `lock_fd`; returns the shim's exit status."""
     os.set_inheritable(lock_fd, False)  # the job itself must not hold the lock
     become_subreaper()
+    defer_to_the_daemon()
     try:
         jobfiles.write_json(
             job_dir / jobfiles.SHIM,
