@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -29,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.config import Config
-from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, StateError, from_wire
-from gpuq.paths import check_private_dir, ensure_private_dir
+from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
+from gpuq.paths import check_private_dir, ensure_private_dir, require_socket_or_nothing
 from gpuq.wire import (
     HEARTBEAT_EVENT,
     MAX_REPLY_BYTES,
@@ -237,16 +236,8 @@ class Client:
 
 def _check_not_squatted(path: Path) -> None:
     """Refuse to start a daemon whose socket path holds something that is not a socket."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file that is not a socket"
-        raise StateError(
-            f"{path} is a {kind}; the daemon's socket goes there",
-            f"move it away (mv {path} {path}.old), then run the command again",
-        )
+    with contextlib.suppress(OSError):
+        require_socket_or_nothing(path, "run the command again")
 
 
 def _check_listener(sock: socket.socket, path: Path) -> None:

@@ -190,3 +190,23 @@ def check_private_dir(path: Path, *, fix_mode: bool = False) -> None:
         os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
+
+
+def require_socket_or_nothing(path: Path, then: str) -> bool:
+    """True if a socket is at `path`, False if nothing is; StateError for anything else.
+
+    Something else there (a directory, a file) would make the daemon fail to
+    bind and the client fail to connect with an OS error nobody can act on;
+    `then` ends the hint ("run the command again", "start the daemon again").
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(info.st_mode):
+        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file that is not a socket"
+        raise StateError(
+            f"{path} is a {kind}; the daemon's socket goes there",
+            f"move it away (mv {path} {path}.old), then {then}",
+        )
+    return True

@@ -210,3 +210,26 @@ def running_daemon(root: Path, **kwargs: Any) -> Iterator[DaemonHarness]:
         yield harness
     finally:
         harness.close()
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `mount_point` (made here) with `options`; skips unless root."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], check=True)

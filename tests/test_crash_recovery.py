@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -29,7 +28,7 @@ import pytest
 from gpuq.daemon import jobfiles, proctree
 from gpuq.daemon.faults import POINTS
 from gpuq.errors import DaemonUnavailable, StateError
-from tests.daemon_harness import DaemonHarness, wait_for
+from tests.daemon_harness import DaemonHarness, mounted_tmpfs, wait_for
 
 FOUR_GPUS = '[[gpus.fake]]\nname = "Fake"\nmemory = "16G"\ncount = 4\n'
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
@@ -226,23 +225,8 @@ def test_a_shim_killed_while_the_daemon_is_down_leaves_nothing_running(tmp_path:
 @pytest.fixture
 def small_state_dir(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs to hold the daemon's state directory (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "state"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "state", "size=4m,mode=0700") as mount_point:
         yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
 def fill(directory: Path, name: str = "filler") -> Path:

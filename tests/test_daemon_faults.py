@@ -25,7 +25,7 @@ import pytest
 from gpuq.daemon import jobfiles
 from gpuq.errors import ExitCode, GpuqError
 from gpuq.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION
-from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
+from tests.daemon_harness import DaemonHarness, mounted_tmpfs, running_daemon, wait_for
 
 G = 1024**3
 HELLO = b'{"id": 0, "method": "hello", "params": {"version": %d}}\n' % PROTOCOL_VERSION
@@ -561,23 +561,8 @@ def test_a_job_cancelled_as_it_starts_with_no_grace_still_ends(tmp_path: Path) -
 @pytest.fixture
 def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs, mounted for the test (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "full"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "full", "size=64k") as mount_point:
         yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount_point)], check=True)
 
 
 def test_a_full_disk_for_logs_fails_the_job_and_the_daemon_serves_on(

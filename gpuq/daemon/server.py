@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import stat
 import time
 from pathlib import Path
 
@@ -32,7 +31,12 @@ from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import Store
 from gpuq.errors import DaemonUnavailable, GpuqError, StateError
 from gpuq.gpus import make_backend
-from gpuq.paths import ensure_private_dir, filesystem_type, is_network_filesystem
+from gpuq.paths import (
+    ensure_private_dir,
+    filesystem_type,
+    is_network_filesystem,
+    require_socket_or_nothing,
+)
 from gpuq.policies import get_policy
 from gpuq.protocol import MAX_REQUEST_BYTES
 
@@ -64,16 +68,8 @@ def check_state_dir(config: Config) -> None:
 
 def remove_stale_socket(path: Path) -> None:
     """Remove a socket no daemon answers on; refuse a live one, or anything else at `path`."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
+    if not require_socket_or_nothing(path, "start the daemon again"):
         return
-    if not stat.S_ISSOCK(info.st_mode):
-        kind = "directory" if stat.S_ISDIR(info.st_mode) else "file that is not a socket"
-        raise StateError(
-            f"{path} is a {kind}; the daemon's socket goes there",
-            f"move it away (mv {path} {path}.old), then start the daemon again",
-        )
     if socket_is_live(path):
         raise DaemonUnavailable(
             f"another daemon is already serving {path}", "gpuq daemon status shows it"
