@@ -16,7 +16,8 @@ Run: `python -m bench.bench_turnover [--jobs N] [--held M] [--tsp-slots S]`.
    request while a second thread, every 100 ms, opens a fresh connection and
    sends `list` with limit 1 (what `gpuq ls --limit 1` sends), until every
    job has ended; target: p99 of the whole request (connect, hello, list)
-   under 100 ms. The `list` reply alone is printed too.
+   under 100 ms. The time after connecting (the hello and the `list`,
+   which the client sends together) is printed too.
 
 Benchmarks print their figures beside the targets; they never fail on time.
 """
@@ -127,7 +128,7 @@ def _tsp_finished(listing: str) -> int:
 
 @dataclass
 class Probes:
-    """Times of `list` requests, each on a fresh connection: whole, and the reply alone."""
+    """Times of `list` requests, each on a fresh connection: whole, and after connecting."""
 
     totals: list[float] = field(default_factory=list)
     replies: list[float] = field(default_factory=list)
@@ -238,7 +239,7 @@ def report_responsiveness(held: int, probes: Probes, released_at: float) -> None
         f"(target p99 < {TARGET_P99_SECONDS * 1000:.0f} ms, ratio {p99 / TARGET_P99_SECONDS:.2f}): "
         f"{verdict}"
     )
-    print(f"    the list reply alone:   {_spread(probes.replies)}")
+    print(f"    after connecting:       {_spread(probes.replies)}")
     print(f"    all {held} ended {drain:.2f} s after the release ({held / drain:.0f} jobs/s)")
 
 

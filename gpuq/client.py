@@ -1,7 +1,8 @@
 """Blocking client for the daemon socket, used by the CLI and scripts.
 
 `Client.connect(config)` finds the daemon of that configuration, starting it
-on demand, and performs the version handshake. `call` sends one request and
+on demand, and sends the version handshake, whose answer is read after the
+first request is sent (one round trip per command). `call` sends one request and
 returns its result (raising the daemon's error as the matching GpuqError);
 `stream` yields a streaming request's events and then its result.
 
@@ -74,12 +75,36 @@ def _daemon_pid_hint(path: Path) -> str:
 class Client:
     """One connection to the daemon, after a successful hello."""
 
-    def __init__(self, sock: socket.socket, hello: dict[str, Any], timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        hello: dict[str, Any] | None,
+        timeout: float = 10.0,
+        path: Path | None = None,
+    ) -> None:
         self._sock = sock
         self._file = sock.makefile("rb")
         self._next_id = 1
         self._timeout = timeout
-        self.hello = hello
+        self._path = path
+        self._hello = hello
+
+    @property
+    def hello(self) -> dict[str, Any]:
+        """The daemon's answer to the handshake (pid, version, node).
+
+        The hello is sent on connect but its answer is read only when first
+        needed, after the first request has been sent too: a command then
+        costs the daemon one round trip, not two.
+        """
+        if self._hello is None:
+            try:
+                self._hello = self._read_result(0)
+            except DaemonUnavailable as exc:
+                if "did not answer" in exc.message:
+                    raise _timed_out(self._path, self._timeout) from None
+                raise
+        return self._hello
 
     @classmethod
     def connect(
@@ -111,7 +136,7 @@ class Client:
 
     @classmethod
     def _open(cls, path: Path, timeout: float) -> Client:
-        """Connect and say hello; FileNotFoundError/ConnectionRefusedError mean "no daemon".
+        """Connect and send the hello; FileNotFoundError/ConnectionRefusedError mean "no daemon".
 
         Any other failure is a GpuqError: an unsafe runtime directory, a
         listener that is not this user's, a daemon that does not answer.
@@ -138,15 +163,9 @@ class Client:
         except BaseException:
             sock.close()
             raise
-        client = cls(sock, {}, timeout)
+        client = cls(sock, None, timeout, path)
         try:
             client._send(0, "hello", {"version": PROTOCOL_VERSION})
-            client.hello = client._read_result(0)
-        except DaemonUnavailable as exc:
-            client.close()
-            if "did not answer" in exc.message:
-                raise _timed_out(path, timeout) from None
-            raise
         except BaseException:
             client.close()
             raise
@@ -180,6 +199,7 @@ class Client:
         request_id = self._next_id
         self._next_id += 1
         self._send(request_id, method, params)
+        _ = self.hello  # the handshake's answer comes first (a version mismatch raises here)
         while True:
             envelope = self._read(request_id)
             if envelope.event is not None:
@@ -305,7 +325,8 @@ def start_daemon(config: Config) -> int:
                 f"see {log_path}; gpuq doctor checks the set-up",
             )
         try:
-            Client._open(path, config.client.timeout).close()
+            with Client._open(path, config.client.timeout) as client:
+                _ = client.hello  # answered: the daemon is up
             return proc.pid
         except (FileNotFoundError, ConnectionRefusedError):
             pass

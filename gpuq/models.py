@@ -12,7 +12,7 @@ import enum
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 JSON_SCHEMA_VERSION = 1
 """Version of the `--json` job/GPU object schema (docs/json-schema.md)."""
@@ -127,8 +127,13 @@ class JobSpec:
         return self.gpu_mem is not None or self.gpu_mem_auto
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready encoding (the environment included: store and wire only)."""
-        data = dataclasses.asdict(self)
+        """JSON-ready encoding (the environment included: store and wire only).
+
+        A shallow copy of the fields (every field is a plain value, or
+        converted below): `dataclasses.asdict` deep-copies, which made
+        encoding a 5,000-task array a second of the daemon's time.
+        """
+        data = {name: getattr(self, name) for name in _SPEC_FIELDS}
         data["command"] = list(self.command)
         data["env"] = dict(self.env)
         data["after"] = [str(dep) for dep in self.after]
@@ -146,6 +151,9 @@ class JobSpec:
         values["signal"] = None if sig is None else SignalSpec(int(sig[0]), float(sig[1]))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
+
+
+_SPEC_FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobSpec))
 
 
 def parse_dependency(text: str) -> Dependency:

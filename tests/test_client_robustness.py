@@ -4,11 +4,14 @@ A server that accepts and closes, one that resets the connection, one that
 never answers, a stopped daemon, and something that is not a socket at the
 socket's path each give a clear error with a hint and a documented exit
 code. Long requests (`wait`, `logs -f`) outlive the timeout because the
-daemon sends heartbeats while they run.
+daemon sends heartbeats while they run, and a request whose client is gone
+is cancelled at its next heartbeat. The hello travels with the first
+request, so a command costs one round trip.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -21,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuq import client as client_module
 from gpuq.client import Client
 from gpuq.config import load_config
+from gpuq.daemon import connection
 from gpuq.errors import ConfigError, DaemonUnavailable, ExitCode, GpuqError
 from tests.daemon_harness import DaemonHarness, running_daemon
 
@@ -104,8 +109,8 @@ def test_a_broken_server_gives_a_gpuq_error_every_time(
     config = load_config(str(config_file(tmp_path, runtime_dir)))
     with fake_server(runtime_dir / "gpuq.sock", behaviour):
         for _ in range(300):
-            with pytest.raises(GpuqError) as caught:
-                Client.connect(config, autostart=False).close()
+            with pytest.raises(GpuqError) as caught, Client.connect(config, autostart=False) as c:
+                c.call("list")  # the hello's answer is read with the first request's
             assert caught.value.hint
 
 
@@ -134,8 +139,11 @@ def test_a_server_that_never_answers_times_out_with_a_hint(
         released.wait(timeout=60)
 
     with fake_server(runtime_dir / "gpuq.sock", hold):
-        with pytest.raises(DaemonUnavailable) as caught:
-            Client.connect(config, autostart=False)
+        with (
+            pytest.raises(DaemonUnavailable) as caught,
+            Client.connect(config, autostart=False) as c,
+        ):
+            c.call("list")
         released.set()
     assert "did not answer within 2.5s" in caught.value.message
     assert caught.value.hint is not None and "[client] timeout" in caught.value.hint
@@ -201,3 +209,82 @@ def test_a_client_timeout_must_outlast_the_heartbeat(tmp_path: Path, value: obje
     path.write_text(f"[client]\ntimeout = {text}\n")
     with pytest.raises(ConfigError, match="client.timeout"):
         load_config(str(path))
+
+
+def answer_both_lines(conn: socket.socket) -> None:
+    """A daemon that answers only once the hello and the first request have both arrived."""
+    received = b""
+    while received.count(b"\n") < 2:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        received += chunk
+    conn.sendall(b'{"id": 0, "result": {"pid": 1}}\n{"id": 1, "result": {"jobs": []}}\n')
+
+
+def test_the_hello_and_the_first_request_travel_together(tmp_path: Path, runtime_dir: Path) -> None:
+    config = load_config(str(config_file(tmp_path, runtime_dir, '[client]\ntimeout = "2.5s"')))
+    with (
+        fake_server(runtime_dir / "gpuq.sock", answer_both_lines),
+        Client.connect(config, autostart=False) as client,
+    ):
+        assert client.call("list") == {"jobs": []}  # one round trip, not two
+        assert client.hello == {"pid": 1}
+
+
+def run_with_beats(
+    work_seconds: float, monkeypatch: pytest.MonkeyPatch, alive: bool = True
+) -> tuple[str, int]:
+    """Run a request lasting `work_seconds` under heartbeats every 10 ms; (outcome, beats)."""
+    monkeypatch.setattr(connection, "HEARTBEAT_SECONDS", 0.01)
+    beats = 0
+
+    def beat() -> bool:
+        nonlocal beats
+        beats += 1
+        return alive
+
+    async def work() -> dict[str, str]:
+        if work_seconds:
+            await asyncio.sleep(work_seconds)
+        return {"answer": "done"}
+
+    async def serve() -> str:
+        try:
+            result = await connection._with_heartbeats(work(), beat)
+        except asyncio.CancelledError:
+            return "cancelled"
+        return str(result["answer"])
+
+    return asyncio.run(serve()), beats
+
+
+def test_a_request_that_never_waits_is_answered_without_heartbeats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert run_with_beats(0, monkeypatch) == ("done", 0)
+
+
+def test_a_long_request_sends_heartbeats_until_it_is_done(monkeypatch: pytest.MonkeyPatch) -> None:
+    outcome, beats = run_with_beats(0.2, monkeypatch)
+    assert outcome == "done"
+    assert beats >= 2
+
+
+def test_a_request_whose_client_is_gone_is_cancelled_at_the_next_heartbeat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert run_with_beats(30, monkeypatch, alive=False) == ("cancelled", 1)
+
+
+def test_a_daemon_of_another_protocol_version_is_named_even_with_a_request_behind_the_hello(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_daemon(tmp_path) as daemon:
+        monkeypatch.setattr(client_module, "PROTOCOL_VERSION", 999)
+        with (
+            pytest.raises(GpuqError, match="protocol version 999 is not supported") as caught,
+            Client.connect(daemon.config, autostart=False) as client,
+        ):
+            client.call("list")
+        assert caught.value.hint is not None and "gpuq daemon restart" in caught.value.hint

@@ -198,7 +198,7 @@ def test_arrays_keep_their_tasks(upgraded: Store, expected: dict[str, Any]) -> N
             assert array_id == tasks[0].id - 1  # an id of its own, just before its tasks'
             info = upgraded.array(array_id)
             assert info is not None and info.size == len(tasks)
-            assert [t.id for t in upgraded.array_tasks(array_id)] == [t.id for t in tasks]
+            assert upgraded.array_task_ids(array_id) == [t.id for t in tasks]
         else:  # named after its first task, that id stays the task's
             assert array_id == tasks[0].id and upgraded.array(array_id) is None
 

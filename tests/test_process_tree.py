@@ -207,3 +207,26 @@ def test_a_shim_yields_the_cpu_to_the_daemon_but_its_job_does_not(
     assert autogroup_nice(int(shim["pid"])) == shim_module.SHIM_AUTOGROUP_NICE
     assert autogroup_nice(int(child["pid"])) == 0
     daemon.cli("cancel", str(job_id))
+
+
+def autogroup_of(pid: int) -> str:
+    """The name of `pid`'s CPU group (`/autogroup-N`), shared by every process of a session."""
+    return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+
+
+def test_all_shims_weigh_as_one_group_so_a_burst_of_jobs_cannot_outweigh_the_daemon(
+    daemon: DaemonHarness,
+) -> None:
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if not enabled.exists() or enabled.read_text().strip() != "1":
+        pytest.skip("this kernel does not group sessions for the CPU (autogroups)")
+    ids = [daemon.submit(["sleep", "600"], gpus=0) for _ in range(3)]
+    shims = [shim_of(daemon, job_id) for job_id in ids]
+    assert daemon.process is not None
+    try:
+        assert len({shim.sid for shim in shims}) == 1  # one session: the spawner's
+        assert all(shim.pgid == shim.pid for shim in shims)  # each signalled on its own
+        assert len({autogroup_of(shim.pid) for shim in shims}) == 1
+        assert autogroup_of(shims[0].pid) != autogroup_of(daemon.process.pid)
+    finally:
+        daemon.call("cancel", ids=ids)

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpuq import __version__
@@ -58,23 +58,32 @@ def check_hello(request: Request) -> None:
 
 
 async def _with_heartbeats(
-    work: Coroutine[Any, Any, dict[str, Any]],
-    emit: Callable[[dict[str, Any]], Awaitable[None]],
+    work: Coroutine[Any, Any, dict[str, Any]], beat: Callable[[], bool]
 ) -> dict[str, Any]:
-    """Run a request, sending a heartbeat event every `HEARTBEAT_SECONDS` until it is done.
+    """Run a request, calling `beat` every `HEARTBEAT_SECONDS` until it is done.
 
     A client's read timeout then bounds the daemon's silence, not the
-    length of a `wait` or `logs -f`.
+    length of a `wait` or `logs -f`; a beat that finds the client gone
+    (False) cancels the request. The request is awaited in place, not as a
+    task of its own, so one that never waits (`list`, `show`) is answered
+    in the loop turn its line arrived in; the heartbeats come from a timer.
     """
-    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    serving = asyncio.current_task()
+    timer: asyncio.TimerHandle
+
+    def tick() -> None:
+        nonlocal timer
+        if beat():
+            timer = loop.call_later(HEARTBEAT_SECONDS, tick)
+        elif serving is not None:
+            serving.cancel()
+
+    timer = loop.call_later(HEARTBEAT_SECONDS, tick)
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_SECONDS)
-            if done:
-                return task.result()
-            await emit({"type": HEARTBEAT_EVENT})
+        return await work
     finally:
-        task.cancel()
+        timer.cancel()
 
 
 async def serve_connection(
@@ -130,7 +139,12 @@ async def serve_connection(
                 async def emit(event: dict[str, Any], rid: object = request_id) -> None:
                     await send({"id": rid, "event": event})
 
-                result = await _with_heartbeats(dispatch(state, request, emit), emit)
+                def beat(rid: object = request_id) -> bool:
+                    if not writer.is_closing():  # a whole line: never splits another one
+                        writer.write(encode({"id": rid, "event": {"type": HEARTBEAT_EVENT}}))
+                    return not writer.is_closing()
+
+                result = await _with_heartbeats(dispatch(state, request, emit), beat)
                 await send({"id": request_id, "result": result})
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))

@@ -1,7 +1,8 @@
 """Starting, signalling, watching and re-adopting job shims, and finding what they leave.
 
-A job runs as: spawner -> shim (new session, child subreaper, holds the job
-lock) -> command (its own process group) -> its descendants. The daemon asks
+A job runs as: spawner (own session) -> shim (own process group in the
+spawner's session, child subreaper, holds the job lock) -> command (its own
+session and process group) -> its descendants. The daemon asks
 its spawner for each shim without blocking (`launch`), and watches each shim
 through a pidfd, so shims it did not start itself (re-adopted after a
 restart) are watched the same way. Signals go to the whole job: its process
@@ -30,7 +31,7 @@ from gpuq.daemon.spawner import Spawned, SpawnerClient
 
 log = logging.getLogger("gpuq.daemon")
 
-EXIT_BUDGET_SECONDS = 0.02
+EXIT_BUDGET_SECONDS = 0.005
 """Longest stretch spent recording ended jobs before the event loop serves others."""
 
 

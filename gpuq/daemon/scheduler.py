@@ -142,7 +142,7 @@ def build_view(
     return view
 
 
-START_BUDGET_SECONDS = 0.02
+START_BUDGET_SECONDS = 0.005
 """Longest stretch a pass spends starting jobs before it lets the event loop serve others."""
 THREAD_DECIDE_JOBS = 256
 """Above this many ready jobs, the policy decides in a worker thread, off the event loop."""

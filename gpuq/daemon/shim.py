@@ -243,7 +243,6 @@ def run(job_dir: Path, lock_fd: int) -> int:
     """Supervise one attempt while holding `lock_fd`; returns the shim's exit status."""
     os.set_inheritable(lock_fd, False)  # the job itself must not hold the lock
     become_subreaper()
-    defer_to_the_daemon()
     try:
         jobfiles.write_json(
             job_dir / jobfiles.SHIM,
@@ -263,6 +262,7 @@ def run(job_dir: Path, lock_fd: int) -> int:
 def main(argv: list[str]) -> int:
     """Entry point of `python -m gpuq.daemon.shim JOB_DIR LOCK_FD` (the slow path)."""
     os.setsid() if os.getsid(0) != os.getpid() else None
+    defer_to_the_daemon()
     return run(Path(argv[0]), int(argv[1]))
 
 

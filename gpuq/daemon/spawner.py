@@ -15,8 +15,11 @@ The two talk over a SOCK_SEQPACKET socket pair, one message per request:
 
 The lock travels with the request, so while a request is in flight the lock
 stays held: recovery never mistakes a shim about to start for a missing one.
-The spawner reaps the shims it forked; each shim runs in a session of its
-own and lives on if the spawner or the daemon goes away. The spawner exits
+The spawner reaps the shims it forked. It runs in a session of its own, and
+each shim in a process group of its own within that session, so the shims
+share one scheduling group (autogroup) at a low weight instead of weighing
+one session each (`shim.defer_to_the_daemon`); a shim lives on if the
+spawner or the daemon goes away. The spawner exits
 when the daemon closes its end, after serving the requests already sent.
 """
 
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuq.daemon")
 
 MAX_MESSAGE: Final = 64 * 1024
-REPLIES_PER_CALLBACK = 8
+REPLIES_PER_CALLBACK = 4
 """Spawner replies handled per event-loop callback (each commits a transition)."""
 MAX_IN_FLIGHT: Final = 64
 """Requests sent and not yet answered; more wait in the daemon (fds in flight are limited)."""
@@ -81,7 +84,7 @@ def _fork_shim(sock: socket.socket, job_dir: str, lock_fd: int) -> int:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sock.close()
-        os.setsid()
+        os.setpgid(0, 0)
         gc.enable()
         code = shim.run(Path(job_dir), lock_fd)
     except BaseException as exc:  # noqa: BLE001 - a forked child must never return
@@ -96,6 +99,7 @@ def serve(sock: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, _reap)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    shim.defer_to_the_daemon()
     gc.freeze()  # keep the shared heap untouched by forked shims' collections
     gc.disable()
     sock.send(b'{"ready": true}')

@@ -125,9 +125,9 @@ class DaemonState:
         resolved: list[int] = []
         for job_id in ids:
             if job_id not in self.active and self.store.get(job_id) is None:
-                tasks = self.store.array_tasks(job_id) if self.store.array(job_id) else []
+                tasks = self.store.array_task_ids(job_id) if self.store.array(job_id) else []
                 if tasks:
-                    resolved.extend(task.id for task in tasks)
+                    resolved.extend(tasks)
                     continue
             resolved.append(job_id)
         return resolved

@@ -152,8 +152,12 @@ class Store:
                     "INSERT INTO arrays (id, name, submit_time, size) VALUES (?,?,?,?)",
                     (array_id, jobs[0].spec.name if jobs else "", now, len(jobs)),
                 )
+            env_json, env_of = "", None
             for new in jobs:
-                spec_json, env_json = _encode_spec(new.spec)
+                lean = replace(new.spec, env={})
+                spec_json = _encode_spec(lean)[0]
+                if new.spec.env is not env_of:  # an array's tasks share one, encoded once
+                    env_of, env_json = new.spec.env, json.dumps(dict(new.spec.env))
                 cur = self._conn.execute(
                     "INSERT INTO jobs (state, reason, priority, name, user, spec, env, "
                     "submit_time, array_id, token) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -172,7 +176,6 @@ class Store:
                 )
                 job_id = int(cur.lastrowid or 0)
                 self._event(job_id, now, new.state, new.reason)
-                lean = replace(new.spec, env={})
                 out.append(
                     Job(job_id, lean, new.state, new.reason, submit_time=now, array_id=array_id)
                 )
@@ -384,12 +387,10 @@ class Store:
         ).fetchone()
         return None if row is None else ArrayInfo(int(row[0]), str(row[1]), row[2], int(row[3]))
 
-    def array_tasks(self, array_id: int) -> list[Job]:
-        """The tasks of an array, in id order."""
-        rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM jobs WHERE array_id=? ORDER BY id", (array_id,)
-        )
-        return [_row_to_job(r) for r in rows]
+    def array_task_ids(self, array_id: int) -> list[int]:
+        """The ids of an array's tasks, in order."""
+        rows = self._conn.execute("SELECT id FROM jobs WHERE array_id=? ORDER BY id", (array_id,))
+        return [int(row[0]) for row in rows]
 
     def array_state(self, array_id: int) -> JobState | None:
         """An array as one dependency: queued until every task ended, then succeeded or failed.

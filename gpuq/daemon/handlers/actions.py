@@ -29,7 +29,7 @@ from gpuq.protocol import (
 
 Action = Cancel | Hold | Release | Retry | SetPriority | Suspend | Resume
 
-SLICE_SECONDS = 0.02
+SLICE_SECONDS = 0.005
 """Longest stretch an action spends on its jobs before it yields the event loop."""
 
 
