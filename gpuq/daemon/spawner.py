@@ -51,7 +51,7 @@ log = logging.getLogger("gpuq.daemon")
 MAX_MESSAGE: Final = 64 * 1024
 REPLIES_PER_CALLBACK = 4
 """Spawner replies handled per event-loop callback (each commits a transition)."""
-MAX_IN_FLIGHT: Final = 64
+MAX_IN_FLIGHT: Final = 16
 """Requests sent and not yet answered; more wait in the daemon (fds in flight are limited)."""
 
 
