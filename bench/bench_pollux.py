@@ -37,7 +37,7 @@ import numpy as np
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView
-from gpuq.policies.pollux import PolluxPolicy
+from gpuq.policies.pollux.policy import PolluxPolicy
 
 TARGET_S = 0.2
 NODES, GPUS_PER_NODE = 16, 4

@@ -1,6 +1,6 @@
 """AFS on throughput tables: comparator (3), AFS-L, AFS-P and processor sharing.
 
-The rules are in the docstring of gpuq/policies/afs_core.py; the test vectors
+The rules are in the docstring of gpuq/policies/afs/core.py; the test vectors
 are those of optimus_afs.md C.2 item 4, computed by hand from Algorithm 1.
 The policy on cluster states is tested in test_policy_afs_policy.py, packing
 and placement in test_policy_afs_packing.py.
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gpuq.policies.afs_core import (
+from gpuq.policies.afs.core import (
     AfsJob,
     afs_l,
     afs_p,

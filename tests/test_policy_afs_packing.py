@@ -1,6 +1,6 @@
 """CoDDL's network packing (Proposition 2) and placement (Proposition 1).
 
-The rules are in the docstring of gpuq/policies/afs_packing.py.
+The rules are in the docstring of gpuq/policies/afs/packing.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gpuq.policies.afs_packing import (
+from gpuq.policies.afs.packing import (
     Allocation,
     allowed_floor,
     is_power_of_two,

@@ -1,6 +1,6 @@
 """The `afs` and `afs-p` policies on cluster states.
 
-The rules are in the docstring of gpuq/policies/afs.py; the algorithms on
+The rules are in the docstring of gpuq/policies/afs/policy.py; the algorithms on
 tables are tested in test_policy_afs.py.
 """
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from gpuq.errors import UsageError
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
-from gpuq.policies.afs import DEFAULT_UNIT, AfsPolicy, AfsPPolicy
-from gpuq.policies.afs_core import AfsJob, afs_l
+from gpuq.policies.afs.core import AfsJob, afs_l
+from gpuq.policies.afs.policy import DEFAULT_UNIT, AfsPolicy, AfsPPolicy
 from gpuq.policies.baselines import fixed_batch_step_time
 from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView, capacity_violations
 from gpuq.policies.registry import get_elastic_policy

@@ -222,7 +222,7 @@ def test_importing_the_registry_imports_no_policy_module_and_no_numpy() -> None:
     probe = (
         "import sys, gpuq.policies.registry as r; r.available_elastic_policies(); "
         "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'scipy', "
-        "'gpuq.policies.pollux', 'gpuq.policies.tiresias', 'gpuq.goodput'))))"
+        "'gpuq.policies.pollux.policy', 'gpuq.policies.tiresias', 'gpuq.goodput'))))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""The `gandiva` policy, rule by rule (see the docstrings of gpuq/policies/gandiva*.py).
+"""The `gandiva` policy, rule by rule (see the docstrings of gpuq/policies/gandiva/).
 
 Sections follow the paper's mechanisms and policy (sections 4.1-4.2). `advance`
 below plays the simulator: it applies a decision, time-slices over-subscribed
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView
-from gpuq.policies.gandiva import GandivaPolicy
-from gpuq.policies.gandiva_book import cluster_height, overloaded, server_heights
-from gpuq.policies.gandiva_migration import ASSUMED_LOCALITY_SPEEDUP, locality_speedup
+from gpuq.policies.gandiva.book import cluster_height, overloaded, server_heights
+from gpuq.policies.gandiva.migration import ASSUMED_LOCALITY_SPEEDUP, locality_speedup
+from gpuq.policies.gandiva.policy import GandivaPolicy
 from gpuq.policies.registry import get_elastic_policy
 
 G = 1024**3

@@ -1,4 +1,4 @@
-"""The `ones` policy, rule by rule (see the docstrings of gpuq/policies/ones*.py)."""
+"""The `ones` policy, rule by rule (see the docstrings of gpuq/policies/ones/)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView, capacity_violations
-from gpuq.policies.ones import OnesPolicy
-from gpuq.policies.ones_fitness import Progress, census, throughput_table, utilization
-from gpuq.policies.ones_genome import (
+from gpuq.policies.ones.fitness import Progress, census, throughput_table, utilization
+from gpuq.policies.ones.genome import (
     EMPTY,
     Assignment,
     Genome,
@@ -30,7 +29,7 @@ from gpuq.policies.ones_genome import (
     to_counts,
     violations,
 )
-from gpuq.policies.ones_limits import (
+from gpuq.policies.ones.limits import (
     BatchBounds,
     LimitState,
     effective_limit,
@@ -41,7 +40,8 @@ from gpuq.policies.ones_limits import (
     start,
     warming_up,
 )
-from gpuq.policies.ones_operators import Context, crossover, fill, mutate, pin, refresh
+from gpuq.policies.ones.operators import Context, crossover, fill, mutate, pin, refresh
+from gpuq.policies.ones.policy import OnesPolicy
 
 PERF = PerfParams(0.05, 0.002, 0.3, 0.02, 0.05, 0.005, 1.2)
 MODEL = GoodputFunction(PERF, GradParams(1.0, 50.0), 128)

@@ -1,4 +1,4 @@
-"""The `pollux` policy's rules (see `gpuq.policies.pollux` for each one).
+"""The `pollux` policy's rules (see `gpuq.policies.pollux.policy` for each one).
 
 Most tests use a small population and few generations to stay fast; the
 tests marked "default settings" run the policy as configured for the
@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, SpeedupFunction
-from gpuq.policies import pollux
 from gpuq.policies.elastic import (
     ClusterState,
     Decision,
@@ -26,14 +25,15 @@ from gpuq.policies.elastic import (
     NodeView,
     capacity_violations,
 )
-from gpuq.policies.pollux import (
+from gpuq.policies.pollux import policy as pollux
+from gpuq.policies.pollux.policy import (
     PolluxPolicy,
     gpu_cap,
     keep_current_placements,
     realloc_factor,
     repair_order,
 )
-from gpuq.policies.pollux_search import (
+from gpuq.policies.pollux.search import (
     SearchProblem,
     SearchResult,
     evaluate,
@@ -42,7 +42,7 @@ from gpuq.policies.pollux_search import (
     power_mean,
     search,
 )
-from gpuq.policies.pollux_tables import SpeedupTables, fair_share, min_nodes_for
+from gpuq.policies.pollux.tables import SpeedupTables, fair_share, min_nodes_for
 
 NOW = 3600.0
 

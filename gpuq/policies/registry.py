@@ -30,12 +30,12 @@ _POLICIES: dict[str, tuple[str, str]] = {
     "srsf": ("gpuq.policies.baselines", "SrsfPolicy"),
     "tiresias": ("gpuq.policies.tiresias", "TiresiasPolicy"),
     "optimus": ("gpuq.policies.optimus", "OptimusPolicy"),
-    "afs": ("gpuq.policies.afs", "AfsPolicy"),
-    "afs-p": ("gpuq.policies.afs", "AfsPPolicy"),
-    "pollux": ("gpuq.policies.pollux", "PolluxPolicy"),
-    "gandiva": ("gpuq.policies.gandiva", "GandivaPolicy"),
-    "ones": ("gpuq.policies.ones", "OnesPolicy"),
-    "gpuq": ("gpuq.policies.gpuq_default", "GpuqPolicy"),
+    "afs": ("gpuq.policies.afs.policy", "AfsPolicy"),
+    "afs-p": ("gpuq.policies.afs.policy", "AfsPPolicy"),
+    "pollux": ("gpuq.policies.pollux.policy", "PolluxPolicy"),
+    "gandiva": ("gpuq.policies.gandiva.policy", "GandivaPolicy"),
+    "ones": ("gpuq.policies.ones.policy", "OnesPolicy"),
+    "gpuq": ("gpuq.policies.gpuq.policy", "GpuqPolicy"),
 }
 
 ELASTIC_POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)

@@ -3,8 +3,8 @@
 This module is the paper's algorithm and nothing else: it sees jobs as a key,
 a throughput table `thr[0..K]` (iterations per second on `r` GPUs, with
 `thr[0] = 0`) and, for AFS-L, the remaining iterations. The policy in
-`gpuq.policies.afs` builds those tables from a cluster state; packing and
-placement are in `gpuq.policies.afs_packing`.
+`gpuq.policies.afs.policy` builds those tables from a cluster state; packing and
+placement are in `gpuq.policies.afs.packing`.
 
 Comparator (3)
     With `p` a job's throughput at its current count and `p'` at one GPU

@@ -1,12 +1,12 @@
 """ONES: online evolutionary batch-size orchestration (Bian et al., SC'21): the `ones` policy.
 
 ONES chooses each job's GPUs *and* total batch size. It keeps a population of
-candidate schedules (GPU-indexed genomes, `ones_genome`), evolves them on every
+candidate schedules (GPU-indexed genomes, `genome`), evolves them on every
 call with refresh, uniform crossover, uniform mutation and reorder
-(`ones_operators`), scores them by SRUF, the total remaining GPU-time
-(`ones_fitness`), and deploys the best, changing a running job only after it
+(`operators`), scores them by SRUF, the total remaining GPU-time
+(`fitness`), and deploys the best, changing a running job only after it
 has finished an epoch (deployment gating). Batch sizes grow under a per-job limit
-(`ones_limits`). Jobs are not adaptive (`adaptive_jobs = False`): the caller
+(`limits`). Jobs are not adaptive (`adaptive_jobs = False`): the caller
 runs each job with the total batch in `Decision.batch_sizes`; scaling the
 learning rate linearly with it is the job's business, not the policy's.
 ONES is elastic, so `gpus_requested` is ignored; a job's GPUs are bounded by
@@ -45,7 +45,7 @@ Deployment gating
     cluster. `max_hold` seconds (default None: never) lifts a hold that
     lasts that long.
 Batch-size limits
-    Start, Scale-up, Resume and Scale-down as in `ones_limits`, with
+    Start, Scale-up, Resume and Scale-down as in `limits`, with
     `warmup_seconds` (default 60) and `penalty_intervals` (default 1, the
     paper's "longer than the average arrival interval"). The arrival rate is
     `arrival_rate` if given, else the number of distinct jobs seen divided by
@@ -55,7 +55,7 @@ Batch-size limits
     leaves a waiting job waiting.
 Not implemented
     The GPR progress predictor (an oracle with Beta noise stands in, see
-    `ones_fitness`) and ONES's in-place NCCL rescaling (a runner feature).
+    `fitness`) and ONES's in-place NCCL rescaling (a runner feature).
 
 Performance: the fitness is vectorized over the whole pool, the operators
 work on small per-candidate count matrices, and what follows from a
@@ -75,14 +75,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.policies.elastic import ClusterState, Decision, JobView
-from gpuq.policies.ones_fitness import (
+from gpuq.policies.ones.fitness import (
     FloatArray,
     Progress,
     census,
     throughput_table,
     utilization,
 )
-from gpuq.policies.ones_genome import (
+from gpuq.policies.ones.genome import (
     Assignment,
     Candidate,
     Genome,
@@ -94,7 +94,7 @@ from gpuq.policies.ones_genome import (
     rule_batches,
     to_counts,
 )
-from gpuq.policies.ones_limits import (
+from gpuq.policies.ones.limits import (
     BatchBounds,
     LimitState,
     effective_limit,
@@ -105,7 +105,7 @@ from gpuq.policies.ones_limits import (
     start,
     warming_up,
 )
-from gpuq.policies.ones_operators import Context, crossover, mutate, refresh
+from gpuq.policies.ones.operators import Context, crossover, mutate, refresh
 
 
 class OnesPolicy:

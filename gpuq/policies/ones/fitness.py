@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.policies.elastic import JobView
-from gpuq.policies.ones_genome import IntArray, JobRules, Layout
+from gpuq.policies.ones.genome import IntArray, JobRules, Layout
 
 if TYPE_CHECKING:
     from gpuq.goodput import GoodputFunction

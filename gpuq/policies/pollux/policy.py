@@ -2,7 +2,7 @@
 
 Every decision maximizes FITNESS_p, the power mean (p = -1 by default) of
 every active job's SPEEDUP, over allocation matrices (GPUs per node and job),
-with a genetic search (`gpuq.policies.pollux_search`). Jobs are adaptive
+with a genetic search (`gpuq.policies.pollux.search`). Jobs are adaptive
 (`adaptive_jobs`): each picks its own batch size for the GPUs it gets, with
 `gpuq.goodput`, so SPEEDUP is measured at the best batch size.
 
@@ -44,7 +44,7 @@ Constraints
     (the user's batch size for a non-adaptive job) and is at least 1; no
     minimum (any job may be left waiting).
 Search
-    A genetic search like the artifact's NSGA-II (`gpuq.policies.pollux_search`:
+    A genetic search like the artifact's NSGA-II (`gpuq.policies.pollux.search`:
     population 100, up to 100 generations). The first decision starts from
     the current allocation; later ones also from the previous decision's final
     population (matched by job id and node name), as in the artifact. Repair
@@ -53,7 +53,7 @@ Search
     on 64 GPUs: the search stops once the best fitness has not improved for
     `patience` (10) generations (`bench/bench_pollux.py` compares the result
     with a search five times as long), and every initial population also
-    holds a greedy allocation (`gpuq.policies.pollux_greedy`; `greedy=False`
+    holds a greedy allocation (`gpuq.policies.pollux.greedy`; `greedy=False`
     turns it off). The artifact's operators only grow jobs into GPUs that
     happen to be free, so without the seed they need many decisions to
     rebalance a full cluster.
@@ -80,8 +80,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from gpuq.policies.elastic import ClusterState, Decision, JobView
-from gpuq.policies.pollux_greedy import greedy_seed
-from gpuq.policies.pollux_search import (
+from gpuq.policies.pollux.greedy import greedy_seed
+from gpuq.policies.pollux.search import (
     MAX_NODE_GPUS,
     Allocations,
     SearchProblem,
@@ -90,7 +90,7 @@ from gpuq.policies.pollux_search import (
     job_speedups,
     search,
 )
-from gpuq.policies.pollux_tables import SpeedupTables, fair_share
+from gpuq.policies.pollux.tables import SpeedupTables, fair_share
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

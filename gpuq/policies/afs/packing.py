@@ -37,7 +37,7 @@ On a power-of-two cluster every job then uses exactly ceil(r / G) nodes and a
 multi-node job owns its nodes, so at most one multi-node job is on any node.
 Elsewhere a job may span partly used nodes and share them with another
 multi-node job (a deviation from the paper's guarantees, documented in
-`gpuq.policies.afs`).
+`gpuq.policies.afs.policy`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import heapq
 from collections.abc import Callable, Iterable
 
 from gpuq.policies.elastic import JobView
-from gpuq.policies.gandiva_book import Book, eviction_key, queue_key
+from gpuq.policies.gandiva.book import Book, eviction_key, queue_key
 
 BRANCHES = {
     1: "branch 1 (same affinity, least loaded)",

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from gpuq.policies.elastic import JobView
-from gpuq.policies.ones_genome import IntArray, JobRules
+from gpuq.policies.ones.genome import IntArray, JobRules
 
 
 @dataclass(frozen=True, slots=True)

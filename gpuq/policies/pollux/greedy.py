@@ -27,13 +27,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuq.policies.pollux_search import (
+from gpuq.policies.pollux.search import (
     SPEEDUP_EPSILON,
     Allocations,
     FloatArray,
     SearchProblem,
 )
-from gpuq.policies.pollux_tables import fewest_nodes
+from gpuq.policies.pollux.tables import fewest_nodes
 
 
 def fitness_terms(speedups: FloatArray, p: float) -> FloatArray:

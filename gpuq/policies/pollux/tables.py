@@ -2,7 +2,7 @@
 
 `SpeedupTables.build` returns a `[jobs, nodes + 1, GPUs + 1]` array whose
 entry `[j, k, r]` is job j's SPEEDUP on r GPUs spread over k nodes, relative
-to its fair share (rules in `gpuq.policies.pollux`). Entries for placements
+to its fair share (rules in `gpuq.policies.pollux.policy`). Entries for placements
 that cannot exist (k > r, or r GPUs that do not fit on k nodes) are 0, as is
 `[j, 0, 0]`. Goodput depends on the nodes a job spans only through "one node
 or more" (`gpuq.goodput`: T_sync switches to the inter-node terms once N > 1),

@@ -5,7 +5,7 @@ What it takes from the papers:
 - Pollux: the objective. Every decision maximizes the power mean (p = -1) of
   each active job's goodput speedup over allocation matrices, jobs adapt
   their batch size to what they get, and a change to a running job's GPUs is
-  charged through REALLOC_FACTOR (`gpuq.policies.pollux`, reused, not
+  charged through REALLOC_FACTOR (`gpuq.policies.pollux.policy`, reused, not
   copied: the search, caps, fair share and determinism are Pollux's).
 - Optimus and AFS (the option below): use what is known about a job's
   remaining work (exact in the simulator, `JobView.remaining_iterations`;
@@ -44,7 +44,7 @@ Moves are charged over the remaining time (option, off by default)
     moved for a small gain and then spend half that minute restarting. When
     the job's remaining time is known, gpuq charges the smaller of the two
     factors, with L its remaining time on its current GPUs
-    (`gpuq.policies.gpuq_estimates.remaining_time`; a move that speeds the
+    (`gpuq.policies.gpuq.estimates.remaining_time`; a move that speeds the
     job up leaves less, so this errs towards Pollux's lighter charge). The
     charge is thus never lighter than Pollux's, and a nearly finished job
     stays where it is unless the gain is large (L = 60 s needs 50% more
@@ -73,9 +73,9 @@ from dataclasses import replace
 import numpy as np
 
 from gpuq.policies.elastic import ClusterState, JobView
-from gpuq.policies.gpuq_estimates import remaining_time
-from gpuq.policies.pollux import PolluxPolicy
-from gpuq.policies.pollux_search import SearchProblem
+from gpuq.policies.gpuq.estimates import remaining_time
+from gpuq.policies.pollux.policy import PolluxPolicy
+from gpuq.policies.pollux.search import SearchProblem
 
 STARTS = ("idle", "free", "charged")
 """When starting a waiting job is free of Pollux's restart charge (module docstring)."""

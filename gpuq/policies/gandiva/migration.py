@@ -39,8 +39,8 @@ import math
 from collections.abc import Callable
 
 from gpuq.policies.elastic import JobView
-from gpuq.policies.gandiva_book import Book, eviction_key
-from gpuq.policies.gandiva_placement import best_node
+from gpuq.policies.gandiva.book import Book, eviction_key
+from gpuq.policies.gandiva.placement import best_node
 
 ASSUMED_LOCALITY_SPEEDUP = 1.1
 """Speed-up assumed from consolidating a job onto one node when it has no model."""

@@ -4,7 +4,7 @@ The operators work on a candidate's `counts` (GPUs per job row and node;
 crossover takes the GPU-indexed genomes, as in the paper). Each returns
 candidates that fit every node and keep every job within its allowed GPU
 counts and batch limit (`JobRules`), and leaves pinned jobs (deployment
-gating) on their live GPUs (`pin`); reorder lives in `ones_genome`.
+gating) on their live GPUs (`pin`); reorder lives in `genome`.
 Choices gpuq makes:
 
 Refresh
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuq.policies.ones_fitness import FloatArray, Progress
-from gpuq.policies.ones_genome import (
+from gpuq.policies.ones.fitness import FloatArray, Progress
+from gpuq.policies.ones.genome import (
     Candidate,
     Genome,
     IntArray,

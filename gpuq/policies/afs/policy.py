@@ -3,8 +3,8 @@
 `AfsPolicy(variant="L")` (name `afs`) is AFS-L, which knows each job's
 remaining work; `AfsPolicy(variant="P")` (name `afs-p`, also built by
 `AfsPPolicy()`) is AFS-P, which does not. The algorithms on throughput
-tables are in `gpuq.policies.afs_core`, network packing and placement in
-`gpuq.policies.afs_packing`; this module builds their inputs from a
+tables are in `gpuq.policies.afs.core`, network packing and placement in
+`gpuq.policies.afs.packing`; this module builds their inputs from a
 `ClusterState` and keeps AFS-P's state. The notes are optimus_afs.md
 B.3-B.5 and C.2. Choices, each tested in tests/test_policy_afs_policy.py:
 
@@ -62,7 +62,7 @@ Unit time
 Placement
     Shares are regulated to CoDDL's network packing when every node has the
     same power-of-two GPU count and placed to keep unchanged jobs where they
-    are (`gpuq.policies.afs_packing`). Deviation: on nodes of other or mixed
+    are (`gpuq.policies.afs.packing`). Deviation: on nodes of other or mixed
     sizes shares are not regulated, a job may span partly used nodes, and
     the paper's "at most one multi-node job per node" is not guaranteed.
 """
@@ -76,8 +76,8 @@ from typing import Literal
 import numpy as np
 
 from gpuq.errors import UsageError
-from gpuq.policies.afs_core import AfsJob, Shares, afs_l, afs_p, peak_gpus, processor_sharing
-from gpuq.policies.afs_packing import packing_size, place, regulate
+from gpuq.policies.afs.core import AfsJob, Shares, afs_l, afs_p, peak_gpus, processor_sharing
+from gpuq.policies.afs.packing import packing_size, place, regulate
 from gpuq.policies.elastic import ClusterState, Decision, JobView
 
 DEFAULT_UNIT = 900.0

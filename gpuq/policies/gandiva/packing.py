@@ -49,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuq.policies.elastic import ClusterState, JobView
-from gpuq.policies.gandiva_book import Book
+from gpuq.policies.gandiva.book import Book
 
 
 @dataclass(frozen=True, slots=True)

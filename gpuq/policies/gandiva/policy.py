@@ -8,24 +8,24 @@ to improve locality, and growing opt-in jobs onto idle GPUs (paper sections
 tests/test_policy_gandiva.py. Each decision runs, in order:
 
 1. Measure every job's progress rate since the last decision
-   (`gandiva_packing`): the proxy for Gandiva's mini_batch_time.
+   (`packing`): the proxy for Gandiva's mini_batch_time.
 2. Review packs: keep a pack while it beats time-slicing, else undo it.
 3. Repair the state if it breaks the rules (a node over the over-subscription
    limit, or time-slicing jobs of different priorities): lowest priority,
-   newest jobs are suspended (queued) first (`gandiva_placement`).
+   newest jobs are suspended (queued) first (`placement`).
 4. Place waiting jobs by Algorithm 1 in priority order (priority, submit
    time, id): same affinity least loaded, empty servers, any free GPUs,
    over-subscription of a same-affinity server, else preempt lower-priority
-   jobs or queue (`gandiva_placement`).
+   jobs or queue (`placement`).
 5. Migrate (if `migration`): lower the cluster height by moving time-sliced
    jobs to free GPUs, unpack guests that a free GPU can take, consolidate
-   spread jobs and defragment (`gandiva_migration`). Each move must save more
+   spread jobs and defragment (`migration`). Each move must save more
    than the restart penalty it costs. Without migration, a guest is unpacked
    only when its own node has a free GPU.
 6. Pack (if `packing`, only while overloaded).
 7. Grow opt-in jobs onto idle GPUs (if `grow_shrink`).
 
-Bookkeeping (`gandiva_book`): server height = allocated GPUs
+Bookkeeping (`book`): server height = allocated GPUs
 over total (a packed pair's GPU counted once); cluster height = the largest;
 overload = the active jobs request more GPUs than the cluster has; a
 server's affinity is the requested GPU count of the first job placed on it
@@ -68,10 +68,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuq.policies.elastic import ClusterState, Decision, JobView
-from gpuq.policies.gandiva_book import Book, overloaded, queue_key
-from gpuq.policies.gandiva_migration import defragment, dissolve_packs, lower_height
-from gpuq.policies.gandiva_packing import Pack, Tracker, review_packs, try_packs
-from gpuq.policies.gandiva_placement import enforce_limits, place_pending
+from gpuq.policies.gandiva.book import Book, overloaded, queue_key
+from gpuq.policies.gandiva.migration import defragment, dissolve_packs, lower_height
+from gpuq.policies.gandiva.packing import Pack, Tracker, review_packs, try_packs
+from gpuq.policies.gandiva.placement import enforce_limits, place_pending
 
 UNKNOWN_PACK_RATE = 0.5
 """A packed job's rate, as a fraction of solo, before it is measured (time-slicing's)."""

@@ -5,7 +5,7 @@ call edits: each job's planned allocation, each node's demand, affinity and
 residents, packed pairs, GPUs grown beyond a request, and the note per job.
 It is built from the (immutable) `ClusterState` and never writes back to it.
 
-Accounting rules (see `gpuq.policies.gandiva` for the policy itself):
+Accounting rules (see `gpuq.policies.gandiva.policy` for the policy itself):
 
 - A node's *demand* is the sum of its residents' allocations, except that a
   packed guest shares its host's GPU and adds nothing. `height = demand /
