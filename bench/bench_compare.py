@@ -52,13 +52,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuq.cli.render import table
-from gpuq.cli.sim import SimSettings, resolve_workload, run_policy
 from gpuq.policies.registry import (
     ELASTIC_POLICY_NAMES,
     available_elastic_policies,
     split_policy_spec,
 )
 from gpuq.sim.metrics import paired_ratio
+from gpuq.sim.run import SimSettings, one_thread, resolve_workload, run_policy
 
 BUDGET_S = 15 * 60.0
 DECISION_TARGET_S = 0.2
@@ -126,11 +126,6 @@ def timed_run(name: str, workload_name: str, settings: SimSettings) -> tuple[dic
     return summary, time.perf_counter() - started
 
 
-def _one_thread() -> None:
-    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(variable, "1")
-
-
 def run_all(
     policies: list[str],
     workloads: list[str],
@@ -145,7 +140,7 @@ def run_all(
     )
     runs: dict[tuple[str, str, int], Outcome] = {}
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_one_thread) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=one_thread) as pool:
         futures: dict[Future[tuple[dict[str, Any], float]], tuple[str, str, int]] = {
             pool.submit(timed_run, p, w, dataclasses.replace(settings, seed=seed)): (p, w, seed)
             for p, w, seed in tasks

@@ -1,6 +1,6 @@
 """`gpuq sim`: workloads, policies, the table and the JSON document, and errors.
 
-See the docstring of gpuq/cli/sim.py for the behaviour tested here.
+See the docstrings of gpuq/cli/sim.py and gpuq/sim/run.py for the behaviour tested here.
 """
 
 from __future__ import annotations
@@ -14,16 +14,10 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from gpuq.cli.app import app
-from gpuq.cli.sim import (
-    Progress,
-    SimSettings,
-    policy_names,
-    resolve_workload,
-    results_table,
-    run_policies,
-)
+from gpuq.cli.sim import results_table
 from gpuq.errors import UsageError
 from gpuq.policies.registry import ELASTIC_POLICY_NAMES
+from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
 
 TINY = """name,time,application,num_replicas,batch_size
 a,0,cifar10,1,128
@@ -155,9 +149,8 @@ def test_the_table_formats_seconds_percentages_and_milliseconds() -> None:
 def test_policies_run_in_worker_processes_give_the_same_results(tiny: str) -> None:
     workload = resolve_workload(tiny, 8, 4)
     settings = SimSettings(nodes=2, gpus_per_node=4)
-    quiet = Progress(enabled=False)
-    parallel = run_policies(["fifo", "srtf"], workload, settings, 2, quiet)
-    serial = run_policies(["fifo", "srtf"], workload, settings, 1, quiet)
+    parallel = run_policies(["fifo", "srtf"], workload, settings, 2)
+    serial = run_policies(["fifo", "srtf"], workload, settings, 1)
     assert list(parallel) == ["fifo", "srtf"]
     for name in serial:
         for key in ("avg_jct", "p99_jct", "reallocations"):

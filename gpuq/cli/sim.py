@@ -1,8 +1,10 @@
 """`gpuq sim`: replay a workload on a simulated cluster under one or more policies.
 
 The simulator (`gpuq.sim`) runs the very policy objects the daemon uses
-(`gpuq.policies.registry`). numpy, scipy and the simulator are imported
-inside the command, so other commands (`gpuq submit` above all) stay light.
+(`gpuq.policies.registry`); its run loop is `gpuq.sim.run`, and this module
+only parses, shows progress and renders. numpy, scipy and the simulator are
+imported inside the command, so other commands (`gpuq submit` above all)
+stay light.
 
 Workloads (`--workload`)
     `FILE`: a CSV in the artifact's format (`name,time,application,
@@ -43,11 +45,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Annotated, Any
 
 import typer
 
@@ -56,113 +56,6 @@ from gpuq.cli.render import table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
 from gpuq.textsafe import visible
-
-if TYPE_CHECKING:
-    from gpuq.sim.engine import SimProgress
-    from gpuq.sim.workload import WorkloadJob
-
-WORKLOAD_HINT = (
-    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4) "
-    "or gen:SEED[:tuned|realistic][:LOAD]"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SimSettings:
-    """The cluster and simulator settings shared by every policy of one run."""
-
-    nodes: int = 16
-    gpus_per_node: int = 4
-    interval: float = 60.0
-    restart_penalty: float = 30.0
-    interference: float = 0.0
-    seed: int = 0
-
-    def check(self) -> None:
-        """Raise UsageError for settings the simulator cannot run."""
-        if self.nodes < 1 or self.gpus_per_node < 1:
-            raise UsageError("--nodes and --gpus-per-node must be at least 1")
-        if self.interval <= 0 or self.restart_penalty < 0:
-            raise UsageError("--interval must be positive and --restart-penalty not negative")
-        if not 0.0 <= self.interference < 1.0:
-            raise UsageError(f"--interference must be in [0, 1), got {self.interference}")
-
-
-def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[WorkloadJob, ...]:
-    """The jobs of a `--workload` value (module docstring), for a cluster of `gpus` GPUs."""
-    from gpuq.sim.workload import (
-        BUNDLED_WORKLOADS,
-        bundled_workload,
-        generate_workload,
-        load_workload,
-    )
-
-    if spec.startswith("gen:"):
-        parts = spec.split(":")[1:]
-        try:
-            seed = int(parts[0])
-            variant = "tuned"
-            load = 1.0
-            for part in parts[1:]:
-                if part in ("tuned", "realistic"):
-                    variant = part
-                else:
-                    load = float(part)
-        except (IndexError, ValueError):
-            raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
-        return generate_workload(
-            seed,
-            variant="realistic" if variant == "realistic" else "tuned",
-            load=load,
-            cluster_gpus=gpus,
-            gpus_per_node=gpus_per_node,
-        )
-    if Path(spec).is_file():
-        return load_workload(spec)
-    if spec in BUNDLED_WORKLOADS:
-        return bundled_workload(spec)
-    raise UsageError(f"no workload file or bundled workload {spec!r}", hint=WORKLOAD_HINT)
-
-
-def policy_names(policy: str | None, compare: str | None) -> list[str]:
-    """The policies to run, in order, each known and present (else a UsageError)."""
-    from gpuq.policies.registry import get_elastic_policy
-
-    names: list[str] = []
-    for name in [policy or "", *(compare or "").split(",")]:
-        name = name.strip()
-        if name and name not in names:
-            names.append(name)
-    if not names:
-        raise UsageError("no policy given", hint="use --policy NAME or --compare a,b,c")
-    for name in names:
-        get_elastic_policy(name)  # unknown or missing: a UsageError listing the known ones
-    return names
-
-
-def run_policy(
-    name: str,
-    workload: tuple[WorkloadJob, ...],
-    settings: SimSettings,
-    progress: Callable[[SimProgress], None] | None = None,
-) -> dict[str, Any]:
-    """Simulate one policy on `workload`; its summary metrics (JSON-ready)."""
-    from gpuq.policies.registry import get_elastic_policy
-    from gpuq.sim.engine import Simulator
-
-    simulator = Simulator(
-        get_elastic_policy(name, settings.seed),
-        workload,
-        nodes=settings.nodes,
-        gpus_per_node=settings.gpus_per_node,
-        interval=settings.interval,
-        restart_penalty=settings.restart_penalty,
-        interference=settings.interference,
-        seed=settings.seed,
-    )
-    summary: dict[str, Any] = simulator.run(progress=progress).summary()
-    summary.pop("policy", None)
-    return summary
 
 
 class Progress:
@@ -180,58 +73,12 @@ class Progress:
             sys.stderr.flush()
             self.shown = text
 
-    def percent(self, label: str) -> Callable[[SimProgress], None]:
-        """A simulator callback showing `label: NN% (finished/total jobs)`."""
-
-        def update(snapshot: SimProgress) -> None:
-            done = snapshot.finished / snapshot.total if snapshot.total else 1.0
-            self.show(f"{label}: {int(100 * done)}% ({snapshot.finished}/{snapshot.total} jobs)")
-
-        return update
-
     def clear(self) -> None:
         """Erase the line."""
         if self.enabled and self.shown:
             sys.stderr.write("\r" + " " * len(self.shown) + "\r")
             sys.stderr.flush()
             self.shown = ""
-
-
-def run_policies(
-    names: list[str],
-    workload: tuple[WorkloadJob, ...],
-    settings: SimSettings,
-    workers: int,
-    progress: Progress,
-) -> dict[str, dict[str, Any]]:
-    """Every policy's summary, in `names` order; in worker processes when worthwhile."""
-    if workers <= 1 or len(names) == 1:
-        results = {}
-        for name in names:
-            results[name] = run_policy(name, workload, settings, progress.percent(f"sim {name}"))
-        return results
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    done: dict[str, dict[str, Any]] = {}
-    started = time.monotonic()
-    context = multiprocessing.get_context("spawn")
-    pool_size = min(workers, len(names))
-    with ProcessPoolExecutor(pool_size, mp_context=context, initializer=_one_thread) as pool:
-        futures = {pool.submit(run_policy, name, workload, settings): name for name in names}
-        progress.show(f"sim: 0/{len(names)} policies done")
-        for future in as_completed(futures):
-            name = futures[future]
-            done[name] = future.result()
-            elapsed = time.monotonic() - started
-            progress.show(f"sim: {len(done)}/{len(names)} policies done ({name}, {elapsed:.0f} s)")
-    return {name: done[name] for name in names}
-
-
-def _one_thread() -> None:
-    """Keep each worker's numeric libraries to one thread: the workers fill the CPUs."""
-    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(variable, "1")
 
 
 _COLUMNS = (
@@ -329,6 +176,8 @@ def sim_command(
     time in milliseconds; --json gives the same per policy under "results".
     """
     try:
+        from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
+
         settings = SimSettings(nodes, gpus_per_node, interval, restart_penalty, interference, seed)
         settings.check()
         names = policy_names(policy, compare)
@@ -338,7 +187,7 @@ def sim_command(
         jobs_list = resolve_workload(workload, nodes * gpus_per_node, gpus_per_node)
         progress = Progress(enabled=not json_out and sys.stderr.isatty())
         try:
-            results = run_policies(names, jobs_list, settings, workers, progress)
+            results = run_policies(names, jobs_list, settings, workers, progress.show)
         finally:
             progress.clear()
     except GpuqError as error:

@@ -1,0 +1,197 @@
+"""Run workloads through the simulator, one policy or several side by side.
+
+This is the run loop behind `gpuq sim` and the benchmarks: they parse their
+arguments and render the results, and call these functions for the rest.
+
+Workloads (`resolve_workload`)
+    `FILE`: a CSV in the artifact's format (`name,time,application,
+    num_replicas,batch_size`). `workload-1` ... `workload-4` and
+    `workload-0.5-1` ... `workload-0.5-4`: the bundled Pollux traces (1x and
+    0.5x load). `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the
+    Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
+    by default, load 1). An existing file wins over a bundled name.
+
+Policies
+    By registry name (`gpuq.policies.registry`), optionally with constructor
+    options: `NAME:KEY=VALUE[:KEY=VALUE...]`, such as `gpuq:starts=free` or
+    `pollux:p=-0.5`, so variants of one policy can run side by side.
+
+Several policies
+    `run_policies` runs each policy on the same workload, in worker
+    processes (each policy in its own) when more than one worker is allowed,
+    else one after the other in this process.
+
+numpy, scipy and the simulator's tables are imported inside the functions,
+so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuq.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpuq.sim.engine import SimProgress
+    from gpuq.sim.workload import WorkloadJob
+
+
+WORKLOAD_HINT = (
+    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4) "
+    "or gen:SEED[:tuned|realistic][:LOAD]"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSettings:
+    """The cluster and simulator settings shared by every policy of one run."""
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval: float = 60.0
+    restart_penalty: float = 30.0
+    interference: float = 0.0
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raise UsageError for settings the simulator cannot run."""
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise UsageError("--nodes and --gpus-per-node must be at least 1")
+        if self.interval <= 0 or self.restart_penalty < 0:
+            raise UsageError("--interval must be positive and --restart-penalty not negative")
+        if not 0.0 <= self.interference < 1.0:
+            raise UsageError(f"--interference must be in [0, 1), got {self.interference}")
+
+
+def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[WorkloadJob, ...]:
+    """The jobs of a `--workload` value (module docstring), for a cluster of `gpus` GPUs."""
+    from gpuq.sim.workload import (
+        BUNDLED_WORKLOADS,
+        bundled_workload,
+        generate_workload,
+        load_workload,
+    )
+
+    if spec.startswith("gen:"):
+        parts = spec.split(":")[1:]
+        try:
+            seed = int(parts[0])
+            variant = "tuned"
+            load = 1.0
+            for part in parts[1:]:
+                if part in ("tuned", "realistic"):
+                    variant = part
+                else:
+                    load = float(part)
+        except (IndexError, ValueError):
+            raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
+        return generate_workload(
+            seed,
+            variant="realistic" if variant == "realistic" else "tuned",
+            load=load,
+            cluster_gpus=gpus,
+            gpus_per_node=gpus_per_node,
+        )
+    if Path(spec).is_file():
+        return load_workload(spec)
+    if spec in BUNDLED_WORKLOADS:
+        return bundled_workload(spec)
+    raise UsageError(f"no workload file or bundled workload {spec!r}", hint=WORKLOAD_HINT)
+
+
+def policy_names(policy: str | None, compare: str | None) -> list[str]:
+    """The policies to run, in order, each known and present (else a UsageError)."""
+    from gpuq.policies.registry import get_elastic_policy
+
+    names: list[str] = []
+    for name in [policy or "", *(compare or "").split(",")]:
+        name = name.strip()
+        if name and name not in names:
+            names.append(name)
+    if not names:
+        raise UsageError("no policy given", hint="use --policy NAME or --compare a,b,c")
+    for name in names:
+        get_elastic_policy(name)  # unknown or missing: a UsageError listing the known ones
+    return names
+
+
+def run_policy(
+    name: str,
+    workload: tuple[WorkloadJob, ...],
+    settings: SimSettings,
+    progress: Callable[[SimProgress], None] | None = None,
+) -> dict[str, Any]:
+    """Simulate one policy on `workload`; its summary metrics (JSON-ready)."""
+    from gpuq.policies.registry import get_elastic_policy
+    from gpuq.sim.engine import Simulator
+
+    simulator = Simulator(
+        get_elastic_policy(name, settings.seed),
+        workload,
+        nodes=settings.nodes,
+        gpus_per_node=settings.gpus_per_node,
+        interval=settings.interval,
+        restart_penalty=settings.restart_penalty,
+        interference=settings.interference,
+        seed=settings.seed,
+    )
+    summary: dict[str, Any] = simulator.run(progress=progress).summary()
+    summary.pop("policy", None)
+    return summary
+
+
+def run_policies(
+    names: list[str],
+    workload: tuple[WorkloadJob, ...],
+    settings: SimSettings,
+    workers: int,
+    report: Callable[[str], None] = lambda text: None,
+) -> dict[str, dict[str, Any]]:
+    """Every policy's summary, in `names` order; in worker processes when worthwhile.
+
+    `report` gets a one-line status as the runs progress: the percentage of
+    the workload's jobs finished for a run in this process, or how many
+    policies have finished when they run in worker processes.
+    """
+    if workers <= 1 or len(names) == 1:
+        results = {}
+        for name in names:
+            results[name] = run_policy(name, workload, settings, _percent(f"sim {name}", report))
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    done: dict[str, dict[str, Any]] = {}
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    pool_size = min(workers, len(names))
+    with ProcessPoolExecutor(pool_size, mp_context=context, initializer=one_thread) as pool:
+        futures = {pool.submit(run_policy, name, workload, settings): name for name in names}
+        report(f"sim: 0/{len(names)} policies done")
+        for future in as_completed(futures):
+            name = futures[future]
+            done[name] = future.result()
+            elapsed = time.monotonic() - started
+            report(f"sim: {len(done)}/{len(names)} policies done ({name}, {elapsed:.0f} s)")
+    return {name: done[name] for name in names}
+
+
+def _percent(label: str, report: Callable[[str], None]) -> Callable[[SimProgress], None]:
+    """A simulator callback reporting `label: NN% (finished/total jobs)`."""
+
+    def update(snapshot: SimProgress) -> None:
+        done = snapshot.finished / snapshot.total if snapshot.total else 1.0
+        report(f"{label}: {int(100 * done)}% ({snapshot.finished}/{snapshot.total} jobs)")
+
+    return update
+
+
+def one_thread() -> None:
+    """Keep each worker's numeric libraries to one thread: the workers fill the CPUs."""
+    for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
