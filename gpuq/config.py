@@ -268,6 +268,15 @@ def _instance(kind: type[T], accept: Callable[[Any], object] | None = None) -> C
     return convert
 
 
+def _live_policy(value: object) -> str | None:
+    """A policy name the daemon can run (the registry's UsageError says which it can)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    from gpuq.policies.registry import check_live_policy
+
+    return check_live_policy(value.strip())
+
+
 def _integer(minimum: int, maximum: int | None = None) -> Converter[int]:
     """A converter accepting whole numbers (not booleans) in [minimum, maximum]."""
     return _instance(int, lambda v: minimum <= v and (maximum is None or v <= maximum))
@@ -384,7 +393,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
     return Config(
         daemon=daemon,
         scheduler=SchedulerConfig(
-            policy=scheduler.get("policy", s.policy, _instance(str, str.strip)),
+            policy=scheduler.get("policy", s.policy, _live_policy),
             memory_margin=scheduler.get("memory_margin", s.memory_margin, _fraction(0.5)),
             foreign_tolerance=scheduler.get("foreign_tolerance", s.foreign_tolerance, _size),
             auto_mem_margin=scheduler.get("auto_mem_margin", s.auto_mem_margin, _fraction(1.0)),

@@ -81,7 +81,7 @@ kill_grace = "30s"
 allow_network_fs = true
 
 [scheduler]
-policy = "tiresias"
+policy = "fifo"
 memory_margin = 0.1
 foreign_tolerance = "1G"
 auto_mem_margin = 0.2
@@ -121,7 +121,7 @@ def test_every_key(tmp_path: Path, env: dict[str, str]) -> None:
         kill_grace=30.0,
         allow_network_fs=True,
     )
-    assert config.scheduler == SchedulerConfig("tiresias", 0.1, GiB, 0.2)
+    assert config.scheduler == SchedulerConfig("fifo", 0.1, GiB, 0.2)
     assert config.defaults == DefaultsConfig(priority=-5, retries=2, time_limit=86400.0, gpus=0)
     assert config.gpus == GpuConfig(
         backend="fake",
@@ -213,15 +213,15 @@ def test_gpus_node_follows_daemon_node_name(tmp_path: Path, env: dict[str, str])
 def test_explicit_path_beats_environment_beats_default(tmp_path: Path, env: dict[str, str]) -> None:
     default = tmp_path / "config" / "gpuq" / "config.toml"
     default.parent.mkdir(parents=True)
-    default.write_text('[scheduler]\npolicy = "from-default"\n')
-    from_env = write(tmp_path, '[scheduler]\npolicy = "from-env"\n', "env.toml")
-    explicit = write(tmp_path, '[scheduler]\npolicy = "from-arg"\n', "arg.toml")
+    default.write_text("[defaults]\npriority = 1\n")
+    from_env = write(tmp_path, "[defaults]\npriority = 2\n", "env.toml")
+    explicit = write(tmp_path, "[defaults]\npriority = 3\n", "arg.toml")
 
-    assert load_config(None, env).scheduler.policy == "from-default"
+    assert load_config(None, env).defaults.priority == 1
     assert load_config(None, env).source == default
     env["GPUQ_CONFIG"] = str(from_env)
-    assert load_config(None, env).scheduler.policy == "from-env"
-    assert load_config(str(explicit), env).scheduler.policy == "from-arg"
+    assert load_config(None, env).defaults.priority == 2
+    assert load_config(str(explicit), env).defaults.priority == 3
 
 
 @pytest.mark.parametrize("origin", ["--config", "GPUQ_CONFIG"])
@@ -300,6 +300,13 @@ BAD_VALUES: list[tuple[str, str, str, str]] = [
     ("daemon", "allow_network_fs", "1", "true or false"),
     ("scheduler", "policy", '""', "policy name"),
     ("scheduler", "policy", "3", "policy name"),
+    (
+        "scheduler",
+        "policy",
+        '"pollux"',
+        "runs only in the simulator so far (gpuq sim); the daemon runs: fifo",
+    ),
+    ("scheduler", "policy", '"nope"', "unknown policy 'nope'; the daemon runs: fifo"),
     ("scheduler", "memory_margin", "0.5", "0.5"),
     ("scheduler", "memory_margin", "-0.1", "0.5"),
     ("scheduler", "memory_margin", "true", "0.5"),

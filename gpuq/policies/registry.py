@@ -57,6 +57,24 @@ def policy_location(name: str) -> tuple[str, str]:
     return location
 
 
+def check_live_policy(name: str) -> str:
+    """`name` if the daemon can run it, else a UsageError listing the ones it can.
+
+    The configuration calls this when it is read, so a policy the daemon
+    cannot run is refused then, not when the daemon starts.
+    """
+    from gpuq.policies import POLICY_NAMES
+
+    if name in POLICY_NAMES:
+        return name
+    live = ", ".join(POLICY_NAMES)
+    if split_policy_spec(name)[0] in _POLICIES:
+        raise UsageError(
+            f"policy {name!r} runs only in the simulator so far (gpuq sim); the daemon runs: {live}"
+        )
+    raise UsageError(f"unknown policy {name!r}; the daemon runs: {live}")
+
+
 def elastic_policy_available(name: str) -> bool:
     """True when policy `name` is known and its module is present in this build."""
     location = _POLICIES.get(name)
@@ -129,6 +147,7 @@ def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
 
 __all__ = [
     "ELASTIC_POLICY_NAMES",
+    "check_live_policy",
     "available_elastic_policies",
     "elastic_policy_available",
     "get_elastic_policy",
