@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
-from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView
+from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
 from gpuq.policies.pollux.policy import PolluxPolicy
 
 TARGET_S = 0.2

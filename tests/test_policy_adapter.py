@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from gpuq.policies.adapter import ElasticAdapter
 from gpuq.policies.base import ClusterView, GpuState, JobRequest, Plan, RunningJob
 from gpuq.policies.baselines import FifoPolicy
-from gpuq.policies.elastic import ClusterState, Decision
 from gpuq.policies.fifo import FifoBackfill
+from gpuq.policies.interface import Capabilities, ClusterState, Decision
 from gpuq.policies.tiresias import TiresiasPolicy
 
 G = 1024**3
@@ -44,6 +44,7 @@ class Fixed:
     """An elastic policy that returns a given decision."""
 
     name = "fixed"
+    capabilities = Capabilities()
 
     def __init__(self, allocations: dict[int, tuple[int, ...]]) -> None:
         self.allocations = allocations

@@ -18,7 +18,14 @@ from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.afs.core import AfsJob, afs_l
 from gpuq.policies.afs.policy import DEFAULT_UNIT, AfsPolicy, AfsPPolicy
 from gpuq.policies.baselines import fixed_batch_step_time
-from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView, capacity_violations
+from gpuq.policies.interface import (
+    Capabilities,
+    ClusterState,
+    Decision,
+    JobView,
+    NodeView,
+    capacity_violations,
+)
 from gpuq.policies.registry import get_elastic_policy
 
 GRAD = GradParams(sqr=1.0, var=1.0)
@@ -72,7 +79,8 @@ def test_the_registry_builds_afs_l_and_afs_p_each_under_its_name() -> None:
     by_name = get_elastic_policy("afs-p", seed=5)
     assert isinstance(by_name, AfsPPolicy)
     assert (by_name.name, by_name.variant, by_name.seed) == ("afs-p", "P", 5)
-    assert AfsPolicy.adaptive_jobs is False
+    assert AfsPolicy("L").capabilities == Capabilities(preemption=True, remaining_work=True)
+    assert AfsPolicy("P").capabilities == Capabilities(preemption=True)  # no oracle
     assert AfsPolicy("P").unit == DEFAULT_UNIT == 900.0
 
 

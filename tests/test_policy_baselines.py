@@ -17,7 +17,7 @@ from gpuq.policies.baselines import (
     SrtfPolicy,
     fixed_batch_step_time,
 )
-from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView, capacity_violations
+from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, capacity_violations
 
 PERF = PerfParams(
     alpha_c=0.1, beta_c=0.01, alpha_n=0.5, beta_n=0.05, alpha_r=0.05, beta_r=0.01, gamma=1.0

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from gpuq.errors import UsageError
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies import registry
-from gpuq.policies.elastic import (
+from gpuq.policies.interface import (
+    Capabilities,
     ClusterState,
     Decision,
     ElasticPolicy,
@@ -119,7 +120,7 @@ def check(policy: ElasticPolicy, state: ClusterState, decision: Decision) -> Non
     for allocation in decision.allocations.values():
         assert allocation == () or len(allocation) == len(state.nodes)
         assert all(count >= 0 for count in allocation)
-    if not getattr(policy, "time_slicing", False):
+    if not policy.capabilities.time_slicing:
         assert capacity_violations(state, decision) == []
 
 
@@ -181,7 +182,19 @@ def test_policies_are_built_by_name_with_their_seed(name: str) -> None:
     policy = get_elastic_policy(name, seed=7)
     assert policy.name == name
     assert getattr(policy, "seed", None) == 7
-    assert getattr(policy, "adaptive_jobs", None) is False
+    assert policy.capabilities.adaptive_jobs is False
+
+
+def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
+    declared = {name: get_elastic_policy(name).capabilities for name in ELASTIC_POLICY_NAMES}
+    assert all(isinstance(c, Capabilities) for c in declared.values())
+    assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "gpuq"}
+    assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva"}
+    assert {n for n, c in declared.items() if c.packing} == {"gandiva"}
+    assert {n for n, c in declared.items() if not c.preemption} == {"fifo"}
+    assert {n for n, c in declared.items() if c.remaining_work} == {
+        "srtf", "srsf", "optimus", "afs", "ones", "gpuq",
+    }  # fmt: skip
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:

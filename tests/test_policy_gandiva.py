@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
-from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView
 from gpuq.policies.gandiva.book import cluster_height, overloaded, server_heights
 from gpuq.policies.gandiva.migration import ASSUMED_LOCALITY_SPEEDUP, locality_speedup
 from gpuq.policies.gandiva.policy import GandivaPolicy
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView, NodeView
 from gpuq.policies.registry import get_elastic_policy
 
 G = 1024**3
@@ -499,7 +499,8 @@ def test_jobs_grow_only_when_allowed(
 def test_the_policy_is_registered_and_declares_time_slicing() -> None:
     policy = get_elastic_policy("gandiva", seed=3)
     assert isinstance(policy, GandivaPolicy)
-    assert (policy.name, policy.adaptive_jobs, policy.time_slicing) == ("gandiva", False, True)
+    assert policy.name == "gandiva"
+    assert policy.capabilities == Capabilities(time_slicing=True, packing=True, preemption=True)
 
 
 @pytest.mark.parametrize(

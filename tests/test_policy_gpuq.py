@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from gpuq.policies.baselines import fixed_batch_step_time
-from gpuq.policies.elastic import ClusterState, JobView, capacity_violations
 from gpuq.policies.gpuq.estimates import remaining_time
 from gpuq.policies.gpuq.policy import GpuqPolicy, remaining_factor
+from gpuq.policies.interface import ClusterState, JobView, capacity_violations
 from gpuq.policies.pollux.policy import PolluxPolicy, realloc_factor
 from gpuq.policies.registry import get_elastic_policy
 from tests.test_policy_pollux import LINEAR, LOCAL, NOW, POOR, cluster, job

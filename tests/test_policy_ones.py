@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
-from gpuq.policies.elastic import ClusterState, Decision, JobView, NodeView, capacity_violations
+from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, capacity_violations
 from gpuq.policies.ones.fitness import Progress, census, throughput_table, utilization
 from gpuq.policies.ones.genome import (
     EMPTY,
@@ -561,7 +561,7 @@ def gpus_of(decision: Decision) -> dict[int, int]:
 
 
 def test_ones_chooses_batch_sizes_itself() -> None:
-    assert (OnesPolicy.name, OnesPolicy.adaptive_jobs) == ("ones", False)
+    assert (OnesPolicy.name, OnesPolicy.capabilities.adaptive_jobs) == ("ones", False)
     assert OnesPolicy().decide(cluster(), 0.0) == Decision()
 
 

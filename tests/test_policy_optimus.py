@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
-from gpuq.policies.elastic import ClusterState, JobView, NodeView, capacity_violations
+from gpuq.policies.interface import ClusterState, JobView, NodeView, capacity_violations
 from gpuq.policies.optimus import OptimusPolicy
 
 GRAD = GradParams(sqr=1.0, var=1.0)

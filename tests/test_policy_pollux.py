@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, SpeedupFunction
-from gpuq.policies.elastic import (
+from gpuq.policies.interface import (
     ClusterState,
     Decision,
     JobView,

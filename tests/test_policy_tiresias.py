@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from gpuq.errors import UsageError
-from gpuq.policies.elastic import ClusterState, JobView, NodeView, capacity_violations
+from gpuq.policies.interface import ClusterState, JobView, NodeView, capacity_violations
 from gpuq.policies.tiresias import TiresiasPolicy
 
 HOUR = 3600.0

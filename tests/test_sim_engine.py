@@ -14,7 +14,13 @@ from collections.abc import Callable
 import pytest
 
 from gpuq.goodput import GoodputFunction, adascale_gain, fit_perf_params
-from gpuq.policies.elastic import ClusterState, Decision, JobView, capacity_violations
+from gpuq.policies.interface import (
+    Capabilities,
+    ClusterState,
+    Decision,
+    JobView,
+    capacity_violations,
+)
 from gpuq.sim.apps import BatchConfig, get_application
 from gpuq.sim.engine import SimProgress, SimulationError, Simulator, sharing
 from gpuq.sim.jobs import FitMemo, SimJob
@@ -26,6 +32,7 @@ class Fifo:
     """Every job gets its requested GPUs, fewest nodes first, in arrival order."""
 
     name = "test-fifo"
+    capabilities = Capabilities()
 
     def __init__(self) -> None:
         self.states: list[ClusterState] = []
@@ -58,13 +65,14 @@ class Fifo:
 class AdaptiveFifo(Fifo):
     """The same, for jobs that pick their own batch size."""
 
-    adaptive_jobs = True
+    capabilities = Capabilities(adaptive_jobs=True)
 
 
 class Scripted:
     """Allocations by time: `script(now, state)` returns the decision."""
 
     name = "test-scripted"
+    capabilities = Capabilities()
 
     def __init__(self, script: Callable[[float, ClusterState], Decision]) -> None:
         self.script = script

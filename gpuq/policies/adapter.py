@@ -1,7 +1,7 @@
 """Run an elastic policy inside the daemon: `ElasticAdapter(policy).decide(view, now)`.
 
 The daemon speaks `gpuq.policies.base` (GPU UUIDs, memory shares, one plan of
-jobs to start); the papers' policies speak `gpuq.policies.elastic` (nodes,
+jobs to start); the papers' policies speak `gpuq.policies.interface` (nodes,
 GPU counts per node). `ElasticAdapter` wraps an elastic policy into the
 daemon's `Policy` protocol:
 
@@ -55,8 +55,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpuq.policies.base import ClusterView, JobRequest, Placement, Plan, RunningJob
-from gpuq.policies.elastic import ClusterState, Decision, ElasticPolicy, JobView, NodeView
 from gpuq.policies.fifo import FifoBackfill, queue_order
+from gpuq.policies.interface import ClusterState, Decision, ElasticPolicy, JobView, NodeView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
 

@@ -2,7 +2,7 @@
 
 These are the non-adaptive reference points of the papers: every job runs
 with exactly the GPUs it asked for (`gpus_requested`, gang scheduling) or not
-at all, and keeps its own batch size (`adaptive_jobs = False`). Tiresias
+at all, and keeps its own batch size (`capabilities.adaptive_jobs` False). Tiresias
 (`gpuq.policies.tiresias`) and Optimus (`gpuq.policies.optimus`) reuse the
 helpers defined here. None of them uses randomness; the `seed` argument
 exists only so that every policy is built the same way.
@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 if TYPE_CHECKING:
     from gpuq.goodput import GoodputFunction
@@ -198,7 +198,7 @@ class FifoPolicy:
     """First come, first served by priority, non-preemptive, with backfill."""
 
     name: str = "fifo"
-    adaptive_jobs: bool = False
+    capabilities = Capabilities()
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
@@ -231,7 +231,7 @@ class _ShortestRemaining:
     """Gang scheduling by remaining time (SRTF) or remaining GPU service (SRSF)."""
 
     name: str = ""
-    adaptive_jobs: bool = False
+    capabilities = Capabilities(preemption=True, remaining_work=True)
     by_service: bool = False
 
     def __init__(self, seed: int = 0, unknown_step_time: float = 1.0) -> None:

@@ -54,14 +54,14 @@ from gpuq.policies.baselines import (
     gpus_per_node,
     submission_order,
 )
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 
 class OptimusPolicy:
     """Greedy marginal-gain GPU allocation with an oracle for remaining work."""
 
     name: str = "optimus"
-    adaptive_jobs: bool = False
+    capabilities = Capabilities(preemption=True, remaining_work=True)
 
     def __init__(self, seed: int = 0, unknown_step_time: float = 1.0) -> None:
         self.seed = seed

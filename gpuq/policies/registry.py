@@ -1,7 +1,7 @@
 """The elastic-policy registry: `get_elastic_policy(name, seed=0)`.
 
 The simulator, `gpuq sim`, the benchmark and the daemon's adapter build
-elastic policies (`gpuq.policies.elastic`) by name through this one table.
+elastic policies (`gpuq.policies.interface`) by name through this one table.
 Each policy module is imported only when its policy is asked for, so
 importing the registry stays light (no numpy, no scipy) and a policy whose
 module is missing from a build makes only that policy unavailable.
@@ -22,7 +22,7 @@ import inspect
 from typing import Any
 
 from gpuq.errors import UsageError
-from gpuq.policies.elastic import ElasticPolicy
+from gpuq.policies.interface import ElasticPolicy
 
 _POLICIES: dict[str, tuple[str, str]] = {
     "fifo": ("gpuq.policies.baselines", "FifoPolicy"),

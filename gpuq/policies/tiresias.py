@@ -41,7 +41,7 @@ from itertools import pairwise
 
 from gpuq.errors import UsageError
 from gpuq.policies.baselines import gang_admit
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 GPU_HOUR = 3600.0
 
@@ -50,7 +50,7 @@ class TiresiasPolicy:
     """Discretized 2D-LAS with gang scheduling (module docstring)."""
 
     name: str = "tiresias"
-    adaptive_jobs: bool = False
+    capabilities = Capabilities(preemption=True)
 
     def __init__(self, seed: int = 0, thresholds_gpu_hours: tuple[float, ...] = (16.0,)) -> None:
         if any(b <= a for a, b in pairwise(thresholds_gpu_hours)):

@@ -35,8 +35,8 @@ Sharing, applied in step 4 (choices the papers leave to the simulator):
 
 `JobView` fields: `gpus_requested` is the workload's GPU count (capped at
 the cluster size), `batch_size` the batch a non-adaptive job runs with (its
-user's, or the last one a policy set); `adaptive` is the policy class's
-`adaptive_jobs` attribute (Pollux-style policies set it) except for NCF,
+user's, or the last one a policy set); `adaptive` is what the policy
+declares (`capabilities.adaptive_jobs`: Pollux and gpuq) except for NCF,
 which the artifact always runs at batch 32768. `max_gpus` is the cluster
 size, further capped at `max_batch // min_local` (adaptive) or
 `batch // min_local` (fixed batch: the artifact's Optimus cap) and at the
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuq.errors import GpuqError
-from gpuq.policies.elastic import ClusterState, Decision, ElasticPolicy, JobView, NodeView
+from gpuq.policies.interface import ClusterState, Decision, ElasticPolicy, JobView, NodeView
 from gpuq.sim.apps import get_application
 from gpuq.sim.jobs import FitMemo, SimJob, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
@@ -115,7 +115,7 @@ class Simulator:
         self.packing_overhead = packing_overhead
         self.progress_every = max(1, progress_every)
         self.stall_limit = stall_limit
-        self.adaptive = bool(getattr(type(policy), "adaptive_jobs", False))
+        self.adaptive = policy.capabilities.adaptive_jobs
         rng = np.random.default_rng(seed)
         total = nodes * gpus_per_node
         ordered = sorted(workload, key=lambda job: job.time)

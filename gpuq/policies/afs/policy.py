@@ -9,7 +9,7 @@ tables are in `gpuq.policies.afs.core`, network packing and placement in
 B.3-B.5 and C.2. Choices, each tested in tests/test_policy_afs_policy.py:
 
 Throughput tables
-    AFS assumes a fixed global batch (`adaptive_jobs = False`: jobs keep
+    AFS assumes a fixed global batch (`capabilities.adaptive_jobs` False: jobs keep
     `batch_size`). `thr_j(r)` is iterations per second on `r` GPUs, the
     inverse of the step time at that batch predicted by the job's fitted
     model, on `ceil(r / G)` nodes with G the largest node's GPUs, with the
@@ -78,7 +78,7 @@ import numpy as np
 from gpuq.errors import UsageError
 from gpuq.policies.afs.core import AfsJob, Shares, afs_l, afs_p, peak_gpus, processor_sharing
 from gpuq.policies.afs.packing import packing_size, place, regulate
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 DEFAULT_UNIT = 900.0
 """AFS-P's time unit in seconds: the paper's 2 h scaled to the Pollux workloads."""
@@ -110,7 +110,7 @@ class AfsPolicy:
     """AFS-L or AFS-P shares at churn events, packed onto nodes (module docstring)."""
 
     name: str = "afs"
-    adaptive_jobs: bool = False
+    capabilities = Capabilities(preemption=True, remaining_work=True)
 
     def __init__(
         self,
@@ -129,6 +129,7 @@ class AfsPolicy:
             raise UsageError(f"unknown_step_time must be positive, got {unknown_step_time}")
         self.variant = variant
         self.name = "afs" if variant == "L" else "afs-p"
+        self.capabilities = Capabilities(preemption=True, remaining_work=variant == "L")
         self.unit = unit
         self.seed = seed
         self.cap_at_peak = cap_at_peak

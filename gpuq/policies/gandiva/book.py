@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpuq.policies.elastic import ClusterState, JobView, NodeView
+from gpuq.policies.interface import ClusterState, JobView, NodeView
 
 
 def node_demands(state: ClusterState, packed: Iterable[Iterable[int]] = ()) -> list[int]:

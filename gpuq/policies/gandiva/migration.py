@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from gpuq.policies.elastic import JobView
 from gpuq.policies.gandiva.book import Book, eviction_key
 from gpuq.policies.gandiva.placement import best_node
+from gpuq.policies.interface import JobView
 
 ASSUMED_LOCALITY_SPEEDUP = 1.1
 """Speed-up assumed from consolidating a job onto one node when it has no model."""

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuq.policies.elastic import ClusterState, JobView
 from gpuq.policies.gandiva.book import Book
+from gpuq.policies.interface import ClusterState, JobView
 
 
 @dataclass(frozen=True, slots=True)

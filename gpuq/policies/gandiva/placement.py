@@ -34,8 +34,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable
 
-from gpuq.policies.elastic import JobView
 from gpuq.policies.gandiva.book import Book, eviction_key, queue_key
+from gpuq.policies.interface import JobView
 
 BRANCHES = {
     1: "branch 1 (same affinity, least loaded)",

@@ -67,11 +67,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuq.policies.elastic import ClusterState, Decision, JobView
 from gpuq.policies.gandiva.book import Book, overloaded, queue_key
 from gpuq.policies.gandiva.migration import defragment, dissolve_packs, lower_height
 from gpuq.policies.gandiva.packing import Pack, Tracker, review_packs, try_packs
 from gpuq.policies.gandiva.placement import enforce_limits, place_pending
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 UNKNOWN_PACK_RATE = 0.5
 """A packed job's rate, as a fraction of solo, before it is measured (time-slicing's)."""
@@ -81,8 +81,7 @@ class GandivaPolicy:
     """Gandiva: Algorithm 1 placement, time-slicing, packing, migration, grow-shrink."""
 
     name = "gandiva"
-    adaptive_jobs = False
-    time_slicing = True
+    capabilities = Capabilities(time_slicing=True, packing=True, preemption=True)
 
     def __init__(
         self,

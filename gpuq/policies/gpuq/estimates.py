@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from gpuq.goodput import GoodputFunction
 from gpuq.policies.baselines import fixed_batch_step_time
-from gpuq.policies.elastic import JobView
+from gpuq.policies.interface import JobView
 
 
 @lru_cache(maxsize=1 << 14)

@@ -72,8 +72,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from gpuq.policies.elastic import ClusterState, JobView
 from gpuq.policies.gpuq.estimates import remaining_time
+from gpuq.policies.interface import Capabilities, ClusterState, JobView
 from gpuq.policies.pollux.policy import PolluxPolicy
 from gpuq.policies.pollux.search import SearchProblem
 
@@ -85,6 +85,7 @@ class GpuqPolicy(PolluxPolicy):
     """Pollux's goodput-driven allocation with gpuq's restart charges (see module)."""
 
     name = "gpuq"
+    capabilities = Capabilities(adaptive_jobs=True, preemption=True, remaining_work=True)
 
     def __init__(self, seed: int = 0, starts: str = "idle", remaining_aware: bool = False) -> None:
         super().__init__(seed=seed)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuq.policies.elastic import JobView
+from gpuq.policies.interface import JobView
 from gpuq.policies.ones.genome import IntArray, JobRules, Layout
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpuq.policies.elastic import JobView
+from gpuq.policies.interface import JobView
 from gpuq.policies.ones.genome import IntArray, JobRules
 
 

@@ -6,7 +6,7 @@ call with refresh, uniform crossover, uniform mutation and reorder
 (`operators`), scores them by SRUF, the total remaining GPU-time
 (`fitness`), and deploys the best, changing a running job only after it
 has finished an epoch (deployment gating). Batch sizes grow under a per-job limit
-(`limits`). Jobs are not adaptive (`adaptive_jobs = False`): the caller
+(`limits`). Jobs are not adaptive (`capabilities.adaptive_jobs` False): the caller
 runs each job with the total batch in `Decision.batch_sizes`; scaling the
 learning rate linearly with it is the job's business, not the policy's.
 ONES is elastic, so `gpus_requested` is ignored; a job's GPUs are bounded by
@@ -74,7 +74,7 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.ones.fitness import (
     FloatArray,
     Progress,
@@ -112,7 +112,7 @@ class OnesPolicy:
     """The ONES scheduler; keeps its population and per-job limits between calls."""
 
     name = "ones"
-    adaptive_jobs = False
+    capabilities = Capabilities(preemption=True, remaining_work=True)
 
     def __init__(
         self,

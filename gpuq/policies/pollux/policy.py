@@ -3,7 +3,7 @@
 Every decision maximizes FITNESS_p, the power mean (p = -1 by default) of
 every active job's SPEEDUP, over allocation matrices (GPUs per node and job),
 with a genetic search (`gpuq.policies.pollux.search`). Jobs are adaptive
-(`adaptive_jobs`): each picks its own batch size for the GPUs it gets, with
+(`capabilities.adaptive_jobs`): each picks its own batch size for the GPUs it gets, with
 `gpuq.goodput`, so SPEEDUP is measured at the best batch size.
 
 Rules, each tested in `tests/test_policy_pollux.py`:
@@ -75,11 +75,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpuq.policies.elastic import ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.greedy import greedy_seed
 from gpuq.policies.pollux.search import (
     MAX_NODE_GPUS,
@@ -134,7 +134,7 @@ class PolluxPolicy:
     """Pollux's scheduler: maximize the power mean of goodput speedups (module docstring)."""
 
     name = "pollux"
-    adaptive_jobs: ClassVar[bool] = True
+    capabilities = Capabilities(adaptive_jobs=True, preemption=True)
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpuq.goodput import SpeedupFunction
-from gpuq.policies.elastic import JobView
+from gpuq.policies.interface import JobView
 
 FloatArray = NDArray[np.float64]
 

@@ -1,4 +1,4 @@
-"""The interface of elastic, cluster-wide policies: `decide(state, now) -> Decision`.
+"""The policy interface: `decide(state, now) -> Decision`, with declared capabilities.
 
 The papers' policies (Tiresias, Optimus, AFS, Pollux, Gandiva, ONES) and gpuq's
 own decide how many GPUs each job holds on each node, and sometimes its batch
@@ -19,6 +19,10 @@ Conventions, shared by every policy and by both callers:
   jobs. `packed` names groups of jobs that share GPUs at the same time instead.
 - Time is passed in as `now`, in seconds. Policies are deterministic for a
   given seed, never read the clock, and never mutate the state.
+- What a policy needs from its caller is declared in its `capabilities`
+  (adaptive jobs, time-slicing, packing, preemption, remaining work), never
+  probed: the simulator and the daemon read it to know how to run its
+  decisions, and where they cannot, refuse the policy with a reason.
 """
 
 from __future__ import annotations
@@ -141,10 +145,33 @@ class Decision:
     notes: Mapping[int, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a policy needs from whoever runs its decisions.
+
+    - `adaptive_jobs`: jobs pick their own batch size for the GPUs they are
+      given (Pollux), so the caller runs them adaptively;
+    - `time_slicing`: allocations may over-subscribe a node, and the caller
+      shares its GPUs among those jobs in turns (Gandiva);
+    - `packing`: `Decision.packed` puts jobs on the same GPUs at once;
+    - `preemption`: a running job may lose, change or move its GPUs, so the
+      caller must be able to suspend, resize and move jobs;
+    - `remaining_work`: the policy reads `JobView.remaining_iterations`,
+      exact in the simulator (an oracle) and an estimate where it runs live.
+    """
+
+    adaptive_jobs: bool = False
+    time_slicing: bool = False
+    packing: bool = False
+    preemption: bool = False
+    remaining_work: bool = False
+
+
 class ElasticPolicy(Protocol):
     """A cluster-wide policy: a pure function of the state and the time."""
 
     name: str
+    capabilities: Capabilities
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Return the allocations for this instant; must not mutate `state`."""
