@@ -1,9 +1,9 @@
 """Time `FifoBackfill.decide()` on a busy server: `python bench/bench_policy.py`.
 
-The view has two nodes of 8 x 80G GPUs, 16 running jobs (whole GPUs on the
+The state has two nodes of 8 x 80G GPUs, 16 running jobs (whole GPUs on the
 first node, one 60G share per GPU on the second) and 10,000 pending jobs of
 mixed shapes: whole GPUs (1, 2, 4 or 8), shares of arbitrary sizes, some
-exclusive, some CPU-only, most with time limits. The target is 100 ms per
+exclusive, most with time limits (CPU-only jobs never reach a policy). The target is 100 ms per
 decision on a slow 2-core machine; this prints the median of several runs and
 its ratio to that target. No test asserts wall-clock times.
 """
@@ -15,27 +15,37 @@ import random
 import statistics
 import time
 
-from gpuq.policies.base import ClusterView, GpuState, JobRequest, RunningJob
 from gpuq.policies.fifo import FifoBackfill
+from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 GIB = 1024**3
 TARGET_S = 0.100
 
 
-def busy_view(pending_count: int, seed: int) -> ClusterView:
+def busy_state(pending_count: int, seed: int) -> ClusterState:
     """A deterministic, full two-node server with `pending_count` queued jobs."""
     rng = random.Random(seed)
     gpus = tuple(
-        GpuState(f"GPU-{node}{i}", f"node{node}", 80 * GIB, rng.choice([0, 0, 0, GIB]))
+        GpuView(f"GPU-{node}{i}", f"node{node}", 80 * GIB, rng.choice([0, 0, 0, GIB]))
         for node in "ab"
         for i in range(8)
     )
-    running: list[RunningJob] = []
+    running: list[JobView] = []
     for i, gpu in enumerate(gpus[:8]):
-        running.append(RunningJob(i, (gpu.uuid,), None, False, 0.0, rng.choice([None, 3600.0])))
+        limit = rng.choice([None, 3600.0])
+        running.append(JobView(i, 0.0, allocation=(1, 0), time_limit=limit, gpu_uuids=(gpu.uuid,)))
     for i, gpu in enumerate(gpus[8:]):
-        running.append(RunningJob(100 + i, (gpu.uuid,), 60 * GIB, False, 0.0, 7200.0))
-    pending: list[JobRequest] = []
+        running.append(
+            JobView(
+                100 + i,
+                0.0,
+                allocation=(0, 1),
+                gpu_mem=60 * GIB,
+                time_limit=7200.0,
+                gpu_uuids=(gpu.uuid,),
+            )
+        )
+    pending: list[JobView] = []
     for job_id in range(1000, 1000 + pending_count):
         kind = rng.random()
         gpu_count, gpu_mem, exclusive = 1, None, False
@@ -45,21 +55,23 @@ def busy_view(pending_count: int, seed: int) -> ClusterView:
             gpu_count = rng.choice([1, 1, 1, 2])
             gpu_mem = rng.randrange(GIB, 40 * GIB)
             exclusive = rng.random() < 0.05
-        elif kind < 0.95:
-            gpu_count = 0
         time_limit = rng.choice([None, 600.0, 3600.0, 86400.0])
         pending.append(
-            JobRequest(
+            JobView(
                 job_id,
-                rng.choice([0, 0, 0, 10]),
                 float(rng.randrange(100_000)),
-                gpu_count,
-                gpu_mem,
-                exclusive,
-                time_limit,
+                gpus_requested=gpu_count,
+                priority=rng.choice([0, 0, 0, 10]),
+                gpu_mem=gpu_mem,
+                exclusive=exclusive,
+                time_limit=time_limit,
             )
         )
-    return ClusterView(gpus, tuple(pending), tuple(running))
+    return ClusterState(
+        nodes=(NodeView("nodea", 8), NodeView("nodeb", 8)),
+        jobs=(*running, *pending),
+        gpus=gpus,
+    )
 
 
 def main() -> None:
@@ -70,19 +82,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
 
-    view = busy_view(args.pending, args.seed)
+    state = busy_state(args.pending, args.seed)
     policy = FifoBackfill()
     times: list[float] = []
-    plan = policy.decide(view, 1000.0)
+    decision = policy.decide(state, 1000.0)
     for _ in range(args.runs):
         started = time.perf_counter()
-        plan = policy.decide(view, 1000.0)
+        decision = policy.decide(state, 1000.0)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
+    running = sum(1 for job in state.jobs if job.gpu_uuids)
     print(
         f"fifo decide(): {median * 1000:.1f} ms median of {args.runs} "
-        f"({args.pending} pending, {len(view.gpus)} GPUs, {len(view.running)} running; "
-        f"{len(plan.start)} started, {len(plan.waiting)} waiting)"
+        f"({args.pending} pending, {len(state.gpus)} GPUs, {running} running; "
+        f"{len(decision.allocations) - running} started, {len(decision.notes)} waiting)"
     )
     print(f"ratio to the {TARGET_S * 1000:.0f} ms target: {median / TARGET_S:.2f}")
 

@@ -28,9 +28,9 @@ from gpuq.policies.interface import (
     Capabilities,
     ClusterState,
     Decision,
-    ElasticPolicy,
     JobView,
     NodeView,
+    Policy,
     capacity_violations,
 )
 from gpuq.policies.registry import (
@@ -111,7 +111,7 @@ def cluster_states(draw: st.DrawFn) -> ClusterState:
     )
 
 
-def check(policy: ElasticPolicy, state: ClusterState, decision: Decision) -> None:
+def check(policy: Policy, state: ClusterState, decision: Decision) -> None:
     ids = {job.id for job in state.jobs}
     assert set(decision.allocations) <= ids
     assert set(decision.batch_sizes) <= ids

@@ -1,13 +1,20 @@
-"""The `fifo` policy, rule by rule (see the docstring of gpuq/policies/fifo.py)."""
+"""The `fifo` policy, rule by rule (see the docstring of gpuq/policies/fifo.py).
+
+Each decision is bound to GPUs as the daemon binds it (`gpuq.daemon.binding`),
+so the tests read what the daemon would start and why the rest waits.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
+from gpuq.daemon.binding import Placement, placements
 from gpuq.errors import UsageError
 from gpuq.policies import POLICY_NAMES, get_policy
-from gpuq.policies.base import ClusterView, GpuState, JobRequest, Plan, RunningJob
 from gpuq.policies.fifo import FifoBackfill, find_reservation, queue_order
+from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 from gpuq.policies.placement import Capacity, Hold, format_size
 
 G = 1024**3
@@ -15,8 +22,8 @@ M = 1024**2
 TOLERANCE = 512 * M
 
 
-def gpu(uuid: str, node: str = "n1", total: int = 40 * G, foreign: int = 0) -> GpuState:
-    return GpuState(uuid, node, total, foreign)
+def gpu(uuid: str, node: str = "n1", total: int = 40 * G, foreign: int = 0) -> GpuView:
+    return GpuView(uuid, node, total, foreign)
 
 
 def job(
@@ -28,8 +35,16 @@ def job(
     submit: float = 0.0,
     exclusive: bool = False,
     limit: float | None = None,
-) -> JobRequest:
-    return JobRequest(job_id, priority, submit, gpus, mem, exclusive, limit)
+) -> JobView:
+    return JobView(
+        job_id,
+        submit,
+        gpus_requested=gpus,
+        priority=priority,
+        gpu_mem=mem,
+        exclusive=exclusive,
+        time_limit=limit,
+    )
 
 
 def running(
@@ -39,18 +54,55 @@ def running(
     exclusive: bool = False,
     start: float = 0.0,
     limit: float | None = None,
-) -> RunningJob:
-    return RunningJob(job_id, uuids, mem, exclusive, start, limit)
+) -> JobView:
+    return JobView(
+        job_id,
+        start,
+        gpus_requested=len(uuids),
+        gpu_mem=mem,
+        exclusive=exclusive,
+        time_limit=limit,
+        gpu_uuids=uuids,
+        start_time=start,
+    )
+
+
+def cluster(
+    gpus: list[GpuView], pending: list[JobView], run: list[JobView] | None = None
+) -> ClusterState:
+    nodes: dict[str, int] = {}
+    for g in gpus:
+        nodes[g.node] = nodes.get(g.node, 0) + 1
+    jobs = sorted([*pending, *(run or ())], key=lambda j: j.id)
+    return ClusterState(
+        nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
+        jobs=tuple(jobs),
+        gpus=tuple(gpus),
+        memory_margin=0.05,
+        foreign_tolerance=TOLERANCE,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the daemon starts from a decision, and why each other pending job waits."""
+
+    start: tuple[Placement, ...] = ()
+    waiting: dict[int, str] = field(default_factory=dict)
 
 
 def decide(
-    gpus: list[GpuState],
-    pending: list[JobRequest],
-    run: list[RunningJob] | None = None,
+    gpus: list[GpuView],
+    pending: list[JobView],
+    run: list[JobView] | None = None,
     now: float = 0.0,
 ) -> Plan:
-    view = ClusterView(tuple(gpus), tuple(pending), tuple(run or ()), 0.05, TOLERANCE)
-    return FifoBackfill().decide(view, now)
+    state = cluster(gpus, pending, run)
+    decision = FifoBackfill().decide(state, now)
+    for held in run or ():  # fifo never preempts: running jobs keep their GPUs
+        assert decision.bindings[held.id] == held.gpu_uuids
+    starts, waiting = placements(state, decision)
+    return Plan(tuple(starts), waiting)
 
 
 def started(plan: Plan) -> dict[int, tuple[str, ...]]:
@@ -74,7 +126,7 @@ TWO_GPUS = [gpu("g0"), gpu("g1")]
         ),
     ],
 )
-def test_the_first_in_order_gets_the_only_free_gpu(pending: list[JobRequest], first: int) -> None:
+def test_the_first_in_order_gets_the_only_free_gpu(pending: list[JobView], first: int) -> None:
     plan = decide([gpu("g0")], pending)
     assert started(plan) == {first: ("g0",)}
 
@@ -210,18 +262,14 @@ def test_a_running_exclusive_job_keeps_shares_off_its_gpu() -> None:
     assert started(plan) == {}
 
 
-# CPU-only and impossible jobs ------------------------------------------------
+# Jobs without GPUs, and impossible jobs -------------------------------------
 
 
-def test_cpu_only_jobs_always_start_without_gpus() -> None:
-    plan = decide(
-        [gpu("g0")],
-        [job(1), job(2, 2), job(3, 0, mem=G), job(4, 0)],
-        [running(9, "g0", limit=100.0)],
-    )
-    # Job 1 waits for g0 and holds a reservation; CPU-only jobs need none of it.
-    assert started(plan) == {3: (), 4: ()}
-    assert all(p.gpu_mem is None for p in plan.start)
+def test_a_job_asking_for_no_gpu_is_left_to_the_caller() -> None:
+    # The daemon starts CPU-only jobs itself, as soon as they are ready.
+    plan = decide([gpu("g0")], [job(1), job(4, 0)])
+    assert started(plan) == {1: ("g0",)}
+    assert plan.waiting == {4: "asks for no GPU: the caller starts it"}
 
 
 @pytest.mark.parametrize(
@@ -255,7 +303,7 @@ def test_cpu_only_jobs_always_start_without_gpus() -> None:
     ],
 )
 def test_impossible_jobs_wait_with_a_clear_reason(
-    gpus: list[GpuState], impossible: JobRequest, reason: str
+    gpus: list[GpuView], impossible: JobView, reason: str
 ) -> None:
     plan = decide(gpus, [impossible])
     assert plan == Plan(waiting={1: reason})
@@ -338,8 +386,7 @@ def test_jobs_started_in_the_same_pass_count_toward_the_shadow_time(
 
 
 def test_find_reservation_reports_the_shadow_time_and_gpus() -> None:
-    view = ClusterView(tuple(TWO_GPUS), (), tuple(BUSY_UNTIL_100))
-    capacity = Capacity.from_view(view)
+    capacity = Capacity.from_state(cluster(TWO_GPUS, [], BUSY_UNTIL_100))
     endings = [(100.0, 9, Hold(9, (0,)))]
     reservation = find_reservation(capacity, job(1, 2), endings, now=0.0)
     assert reservation is not None

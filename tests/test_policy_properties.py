@@ -1,8 +1,9 @@
 """Invariants of the `fifo` policy over random clusters (hypothesis).
 
-Whatever the view, applying the plan never over-commits a GPU, never puts a
-job next to a whole-GPU or exclusive job, never places a job twice, accounts
-for every pending job, and is a deterministic function of the view.
+Whatever the cluster, applying the decision (bound to GPUs as the daemon
+binds it) never over-commits a GPU, never puts a job next to a whole-GPU or
+exclusive job, never places a job twice, never moves a running job, accounts
+for every pending job, and is a deterministic function of the state.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.policies.base import ClusterView, GpuState, JobRequest, Plan, RunningJob
+from gpuq.daemon.binding import Placement, placements
 from gpuq.policies.fifo import FifoBackfill
+from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 G = 1024**3
 M = 1024**2
@@ -31,12 +33,12 @@ class Load:
         return len(self.shares) + self.whole
 
 
-def usable(gpu: GpuState, margin: float) -> float:
+def usable(gpu: GpuView, margin: float) -> float:
     return gpu.memory_total * (1 - margin) - gpu.memory_foreign
 
 
 @st.composite
-def views(draw: st.DrawFn) -> ClusterView:
+def states(draw: st.DrawFn) -> ClusterState:
     """A random cluster whose running jobs respect capacity, with random pending jobs."""
     margin = draw(st.sampled_from([0.0, 0.05, 0.1]))
     tolerance = draw(st.sampled_from([0, 512 * M]))
@@ -44,10 +46,10 @@ def views(draw: st.DrawFn) -> ClusterView:
     for i in range(draw(st.integers(1, 8))):
         total = draw(st.sampled_from([16 * G, 24 * G, 40 * G, 80 * G]))
         foreign = draw(st.sampled_from([0, 0, 256 * M, 512 * M, G, total // 3]))
-        gpus.append(GpuState(f"GPU-{i}", draw(st.sampled_from(["a", "b"])), total, foreign))
+        gpus.append(GpuView(f"GPU-{i}", draw(st.sampled_from(["a", "b"])), total, foreign))
 
     loads = [Load() for _ in gpus]
-    running: list[RunningJob] = []
+    running: list[JobView] = []
     for job_id in range(100, 100 + draw(st.integers(0, 8))):
         count = draw(st.integers(1, 2))
         picked = draw(st.lists(st.integers(0, len(gpus) - 1), min_size=count, max_size=count))
@@ -69,41 +71,68 @@ def views(draw: st.DrawFn) -> ClusterView:
         start = draw(st.floats(0, 1000))
         limit = draw(st.one_of(st.none(), st.floats(1, 2000)))
         uuids = tuple(gpus[i].uuid for i in indices)
-        running.append(RunningJob(job_id, uuids, mem, exclusive, start, limit))
+        running.append(
+            JobView(
+                job_id,
+                start,
+                gpus_requested=len(uuids),
+                gpu_mem=mem,
+                exclusive=exclusive,
+                time_limit=limit,
+                gpu_uuids=uuids,
+                start_time=start,
+            )
+        )
 
     pending = [
-        JobRequest(
+        JobView(
             job_id,
-            draw(st.integers(0, 2)),
             draw(st.integers(0, 50).map(float)),
-            draw(st.sampled_from([0, 1, 1, 1, 1, 2, 2, 3, 8])),
-            draw(st.one_of(st.none(), st.integers(0, 50).map(lambda n: n * G // 2))),
-            draw(st.booleans()),
-            draw(st.one_of(st.none(), st.floats(1, 2000))),
+            priority=draw(st.integers(0, 2)),
+            gpus_requested=draw(st.sampled_from([0, 1, 1, 1, 1, 2, 2, 3, 8])),
+            gpu_mem=draw(st.one_of(st.none(), st.integers(0, 50).map(lambda n: n * G // 2))),
+            exclusive=draw(st.booleans()),
+            time_limit=draw(st.one_of(st.none(), st.floats(1, 2000))),
         )
         for job_id in range(1, 1 + draw(st.integers(0, 30)))
     ]
-    return ClusterView(tuple(gpus), tuple(pending), tuple(running), margin, tolerance)
+    nodes = {gpu.node: 0 for gpu in gpus}
+    for gpu in gpus:
+        nodes[gpu.node] += 1
+    return ClusterState(
+        nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
+        jobs=tuple(sorted([*pending, *running], key=lambda job: job.id)),
+        gpus=tuple(gpus),
+        memory_margin=margin,
+        foreign_tolerance=tolerance,
+    )
 
 
-def apply(view: ClusterView, plan: Plan) -> dict[str, Load]:
-    """Every GPU's load after the plan, asserting each placement's own shape."""
-    loads = {gpu.uuid: Load() for gpu in view.gpus}
-    for held in view.running:
+def decide(state: ClusterState, now: float) -> tuple[list[Placement], dict[int, str]]:
+    """What the daemon would start, and why each other pending job waits."""
+    decision = FifoBackfill().decide(state, now)
+    for held in state.jobs:
+        if held.gpu_uuids:  # fifo never preempts or moves a running job
+            assert decision.bindings[held.id] == held.gpu_uuids
+    return placements(state, decision)
+
+
+def apply(state: ClusterState, starts: list[Placement]) -> dict[str, Load]:
+    """Every GPU's load after the starts, asserting each placement's own shape."""
+    loads = {gpu.uuid: Load() for gpu in state.gpus}
+    for held in state.jobs:
         for uuid in held.gpu_uuids:
             if held.gpu_mem is None or held.exclusive:
                 loads[uuid].whole += 1
             else:
                 loads[uuid].shares.append(held.gpu_mem)
-    requests = {job.id: job for job in view.pending}
-    for placement in plan.start:
+    requests = {job.id: job for job in state.jobs}
+    for placement in starts:
         job = requests[placement.job_id]
-        assert placement.gpu_mem == (job.gpu_mem if job.gpus > 0 else None)
-        if job.gpus <= 0:
-            assert placement.gpu_uuids == ()
-            continue
-        assert len(placement.gpu_uuids) == job.gpus
-        assert len(set(placement.gpu_uuids)) == job.gpus
+        assert placement.gpu_mem == job.gpu_mem
+        assert job.gpus_requested > 0, "a job asking for no GPU is the caller's to start"
+        assert len(placement.gpu_uuids) == job.gpus_requested
+        assert len(set(placement.gpu_uuids)) == job.gpus_requested
         for uuid in placement.gpu_uuids:
             if job.gpu_mem is None or job.exclusive:
                 loads[uuid].whole += 1
@@ -113,48 +142,50 @@ def apply(view: ClusterView, plan: Plan) -> dict[str, Load]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(views(), st.floats(0, 3000))
-def test_plans_respect_capacity_and_account_for_every_job(view: ClusterView, now: float) -> None:
-    plan = FifoBackfill().decide(view, now)
+@given(states(), st.floats(0, 3000))
+def test_decisions_respect_capacity_and_account_for_every_job(
+    state: ClusterState, now: float
+) -> None:
+    starts, waiting = decide(state, now)
 
-    started = [placement.job_id for placement in plan.start]
+    started = [placement.job_id for placement in starts]
     assert len(started) == len(set(started)), "a job was placed twice"
-    assert set(started).isdisjoint(plan.waiting)
-    assert set(started) | set(plan.waiting) == {job.id for job in view.pending}
-    assert all(reason for reason in plan.waiting.values())
+    assert set(started).isdisjoint(waiting)
+    assert set(started) | set(waiting) == {job.id for job in state.jobs if not job.gpu_uuids}
+    assert all(reason for reason in waiting.values())
 
-    loads = apply(view, plan)
-    new_gpus = {uuid for placement in plan.start for uuid in placement.gpu_uuids}
-    requests = {job.id: job for job in view.pending}
-    for gpu in view.gpus:
+    loads = apply(state, starts)
+    new_gpus = {uuid for placement in starts for uuid in placement.gpu_uuids}
+    requests = {job.id: job for job in state.jobs}
+    for gpu in state.gpus:
         if gpu.uuid not in new_gpus:
             continue
         load = loads[gpu.uuid]
         if load.whole:
             assert load.jobs == 1, f"{gpu.uuid} is shared despite a whole/exclusive job"
-        assert sum(load.shares) <= usable(gpu, view.memory_margin), f"{gpu.uuid} over-committed"
-    for placement in plan.start:
+        assert sum(load.shares) <= usable(gpu, state.memory_margin), f"{gpu.uuid} over-committed"
+    for placement in starts:
         job = requests[placement.job_id]
         for uuid in placement.gpu_uuids:
-            gpu = next(g for g in view.gpus if g.uuid == uuid)
+            gpu = next(g for g in state.gpus if g.uuid == uuid)
             if job.gpu_mem is None:
-                assert gpu.memory_foreign <= view.foreign_tolerance
+                assert gpu.memory_foreign <= state.foreign_tolerance
             elif job.exclusive:
-                assert job.gpu_mem <= usable(gpu, view.memory_margin)
+                assert job.gpu_mem <= usable(gpu, state.memory_margin)
 
 
 @settings(max_examples=200, deadline=None)
-@given(views(), st.floats(0, 3000))
-def test_plans_are_deterministic(view: ClusterView, now: float) -> None:
+@given(states(), st.floats(0, 3000))
+def test_decisions_are_deterministic(state: ClusterState, now: float) -> None:
     policy = FifoBackfill()
-    plan = policy.decide(view, now)
-    assert policy.decide(view, now) == plan
-    assert FifoBackfill().decide(view, now) == plan
-    shuffled = ClusterView(
-        view.gpus,
-        view.pending[::-1],
-        view.running,
-        view.memory_margin,
-        view.foreign_tolerance,
+    decision = policy.decide(state, now)
+    assert policy.decide(state, now) == decision
+    assert FifoBackfill().decide(state, now) == decision
+    shuffled = ClusterState(
+        state.nodes,
+        state.jobs[::-1],
+        gpus=state.gpus,
+        memory_margin=state.memory_margin,
+        foreign_tolerance=state.foreign_tolerance,
     )
-    assert FifoBackfill().decide(shuffled, now) == plan
+    assert FifoBackfill().decide(shuffled, now) == decision

@@ -26,12 +26,12 @@ from pathlib import Path
 
 from gpuq import env as job_env
 from gpuq.daemon import faults, jobfiles, suspend
+from gpuq.daemon.binding import Placement
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import StateError, UsageError
 from gpuq.models import Job, JobState
-from gpuq.policies.base import Placement
 from gpuq.units import expand_output_pattern, format_duration
 
 log = logging.getLogger("gpuq.daemon")

@@ -2,8 +2,9 @@
 
 One pass runs explicit, ordered steps on the event loop: settle pending jobs
 whose dependencies can never be met, decide which pending jobs are ready
-(holds, begin times, dependencies, array limits), build the `ClusterView`,
-call the policy, and start what it placed. Readiness and view building are
+(holds, begin times, dependencies, array limits), build the `ClusterState`,
+call the policy, bind its decision to GPUs (`gpuq.daemon.binding`), and
+start what it placed. Readiness and state building are
 pure functions, so they are unit-tested without a daemon.
 """
 
@@ -15,9 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gpuq.daemon import lifecycle
+from gpuq.daemon.binding import Placement, placements
 from gpuq.daemon.state import DaemonState, GpuSnapshot
 from gpuq.models import Job, JobState
-from gpuq.policies.base import ClusterView, GpuState, JobRequest, Plan, RunningJob
+from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,47 +88,70 @@ def readiness(
     return Readiness(ready, waiting, never, next_begin)
 
 
-def build_view(
+def build_state(
     ready: list[Job],
     active: list[Job],
     gpus: GpuSnapshot,
     memory_margin: float,
     foreign_tolerance: int,
     learned_memory: Callable[[Job], int | None],
-) -> ClusterView:
-    """The policy's view of this server: its GPUs, ready and running jobs."""
-    requests = []
+) -> ClusterState:
+    """The policy's state of this server: its GPUs, and its ready and running GPU jobs."""
+    nodes: dict[str, int] = {}
+    for device in gpus.devices:
+        nodes[device.node] = nodes.get(device.node, 0) + 1
+    node_of = {uuid: list(nodes).index(g.node) for g in gpus.devices for uuid in (g.uuid,)}
+
+    def allocation(uuids: tuple[str, ...]) -> tuple[int, ...]:
+        counts = [0] * len(nodes)
+        for uuid in uuids:
+            if uuid in node_of:
+                counts[node_of[uuid]] += 1
+        return tuple(counts)
+
+    views: list[JobView] = []
     for job in ready:
         spec = job.spec
         gpu_mem = spec.gpu_mem
         if spec.gpu_mem_auto:
             gpu_mem = learned_memory(job)  # None: no history, so it profiles on a whole GPU
-        requests.append(
-            JobRequest(
+        views.append(
+            JobView(
                 id=job.id,
-                priority=spec.priority,
                 submit_time=job.submit_time,
-                gpus=spec.gpus,
+                gpus_requested=spec.gpus,
+                max_gpus=spec.gpus,
+                priority=spec.priority,
+                name=spec.name,
                 gpu_mem=gpu_mem,
                 exclusive=spec.exclusive,
                 time_limit=spec.time_limit,
             )
         )
-    running = [
-        RunningJob(
-            id=job.id,
-            gpu_uuids=job.gpu_uuids,
-            gpu_mem=job.gpu_mem_reserved,
-            exclusive=job.spec.exclusive,
-            start_time=job.start_time or job.submit_time,
-            time_limit=job.spec.time_limit,
-        )
-        for job in active
-        if job.state.is_active and job.gpu_uuids
-    ]
-    view = ClusterView(
+    for job in active:
+        if job.state.is_active and job.gpu_uuids:
+            views.append(
+                JobView(
+                    id=job.id,
+                    submit_time=job.submit_time,
+                    gpus_requested=job.spec.gpus,
+                    max_gpus=job.spec.gpus,
+                    priority=job.spec.priority,
+                    name=job.spec.name,
+                    allocation=allocation(job.gpu_uuids),
+                    gpu_mem=job.gpu_mem_reserved,
+                    exclusive=job.spec.exclusive,
+                    time_limit=job.spec.time_limit,
+                    gpu_uuids=job.gpu_uuids,
+                    start_time=job.start_time or job.submit_time,
+                )
+            )
+    views.sort(key=lambda view: view.id)
+    return ClusterState(
+        nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
+        jobs=tuple(views),
         gpus=tuple(
-            GpuState(
+            GpuView(
                 uuid=g.uuid,
                 node=g.node,
                 memory_total=g.memory_total,
@@ -134,12 +159,9 @@ def build_view(
             )
             for g in gpus.devices
         ),
-        pending=tuple(requests),
-        running=tuple(running),
         memory_margin=memory_margin,
         foreign_tolerance=foreign_tolerance,
     )
-    return view
 
 
 START_BUDGET_SECONDS = 0.005
@@ -148,16 +170,18 @@ THREAD_DECIDE_JOBS = 256
 """Above this many ready jobs, the policy decides in a worker thread, off the event loop."""
 
 
-async def schedule_pass(state: DaemonState) -> Plan:
-    """Run one pass: settle, decide and launch. Returns the plan acted on.
+async def schedule_pass(state: DaemonState) -> list[Placement]:
+    """Run one pass: settle, decide and launch. Returns the placements acted on.
 
     The event loop is never held for long: a large decision runs in a
-    worker thread (the view is an immutable snapshot, and only this pass
+    worker thread (the state is an immutable snapshot, and only this pass
     starts jobs), and starts are made in slices of `START_BUDGET_SECONDS`
     with a yield between them. Each start only asks the spawner for a shim.
+    CPU-only jobs never reach the policy: they hold nothing it allocates,
+    so each starts as soon as it is ready.
     """
     if not state.check_state_dir():
-        return Plan()
+        return []
     now = time.time()
     pending = sorted(
         (j for j in state.active.values() if j.state is JobState.QUEUED), key=lambda j: j.id
@@ -176,24 +200,27 @@ async def schedule_pass(state: DaemonState) -> Plan:
         peak = state.store.memory_peak(job.spec.name)
         return None if peak is None else int(peak * (1 + margin))
 
-    view = build_view(
-        ready.ready,
+    cpu_only = [Placement(job.id, ()) for job in ready.ready if job.spec.gpus <= 0]
+    cluster = build_state(
+        [job for job in ready.ready if job.spec.gpus > 0],
         list(state.active.values()),
         state.gpus,
         state.config.scheduler.memory_margin,
         state.config.scheduler.foreign_tolerance,
         learned,
     )
-    if len(view.pending) > THREAD_DECIDE_JOBS:
-        plan = await asyncio.to_thread(state.policy.decide, view, now)
+    if len(cluster.jobs) > THREAD_DECIDE_JOBS:
+        decision = await asyncio.to_thread(state.policy.decide, cluster, now)
     else:
-        plan = state.policy.decide(view, now)
+        decision = state.policy.decide(cluster, now)
+    starts, waiting = placements(cluster, decision)
     reasons = dict(ready.waiting)
-    reasons.update(plan.waiting)
+    reasons.update(waiting)
     state.waiting_reasons = reasons
     state.next_begin = ready.next_begin
+    starts = [*cpu_only, *starts]
     slice_start = time.perf_counter()
-    for placement in plan.start:
+    for placement in starts:
         if time.perf_counter() - slice_start > START_BUDGET_SECONDS:
             await asyncio.sleep(0)
             slice_start = time.perf_counter()
@@ -202,4 +229,4 @@ async def schedule_pass(state: DaemonState) -> Plan:
         placed = state.active.get(placement.job_id)
         if placed is not None and placed.state is JobState.QUEUED:
             lifecycle.start(state, placed, placement)
-    return plan
+    return starts

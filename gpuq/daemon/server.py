@@ -200,15 +200,15 @@ class Server:
             state.wake.clear()
             started = time.perf_counter()
             try:
-                plan = await scheduler.schedule_pass(state)
+                starts = await scheduler.schedule_pass(state)
             except Exception:  # a bad pass must not end scheduling for good
                 log.exception("scheduler pass failed; retrying after a pause")
                 await asyncio.sleep(MAX_PASS_BACKOFF)
                 continue
-            if plan.start:
+            if starts:
                 log.info(
                     "started %d job(s) in %.1f ms",
-                    len(plan.start),
+                    len(starts),
                     (time.perf_counter() - started) * 1000,
                 )
             # Keep the scheduler's share of the loop bounded: after a pass of d

@@ -29,7 +29,7 @@ from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.gpus import GpuBackend
 from gpuq.models import GpuInfo, Job, JobState
 from gpuq.policies import get_policy
-from gpuq.policies.base import Policy
+from gpuq.policies.interface import Policy
 
 
 @dataclass

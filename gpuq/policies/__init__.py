@@ -1,4 +1,4 @@
-"""Scheduling policies, pure functions of a `ClusterView` and the time.
+"""Scheduling policies, pure functions of a `ClusterState` and the time.
 
 `get_policy(name)` returns a policy by the name used in the configuration and
 on the command line; `POLICY_NAMES` lists them. The daemon and the simulator
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuq.errors import UsageError
-from gpuq.policies.base import Policy
 from gpuq.policies.fifo import FifoBackfill
+from gpuq.policies.interface import Policy
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {
     FifoBackfill.name: FifoBackfill,

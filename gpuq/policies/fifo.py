@@ -11,21 +11,28 @@ Capacity (see `gpuq.policies.placement`)
     offers `memory_total * (1 - memory_margin) - memory_foreign - shares`.
 
 Requests
-    - Whole GPUs (`gpu_mem` None, exclusive or not): `gpus` GPUs no gpuq job
-      holds, each with foreign memory at most `foreign_tolerance`; placed on
-      as few nodes as possible (the fullest node that fits, then view order).
-    - Shared (`gpu_mem` set): `gpus` distinct GPUs not taken by a whole-GPU or
-      exclusive job, each with at least `gpu_mem` free; placed best-fit (least
-      memory left that still fits, ties by view order) to leave big holes for
-      big jobs.
+    - Whole GPUs (`gpu_mem` None, exclusive or not): `gpus_requested` GPUs no
+      gpuq job holds, each with foreign memory at most `foreign_tolerance`;
+      placed on as few nodes as possible (the fullest node that fits, then GPU
+      order).
+    - Shared (`gpu_mem` set): `gpus_requested` distinct GPUs not taken by a
+      whole-GPU or exclusive job, each with at least `gpu_mem` free; placed
+      best-fit (least memory left that still fits, ties by GPU order) to leave
+      big holes for big jobs.
     - Exclusive with `gpu_mem`: the job takes its GPUs alone (no gpuq job may
       be there or join it) but only needs `gpu_mem` beside the foreign memory;
-      foreign tolerance does not apply. The placement carries `gpu_mem`.
-    - CPU-only (`gpus` 0) always starts, with no GPUs and no `gpu_mem`.
+      foreign tolerance does not apply.
+    - CPU-only jobs never reach a policy: they hold nothing it allocates,
+      and the daemon starts them as soon as they are ready.
     - A request the hardware can never hold (more GPUs than exist, more memory
       than any GPU offers after the margin) waits with a reason such as
       "needs 4 GPUs; this server has 2". Foreign memory never makes a job
       impossible, only waiting, since other users' processes come and go.
+
+Decision
+    Running jobs keep their GPUs (fifo never preempts). Every job placed gets
+    its allocation per node and, in `bindings`, the exact GPUs chosen: the
+    capacity rules decide them, so the caller must not rebind them.
 
 Backfill (EASY)
     Walking the order, the first job that does not fit (impossible ones
@@ -54,10 +61,11 @@ Cost
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from gpuq.policies.base import ClusterView, JobRequest, Placement, Plan
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
 _Shape = tuple[int, int | None, bool]
@@ -65,14 +73,14 @@ _Shape = tuple[int, int | None, bool]
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """The head job's promised GPUs (view indices) and when they free up."""
+    """The head job's promised GPUs (indices into `state.gpus`) and when they free up."""
 
     job_id: int
     shadow_time: float
     gpus: frozenset[int]
 
 
-def queue_order(pending: tuple[JobRequest, ...]) -> list[JobRequest]:
+def queue_order(pending: Sequence[JobView]) -> list[JobView]:
     """Pending jobs in scheduling order: priority desc, submit time asc, id asc."""
     # Three stable single-key sorts are about three times faster than one tuple key.
     ordered = sorted(pending, key=attrgetter("id"))
@@ -83,7 +91,7 @@ def queue_order(pending: tuple[JobRequest, ...]) -> list[JobRequest]:
 
 def find_reservation(
     capacity: Capacity,
-    head: JobRequest,
+    head: JobView,
     endings: list[tuple[float, int, Hold]],
     now: float,
 ) -> Reservation | None:
@@ -95,7 +103,7 @@ def find_reservation(
     simulated = capacity.copy()
     for end, _, hold in sorted(endings, key=lambda ending: (ending[0], ending[1])):
         simulated.release(hold)
-        gpus = simulated.choose(head.gpus, head.gpu_mem, head.exclusive)
+        gpus = simulated.choose(head.gpus_requested, head.gpu_mem, head.exclusive)
         if gpus is not None:
             return Reservation(head.id, max(end, now), frozenset(gpus))
     return None
@@ -105,42 +113,62 @@ class FifoBackfill:
     """First come, first served by priority, with EASY backfill (module docstring)."""
 
     name: str = "fifo"
+    capabilities = Capabilities()
 
-    def decide(self, view: ClusterView, now: float) -> Plan:
+    def decide(self, state: ClusterState, now: float) -> Decision:
         """Start what fits in queue order, backfilling around the head's reservation."""
-        return _Pass(view, now).run()
+        return _Pass(state, now).run()
 
 
 class _Pass:
     """One walk of the queue, with caches that hold until the next placement."""
 
-    def __init__(self, view: ClusterView, now: float) -> None:
-        self.view = view
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.state = state
         self.now = now
-        self.capacity = Capacity.from_view(view)
-        self.hardware = Hardware(view)
+        self.capacity = Capacity.from_state(state)
+        self.hardware = Hardware(state)
         self.endings: list[tuple[float, int, Hold]] = [
             (job.start_time + job.time_limit, job.id, self.capacity.hold_of(job))
-            for job in view.running
-            if job.time_limit is not None
+            for job in state.jobs
+            if job.gpu_uuids and job.time_limit is not None
         ]
-        self.head: JobRequest | None = None
+        node_of = {node.name: i for i, node in enumerate(state.nodes)}
+        self.node_index = [node_of.get(gpu.node, 0) for gpu in state.gpus]
+        self.head: JobView | None = None
         self.reservation: Reservation | None = None
         self.behind = ""
         # Both caches rely on capacity only shrinking between placements.
         self.reasons: dict[tuple[_Shape, bool], str] = {}
         self.thresholds: dict[tuple[int, bool, bool], tuple[int, int]] = {}
 
-    def run(self) -> Plan:
-        """Walk the queue once and return the plan."""
-        starts: list[Placement] = []
+    def allocation(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        """GPUs per node of a set of GPU indices."""
+        counts = [0] * len(self.state.nodes)
+        for i in gpus:
+            counts[self.node_index[i]] += 1
+        return tuple(counts)
+
+    def run(self) -> Decision:
+        """Walk the queue once and return the decision."""
+        allocations: dict[int, tuple[int, ...]] = {}
+        bindings: dict[int, tuple[str, ...]] = {}
         waiting: dict[int, str] = {}
-        uuids = tuple(gpu.uuid for gpu in self.view.gpus)
-        for job in queue_order(self.view.pending):
-            if job.gpus <= 0:
-                starts.append(Placement(job.id, ()))
+        uuids = tuple(gpu.uuid for gpu in self.state.gpus)
+        index = self.capacity.index
+        pending: list[JobView] = []
+        for job in self.state.jobs:
+            if job.gpu_uuids:  # running: keeps its GPUs
+                held = [index[uuid] for uuid in job.gpu_uuids if uuid in index]
+                allocations[job.id] = self.allocation(held)
+                bindings[job.id] = job.gpu_uuids
+            else:
+                pending.append(job)
+        for job in queue_order(pending):
+            if job.gpus_requested <= 0:
+                waiting[job.id] = "asks for no GPU: the caller starts it"
                 continue
-            never = self.hardware.impossible_reason(job.gpus, job.gpu_mem)
+            never = self.hardware.impossible_reason(job.gpus_requested, job.gpu_mem)
             if never is not None:
                 waiting[job.id] = never
                 continue
@@ -148,38 +176,39 @@ class _Pass:
             restricted = reservation is not None and (
                 job.time_limit is None or self.now + job.time_limit > reservation.shadow_time
             )
-            key = ((job.gpus, job.gpu_mem, job.exclusive), restricted)
+            key = ((job.gpus_requested, job.gpu_mem, job.exclusive), restricted)
             reason = self.reasons.get(key)
             if reason is None:
                 outcome = self._try(job, restricted)
                 if not isinstance(outcome, str):
-                    starts.append(Placement(job.id, tuple(uuids[i] for i in outcome), job.gpu_mem))
+                    allocations[job.id] = self.allocation(outcome)
+                    bindings[job.id] = tuple(uuids[i] for i in outcome)
                     continue
                 reason = self.reasons[key] = outcome
             waiting[job.id] = reason
-        return Plan(start=tuple(starts), waiting=waiting)
+        return Decision(allocations=allocations, bindings=bindings, notes=waiting)
 
-    def _try(self, job: JobRequest, restricted: bool) -> tuple[int, ...] | str:
+    def _try(self, job: JobView, restricted: bool) -> tuple[int, ...] | str:
         """Place `job` and book its GPUs, or say why it waits."""
         reservation = self.reservation if restricted else None
         if job.gpu_mem is not None:
             # Shares of any size: decide by threshold, without looking at each GPU.
-            limit_key = (job.gpus, job.exclusive, restricted)
+            limit_key = (job.gpus_requested, job.exclusive, restricted)
             limits = self.thresholds.get(limit_key)
             if limits is None:
-                anywhere = self.capacity.summary().threshold(job.gpus, job.exclusive)
+                anywhere = self.capacity.summary().threshold(job.gpus_requested, job.exclusive)
                 here = anywhere
                 if reservation is not None:
                     here = self.capacity.summary(reservation.gpus).threshold(
-                        job.gpus, job.exclusive
+                        job.gpus_requested, job.exclusive
                     )
                 limits = self.thresholds[limit_key] = (here, anywhere)
             if job.gpu_mem > limits[0]:
                 return self.behind if job.gpu_mem <= limits[1] else self._waiting(job)
         excluded = reservation.gpus if reservation is not None else frozenset()
-        gpus = self.capacity.choose(job.gpus, job.gpu_mem, job.exclusive, excluded)
+        gpus = self.capacity.choose(job.gpus_requested, job.gpu_mem, job.exclusive, excluded)
         if gpus is None:
-            fits = self.capacity.summary().fits(job.gpus, job.gpu_mem, job.exclusive)
+            fits = self.capacity.summary().fits(job.gpus_requested, job.gpu_mem, job.exclusive)
             return self.behind if fits else self._waiting(job)
         hold = Hold(job.id, gpus, job.gpu_mem, job.exclusive)
         self.capacity.hold(hold)
@@ -189,9 +218,9 @@ class _Pass:
             self.endings.append((self.now + job.time_limit, job.id, hold))
         return gpus
 
-    def _waiting(self, job: JobRequest) -> str:
+    def _waiting(self, job: JobView) -> str:
         """What `job` waits for; the first job to wait becomes the head."""
-        reason = self.capacity.summary().wait_reason(job.gpus, job.gpu_mem, job.exclusive)
+        reason = self.capacity.summary().wait_reason(job.gpus_requested, job.gpu_mem, job.exclusive)
         if self.head is None:
             self.head = job
             self.reservation = find_reservation(self.capacity, job, self.endings, self.now)

@@ -1,11 +1,11 @@
 """The policy interface: `decide(state, now) -> Decision`, with declared capabilities.
 
-The papers' policies (Tiresias, Optimus, AFS, Pollux, Gandiva, ONES) and gpuq's
-own decide how many GPUs each job holds on each node, and sometimes its batch
-size, rather than placing one job at a time. They see a `ClusterState`: the
+The papers' policies (Tiresias, Optimus, AFS, Pollux, Gandiva, ONES), gpuq's
+own and `fifo` with backfill and memory shares decide how many GPUs each job
+holds on each node, and sometimes its batch size or its exact GPUs. They see a `ClusterState`: the
 nodes, and every active job (pending or running) with what is known about
 it. The simulator (`gpuq.sim`) builds the state from its tables and the
-daemon builds it from its store (`gpuq.policies.adapter`); both run the very
+daemon builds it from its store (`gpuq.daemon.scheduler`); both run the very
 same policy objects.
 
 Conventions, shared by every policy and by both callers:
@@ -44,6 +44,20 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU of a node, where the caller knows GPUs one by one (the daemon does).
+
+    `memory_foreign` is memory held by processes gpuq did not start; it is
+    never available to gpuq jobs.
+    """
+
+    uuid: str
+    node: str
+    memory_total: int
+    memory_foreign: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     """An active job, as a policy sees it.
 
@@ -69,6 +83,13 @@ class JobView:
     oracle; estimated in the daemon). `gpu_utilization` (0-100) and
     `memory_peak` (bytes per GPU) are its profile on one exclusive GPU, for
     packing decisions. `epoch` counts epochs completed.
+
+    GPU-level fields, set where the caller knows GPUs one by one (the
+    daemon): `gpu_mem` is the bytes the job needs on each of its GPUs when it
+    asks for memory shares rather than whole GPUs (None: whole GPUs);
+    `exclusive` keeps other gpuq jobs off its GPUs; `time_limit` (seconds)
+    lets backfill prove a job ends in time; a running job's `gpu_uuids` are
+    the GPUs it holds and `start_time` is when its attempt started.
     """
 
     id: int
@@ -93,6 +114,11 @@ class JobView:
     remaining_iterations: float | None = None
     gpu_utilization: float | None = None
     memory_peak: int | None = None
+    gpu_mem: int | None = None
+    exclusive: bool = False
+    time_limit: float | None = None
+    gpu_uuids: tuple[str, ...] = ()
+    start_time: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -113,6 +139,12 @@ class ClusterState:
     until the next decision (the simulator's tick); `restart_penalty` is the
     seconds of progress a job loses per reallocation (Pollux's delta).
     `gpu_memory` is each GPU's memory in bytes (for packing), if known.
+
+    `gpus` lists every GPU one by one, in node order, where the caller knows
+    them (the daemon; empty in the simulator). `memory_margin` is the
+    fraction of each GPU's memory never handed out as shares (a margin
+    against allocator overshoot); `foreign_tolerance` is how many bytes of
+    other users' memory a GPU may hold and still count as free.
     """
 
     nodes: tuple[NodeView, ...]
@@ -120,6 +152,9 @@ class ClusterState:
     interval: float = 60.0
     restart_penalty: float = 30.0
     gpu_memory: int | None = None
+    gpus: tuple[GpuView, ...] = ()
+    memory_margin: float = 0.05
+    foreign_tolerance: int = 512 * 1024**2
 
     @property
     def total_gpus(self) -> int:
@@ -136,12 +171,17 @@ class Decision:
     not named keep their own (adaptive jobs choose for themselves).
     `packed`: groups of job ids that share the same GPUs at once (Gandiva
     packing), rather than being time-sliced.
-    `notes`: a short reason per job, for `gpuq show` and debugging.
+    `bindings`: the exact GPUs (UUIDs of `state.gpus`) for a job, where the
+    policy chooses them itself (memory shares, backfill); the caller binds
+    every other allocation to GPUs of the right nodes.
+    `notes`: a short reason per job, for `gpuq show` and debugging; for a
+    job left waiting, why it waits.
     """
 
     allocations: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     batch_sizes: Mapping[int, int] = field(default_factory=dict)
     packed: tuple[tuple[int, ...], ...] = ()
+    bindings: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     notes: Mapping[int, str] = field(default_factory=dict)
 
 
@@ -167,7 +207,7 @@ class Capabilities:
     remaining_work: bool = False
 
 
-class ElasticPolicy(Protocol):
+class Policy(Protocol):
     """A cluster-wide policy: a pure function of the state and the time."""
 
     name: str

@@ -1,9 +1,9 @@
 """Capacity bookkeeping for placement policies: what each GPU still offers.
 
-`Capacity` tracks, per GPU of a `ClusterView` (by its index in `view.gpus`),
-the gpuq jobs holding it and the memory shares reserved on it. It never reads
-or changes the view; a policy builds one per decision, places jobs on it and
-may `copy()` it to simulate jobs ending (backfill's shadow time).
+`Capacity` tracks, per GPU of a `ClusterState` (by its index in
+`state.gpus`), the gpuq jobs holding it and the memory shares reserved on it.
+It never changes the state; a policy builds one per decision, places jobs on
+it and may `copy()` it to simulate jobs ending (backfill's shadow time).
 
 The capacity rules (DESIGN.md section 6):
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuq.policies.base import ClusterView, RunningJob
+from gpuq.policies.interface import ClusterState, JobView
 
 _GIB = 1024**3
 _MIB = 1024**2
@@ -47,7 +47,7 @@ def _plural(count: int, word: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """The GPUs (view indices) one gpuq job holds, and how it holds them."""
+    """The GPUs (indices into `state.gpus`) one gpuq job holds, and how it holds them."""
 
     job_id: int
     gpus: tuple[int, ...]
@@ -146,21 +146,22 @@ class Capacity:
         self._summaries: dict[frozenset[int], Summary] = {}
 
     @classmethod
-    def from_view(cls, view: ClusterView) -> Capacity:
-        """Capacity of the view's GPUs with its running jobs already held."""
-        keep = 1.0 - view.memory_margin
-        count = len(view.gpus)
+    def from_state(cls, state: ClusterState) -> Capacity:
+        """Capacity of the state's GPUs with its running jobs already held."""
+        keep = 1.0 - state.memory_margin
+        count = len(state.gpus)
         capacity = cls(
-            index={gpu.uuid: i for i, gpu in enumerate(view.gpus)},
-            nodes=[gpu.node for gpu in view.gpus],
-            usable=[int(gpu.memory_total * keep) - gpu.memory_foreign for gpu in view.gpus],
-            whole_ok=[gpu.memory_foreign <= view.foreign_tolerance for gpu in view.gpus],
+            index={gpu.uuid: i for i, gpu in enumerate(state.gpus)},
+            nodes=[gpu.node for gpu in state.gpus],
+            usable=[int(gpu.memory_total * keep) - gpu.memory_foreign for gpu in state.gpus],
+            whole_ok=[gpu.memory_foreign <= state.foreign_tolerance for gpu in state.gpus],
             owners=[0] * count,
             sharers=[0] * count,
             shares=[0] * count,
         )
-        for job in view.running:
-            capacity.hold(capacity.hold_of(job))
+        for job in state.jobs:
+            if job.gpu_uuids:
+                capacity.hold(capacity.hold_of(job))
         return capacity
 
     def copy(self) -> Capacity:
@@ -175,7 +176,7 @@ class Capacity:
             self.shares.copy(),
         )
 
-    def hold_of(self, job: RunningJob) -> Hold:
+    def hold_of(self, job: JobView) -> Hold:
         """Translate a running job's GPU UUIDs to indices (unknown GPUs are dropped)."""
         gpus = tuple(self.index[uuid] for uuid in job.gpu_uuids if uuid in self.index)
         return Hold(job.id, gpus, job.gpu_mem, job.exclusive)
@@ -229,11 +230,12 @@ class Capacity:
         exclusive: bool,
         excluded: frozenset[int] = _NOTHING,
     ) -> tuple[int, ...] | None:
-        """Pick GPUs (view indices, ascending) for a request, or None if it does not fit.
+        """Pick GPUs (indices, ascending) for a request, or None if it does not fit.
 
         Whole GPUs go to as few nodes as possible (the fullest node that still
-        fits, then view order); shares go best-fit, to the GPUs with the least
-        memory left that still fits, so large holes stay open for large jobs.
+        fits, then GPU order); shares go best-fit, to the GPUs with the least
+        memory left that still fits, so large holes stay open for large jobs
+        (ties in GPU order).
         """
         if gpus <= 0 or not self.summary(excluded).fits(gpus, gpu_mem, exclusive):
             return None
@@ -273,7 +275,7 @@ class Capacity:
 
 
 class Hardware:
-    """What the view's GPUs could hold with no jobs at all, for impossible requests.
+    """What the state's GPUs could hold with no jobs at all, for impossible requests.
 
     Only the hardware counts: foreign memory comes and goes, so it makes a job
     wait, never impossible.
@@ -281,11 +283,11 @@ class Hardware:
 
     __slots__ = ("count", "offers", "where")
 
-    def __init__(self, view: ClusterView) -> None:
-        keep = 1.0 - view.memory_margin
-        self.count = len(view.gpus)
-        self.offers = sorted((int(gpu.memory_total * keep) for gpu in view.gpus), reverse=True)
-        single = len({gpu.node for gpu in view.gpus}) <= 1
+    def __init__(self, state: ClusterState) -> None:
+        keep = 1.0 - state.memory_margin
+        self.count = len(state.gpus)
+        self.offers = sorted((int(gpu.memory_total * keep) for gpu in state.gpus), reverse=True)
+        single = len({gpu.node for gpu in state.gpus}) <= 1
         self.where = "this server has" if single else "the cluster has"
 
     def impossible_reason(self, gpus: int, gpu_mem: int | None) -> str | None:

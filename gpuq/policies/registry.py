@@ -1,7 +1,9 @@
-"""The elastic-policy registry: `get_elastic_policy(name, seed=0)`.
+"""The simulator's policy registry: `get_elastic_policy(name, seed=0)`.
 
-The simulator, `gpuq sim`, the benchmark and the daemon's adapter build
-elastic policies (`gpuq.policies.interface`) by name through this one table.
+The simulator, `gpuq sim` and the benchmarks build policies
+(`gpuq.policies.interface`) by name through this table; the daemon runs the
+policies of `gpuq.policies.get_policy`, and `check_live_policy` tells the
+two apart when a configuration is read.
 Each policy module is imported only when its policy is asked for, so
 importing the registry stays light (no numpy, no scipy) and a policy whose
 module is missing from a build makes only that policy unavailable.
@@ -22,7 +24,7 @@ import inspect
 from typing import Any
 
 from gpuq.errors import UsageError
-from gpuq.policies.interface import ElasticPolicy
+from gpuq.policies.interface import Policy
 
 _POLICIES: dict[str, tuple[str, str]] = {
     "fifo": ("gpuq.policies.baselines", "FifoPolicy"),
@@ -114,7 +116,7 @@ def _option_value(text: str) -> object:
     return text
 
 
-def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
+def get_elastic_policy(name: str, seed: int = 0) -> Policy:
     """A fresh elastic policy object by name (with options), seeded when it takes a seed."""
     name, options = split_policy_spec(name)
     module_name, class_name = policy_location(name)
@@ -139,7 +141,7 @@ def get_elastic_policy(name: str, seed: int = 0) -> ElasticPolicy:
     if "seed" in parameters:
         options["seed"] = seed
     try:
-        policy: ElasticPolicy = cls(**options)
+        policy: Policy = cls(**options)
     except (TypeError, ValueError) as exc:
         raise UsageError(f"policy {name!r}: {exc}", hint="check the option values") from None
     return policy

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuq.errors import GpuqError
-from gpuq.policies.interface import ClusterState, Decision, ElasticPolicy, JobView, NodeView
+from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, Policy
 from gpuq.sim.apps import get_application
 from gpuq.sim.jobs import FitMemo, SimJob, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
@@ -89,7 +89,7 @@ class Simulator:
 
     def __init__(
         self,
-        policy: ElasticPolicy,
+        policy: Policy,
         workload: Sequence[WorkloadJob],
         nodes: int = 16,
         gpus_per_node: int = 4,

@@ -1,0 +1,62 @@
+"""Binding: a policy's decision turned into the GPUs each starting job gets.
+
+A policy allocates GPU counts per node (`Decision.allocations`) and may name
+the exact GPUs itself (`Decision.bindings`: `fifo` does, since memory shares
+and backfill depend on which GPU). Here every pending job the decision runs
+becomes a `Placement` on GPU UUIDs: its own binding where the policy gave
+one, else free GPUs of the nodes it was allocated, in GPU order. A free GPU
+is one no gpuq job holds whose foreign memory is within the tolerance. Pure:
+no I/O, unit-tested without a daemon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuq.policies.interface import ClusterState, Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Start job `job_id` on `gpu_uuids`, reserving `gpu_mem` bytes on each.
+
+    `gpu_mem` None means the GPUs are the job's alone.
+    """
+
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    gpu_mem: int | None = None
+
+
+def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement], dict[int, str]]:
+    """The pending jobs `decision` starts, bound to GPUs, and why each other pending job waits."""
+    taken = {uuid for job in state.jobs for uuid in job.gpu_uuids}
+    taken.update(uuid for bound in decision.bindings.values() for uuid in bound)
+    free: dict[str, list[str]] = {}
+    for gpu in state.gpus:
+        if gpu.uuid not in taken and gpu.memory_foreign <= state.foreign_tolerance:
+            free.setdefault(gpu.node, []).append(gpu.uuid)
+    pending = {job.id: job for job in state.jobs if not job.gpu_uuids}
+    starts: list[Placement] = []
+    waiting: dict[int, str] = {}
+    for job_id, allocation in decision.allocations.items():  # the policy's order
+        job = pending.get(job_id)
+        if job is None or not any(allocation):
+            continue
+        uuids = decision.bindings.get(job_id)
+        if uuids is None:
+            chosen: list[str] = []
+            for node, count in zip(state.nodes, allocation, strict=False):
+                node_free = free.get(node.name, [])
+                chosen.extend(node_free[:count])
+                del node_free[:count]
+            if len(chosen) < sum(allocation):
+                waiting[job_id] = "waiting for GPUs the policy expects running jobs to release"
+                continue
+            uuids = tuple(chosen)
+        starts.append(Placement(job_id, uuids, job.gpu_mem))
+    started = {placement.job_id for placement in starts}
+    for job_id in pending:
+        if job_id not in started and job_id not in waiting:
+            waiting[job_id] = decision.notes.get(job_id, "waiting for the policy to start it")
+    return starts, waiting
