@@ -28,9 +28,9 @@ SLOW_START = 0.005
 
 
 async def pass_with_ticker(
-    harness: DaemonHarness, jobs: int, monkeypatch: pytest.MonkeyPatch
+    harness: DaemonHarness, jobs: int, monkeypatch: pytest.MonkeyPatch, gpus: int = 0
 ) -> tuple[int, int, set[str]]:
-    """Run one pass over `jobs` ready CPU jobs: (starts made, ticks seen, decide threads)."""
+    """Run one pass over `jobs` ready jobs of `gpus` GPUs: (starts made, ticks, decide threads)."""
     started: list[int] = []
     threads: set[str] = set()
 
@@ -51,7 +51,7 @@ async def pass_with_ticker(
 
         monkeypatch.setattr(state.policy, "decide", decide)
         monkeypatch.setattr(lifecycle, "start", slow_start)
-        spec = JobSpec(command=("true",), cwd=str(harness.root), env=dict(os.environ), gpus=0)
+        spec = JobSpec(command=("true",), cwd=str(harness.root), env=dict(os.environ), gpus=gpus)
         new, _ = state.store.insert_jobs(
             [NewJob(spec, JobState.QUEUED, "submitted")] * jobs, time.time(), None
         )
@@ -93,5 +93,6 @@ def test_a_large_decision_runs_off_the_event_loop(
     harness = DaemonHarness(tmp_path)
     monkeypatch.setattr(scheduler, "THREAD_DECIDE_JOBS", 10)
     monkeypatch.setattr(scheduler, "START_BUDGET_SECONDS", 10.0)
-    _, _, threads = asyncio.run(pass_with_ticker(harness, 11, monkeypatch))
+    # GPU jobs: CPU-only ones never reach the policy.
+    _, _, threads = asyncio.run(pass_with_ticker(harness, 11, monkeypatch, gpus=1))
     assert threads and threading.main_thread().name not in threads
