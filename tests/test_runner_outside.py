@@ -176,3 +176,28 @@ def test_init_outside_the_main_thread_warns_that_signals_will_not_suspend(
     thread.join()
     assert caught == []
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_a_sigcont_sent_as_soon_as_a_park_is_reported_ends_it(
+    no_gpuq: None, tmp_path: Path
+) -> None:
+    # The daemon may resume a park the moment it reads the report, before the
+    # job has begun to wait: that SIGCONT must not be lost.
+    job = gq.init(environ={"GPUQ_JOB_ID": "5", "GPUQ_CHECKPOINT_DIR": str(tmp_path)})
+    rescued = threading.Event()
+
+    def rescue() -> None:
+        rescued.set()
+        job.resume()
+
+    watchdog = threading.Timer(30.0, rescue)
+    try:
+        job.report_suspend(gq.SuspendReport("park", 3, 0, 0.0))
+        os.kill(os.getpid(), signal.SIGCONT)
+        watchdog.start()
+        job.wait_while_parked()
+        assert not rescued.is_set(), "the SIGCONT was lost: only the watchdog ended the park"
+        assert signal.getsignal(signal.SIGCONT) is signal.SIG_DFL  # put back after the park
+    finally:
+        watchdog.cancel()
+        job.close()

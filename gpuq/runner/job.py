@@ -117,6 +117,8 @@ class Job:
         self._checkpoint_requested = False
         self._daemon_request = False
         self._park_armed = False
+        self._continue_handler: tuple[Any] | None = None
+        """The SIGCONT handler found when a park began, while ours is installed."""
         self.metrics: MetricsRecorder | None = None
         """What the boundaries measured, for the daemon; created by `init()` inside gpuq."""
         self.channel: ControlClient | None = None
@@ -188,6 +190,7 @@ class Job:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
+        self._restore_continue_handler()
         if self.channel is not None:
             self.channel.stop()
         atexit.unregister(self.close)
@@ -222,13 +225,12 @@ class Job:
     def report_suspend(self, report: SuspendReport) -> None:
         """Tell the daemon a suspend happened (called by the boundary once state is safe).
 
-        For a park, a resume from now on ends it: one that arrives between the
-        acknowledgement and the wait is not lost.
+        For a park, a resume from now on ends it, `resume()` or SIGCONT: one
+        that arrives between the acknowledgement and the wait is not lost.
         """
         if report.mode == "park":
-            self._resume_event.clear()
-            self._continue = False
-            self._park_armed = self._parked = True
+            self._arm_park()
+            self._parked = True
         seconds = round(report.seconds, 6)
         self.send_ack(
             "suspend", mode=report.mode, step=report.step, bytes=report.bytes, seconds=seconds
@@ -259,10 +261,8 @@ class Job:
         does not end it.
         """
         if not self._park_armed:
-            self._resume_event.clear()
-            self._continue = False
+            self._arm_park()
         self._park_armed = False
-        previous = signal.signal(signal.SIGCONT, self._on_continue) if _in_main_thread() else None
         self._parked = True
         try:
             while not (self._resume_event.is_set() or self._continue):
@@ -273,8 +273,22 @@ class Job:
             self._parked = False
             self._resume_event.clear()
             self._continue = False
-            if previous is not None:
-                signal.signal(signal.SIGCONT, previous)
+            self._restore_continue_handler()
+
+    def _restore_continue_handler(self) -> None:
+        """Put back the SIGCONT handler a park replaced, if it replaced one."""
+        if self._continue_handler is not None:
+            previous = self._continue_handler[0]
+            signal.signal(signal.SIGCONT, signal.SIG_DFL if previous is None else previous)
+            self._continue_handler = None
+
+    def _arm_park(self) -> None:
+        """Forget earlier resumes and catch SIGCONT from now until the park ends."""
+        self._resume_event.clear()
+        self._continue = False
+        if self._continue_handler is None and _in_main_thread():
+            self._continue_handler = (signal.signal(signal.SIGCONT, self._on_continue),)
+        self._park_armed = True
 
     def install_signal_handlers(self) -> None:
         """Make SIGUSR1 and SIGTERM request a checkpoint-mode suspend."""
