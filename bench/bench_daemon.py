@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuq.daemon import jobfiles, scheduler
+from gpuq.daemon import jobfiles
+from gpuq.daemon.scheduler import tick
 from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
 
 ONE_GPU = '[[gpus.fake]]\nname = "Fake"\nmemory = "16G"\ncount = 1\n'
@@ -108,7 +109,7 @@ async def _time_passes(daemon: DaemonHarness, passes: int = 15) -> list[float]:
         times = []
         for _ in range(passes):
             start = time.perf_counter()
-            starts = await scheduler.schedule_pass(state)
+            starts = await tick.schedule_pass(state)
             times.append(time.perf_counter() - start)
             assert not starts, "the server is full: nothing may start"
         return times

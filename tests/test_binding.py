@@ -1,8 +1,8 @@
-"""Binding a policy's decision to GPUs (see the docstring of gpuq/daemon/binding.py)."""
+"""Binding a policy's decision to GPUs (see the docstring of gpuq/daemon/scheduler/binding.py)."""
 
 from __future__ import annotations
 
-from gpuq.daemon.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import Placement, placements
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 
 G = 1024**3

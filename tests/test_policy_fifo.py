@@ -1,6 +1,6 @@
 """The `fifo` policy, rule by rule (see the docstring of gpuq/policies/fifo.py).
 
-Each decision is bound to GPUs as the daemon binds it (`gpuq.daemon.binding`),
+Each decision is bound to GPUs as the daemon binds it (`gpuq.daemon.scheduler.binding`),
 so the tests read what the daemon would start and why the rest waits.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpuq.daemon.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import Placement, placements
 from gpuq.errors import UsageError
 from gpuq.policies import POLICY_NAMES, get_policy
 from gpuq.policies.fifo import FifoBackfill, find_reservation, queue_order

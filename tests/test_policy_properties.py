@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.daemon.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import Placement, placements
 from gpuq.policies.fifo import FifoBackfill
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from gpuq.daemon import lifecycle, scheduler
+from gpuq.daemon import lifecycle
+from gpuq.daemon.scheduler import tick
 from gpuq.daemon.server import Server
 from gpuq.daemon.store import NewJob
 from gpuq.models import Job, JobSpec, JobState
@@ -68,7 +69,7 @@ async def pass_with_ticker(
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         ticks = 0
-        await scheduler.schedule_pass(state)
+        await tick.schedule_pass(state)
         done = True
         await task
         return len(started), ticks, threads
@@ -83,7 +84,7 @@ def test_starting_many_jobs_yields_the_loop_between_slices(
     jobs = 60
     started, ticks, _ = asyncio.run(pass_with_ticker(harness, jobs, monkeypatch))
     assert started == jobs
-    per_slice = int(scheduler.START_BUDGET_SECONDS / SLOW_START) + 1
+    per_slice = int(tick.START_BUDGET_SECONDS / SLOW_START) + 1
     assert ticks >= jobs // per_slice - 1, "the loop ran other work between slices"
 
 
@@ -91,8 +92,8 @@ def test_a_large_decision_runs_off_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     harness = DaemonHarness(tmp_path)
-    monkeypatch.setattr(scheduler, "THREAD_DECIDE_JOBS", 10)
-    monkeypatch.setattr(scheduler, "START_BUDGET_SECONDS", 10.0)
+    monkeypatch.setattr(tick, "THREAD_DECIDE_JOBS", 10)
+    monkeypatch.setattr(tick, "START_BUDGET_SECONDS", 10.0)
     # GPU jobs: CPU-only ones never reach the policy.
     _, _, threads = asyncio.run(pass_with_ticker(harness, 11, monkeypatch, gpus=1))
     assert threads and threading.main_thread().name not in threads

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from gpuq import env as job_env
 from gpuq.daemon import faults, jobfiles, suspend
-from gpuq.daemon.binding import Placement
 from gpuq.daemon.executor import LaunchSpec, Outcome
+from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import StateError, UsageError

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 from gpuq.config import Config
-from gpuq.daemon import lifecycle, monitor, recovery, scheduler, statedir, suspend
+from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.executor import Executor
+from gpuq.daemon.scheduler import tick
 from gpuq.daemon.spawner import SpawnerClient
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import Store
@@ -200,7 +201,7 @@ class Server:
             state.wake.clear()
             started = time.perf_counter()
             try:
-                starts = await scheduler.schedule_pass(state)
+                starts = await tick.schedule_pass(state)
             except Exception:  # a bad pass must not end scheduling for good
                 log.exception("scheduler pass failed; retrying after a pause")
                 await asyncio.sleep(MAX_PASS_BACKOFF)

@@ -5,7 +5,7 @@ own and `fifo` with backfill and memory shares decide how many GPUs each job
 holds on each node, and sometimes its batch size or its exact GPUs. They see a `ClusterState`: the
 nodes, and every active job (pending or running) with what is known about
 it. The simulator (`gpuq.sim`) builds the state from its tables and the
-daemon builds it from its store (`gpuq.daemon.scheduler`); both run the very
+daemon builds it from its store (`gpuq.daemon.scheduler.view`); both run the very
 same policy objects.
 
 Conventions, shared by every policy and by both callers:

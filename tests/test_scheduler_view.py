@@ -1,0 +1,98 @@
+"""Readiness and the policy's view, pure parts of the scheduler pass.
+
+See the docstrings of gpuq/daemon/scheduler/readiness.py and view.py.
+"""
+
+from __future__ import annotations
+
+from gpuq.daemon.scheduler.readiness import readiness
+from gpuq.daemon.scheduler.view import build_state
+from gpuq.daemon.state import GpuSnapshot
+from gpuq.models import GpuInfo, Job, JobSpec, JobState, parse_dependency
+from gpuq.policies.interface import GpuView, NodeView
+
+G = 1024**3
+NOW = 1_000_000.0
+
+
+def queued(job_id: int, **spec: object) -> Job:
+    return Job(job_id, JobSpec(command=("true",), cwd="/", **spec), JobState.QUEUED)  # type: ignore[arg-type]
+
+
+def states(**known: JobState) -> dict[int, JobState]:
+    return {int(key.removeprefix("job")): value for key, value in known.items()}
+
+
+def test_a_job_with_nothing_to_wait_for_is_ready() -> None:
+    result = readiness([queued(1)], lambda _: None, {}, NOW)
+    assert [job.id for job in result.ready] == [1]
+    assert (result.waiting, result.never, result.next_begin) == ({}, {}, None)
+
+
+def test_a_later_begin_waits_and_sets_when_to_look_again() -> None:
+    result = readiness([queued(1, begin=NOW + 60)], lambda _: None, {}, NOW)
+    assert result.ready == []
+    assert result.waiting[1].startswith("begins at ")
+    assert result.next_begin == NOW + 60
+
+
+def test_a_retry_not_due_yet_waits_with_its_own_reason() -> None:
+    job = Job(1, JobSpec(command=("true",), cwd="/"), JobState.QUEUED, retry_at=NOW + 4)
+    result = readiness([job], lambda _: None, {}, NOW)
+    assert (result.ready, result.waiting, result.next_begin) == ([], {}, NOW + 4)
+
+
+def test_dependencies_wait_are_met_or_can_never_be_met() -> None:
+    known = states(job5=JobState.RUNNING, job6=JobState.SUCCEEDED, job7=JobState.FAILED)
+    pending = [
+        queued(1, after=(parse_dependency("5"),)),
+        queued(2, after=(parse_dependency("6:ok"),)),
+        queued(3, after=(parse_dependency("7:ok"),)),
+    ]
+    result = readiness(pending, known.get, {}, NOW)
+    assert [job.id for job in result.ready] == [2]
+    assert result.waiting == {1: "waiting for job 5 (ok)"}
+    assert result.never == {3: "dependency 7:ok can never be satisfied: job 7 failed"}
+
+
+def test_an_array_limit_counts_running_tasks_and_tasks_started_in_this_pass() -> None:
+    tasks = [
+        Job(i, JobSpec(command=("true",), cwd="/", array_parallel=2), JobState.QUEUED, array_id=9)
+        for i in (10, 11, 12)
+    ]
+    result = readiness(tasks, lambda _: None, {9: 1}, NOW)
+    assert [job.id for job in result.ready] == [10]
+    assert result.waiting == {
+        11: "array limit: 2 tasks at a time",
+        12: "array limit: 2 tasks at a time",
+    }
+
+
+def snapshot() -> GpuSnapshot:
+    devices = [
+        GpuInfo("g0", 0, "Fake", 40 * G, 0, node="n1"),
+        GpuInfo("g1", 1, "Fake", 40 * G, 0, node="n1"),
+    ]
+    return GpuSnapshot(devices=devices, foreign_memory={"g1": 2 * G})
+
+
+def test_the_view_has_the_gpus_ready_jobs_and_running_jobs_with_their_reservations() -> None:
+    running = Job(
+        3,
+        JobSpec(command=("true",), cwd="/", gpus=1, gpu_mem=6 * G, time_limit=60.0),
+        JobState.RUNNING,
+        submit_time=5.0,
+        start_time=7.0,
+        gpu_uuids=("g1",),
+        gpu_mem_reserved=6 * G,
+    )
+    ready = [queued(1, gpus=2, priority=4), queued(2, gpus=1, gpu_mem_auto=True, name="fit")]
+    state = build_state(ready, [running], snapshot(), 0.1, 512 * 1024**2, lambda job: 9 * G)
+    assert state.nodes == (NodeView("n1", 2),)
+    assert state.gpus == (GpuView("g0", "n1", 40 * G, 0), GpuView("g1", "n1", 40 * G, 2 * G))
+    assert (state.memory_margin, state.foreign_tolerance) == (0.1, 512 * 1024**2)
+    one, two, three = state.jobs  # in id order
+    assert (one.gpus_requested, one.priority, one.gpu_uuids, one.allocation) == (2, 4, (), ())
+    assert two.gpu_mem == 9 * G  # learned for --gpu-mem auto
+    assert (three.gpu_uuids, three.allocation, three.gpu_mem) == (("g1",), (1,), 6 * G)
+    assert (three.start_time, three.time_limit) == (7.0, 60.0)
