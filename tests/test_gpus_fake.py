@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpuq.errors import ConfigError
-from gpuq.gpus import FakeGpuDecl, GpuConfig, make_backend
+from gpuq.gpus import FakeGpuDecl, GpuConfig, JobHolding, make_backend
 from gpuq.gpus.fake import FakeBackend, fake_uuid
 from gpuq.models import GpuProcess
 
@@ -95,6 +95,30 @@ def test_attach_and_detach_change_memory_processes_and_utilization() -> None:
     assert devices[first].processes == ()
     assert devices[first].utilization == 0.0
     assert devices[big].processes == (GpuProcess(4242, GIB), GpuProcess(101, GIB))
+
+
+def test_observed_jobs_show_as_their_processes_until_they_are_no_longer_held() -> None:
+    backend = fake_backend(two_kinds())
+    first, second, _ = (d.uuid for d in backend.devices())
+    backend.observe({1: JobHolding(100, (first, second), 3 * GIB), 2: JobHolding(200, (second,))})
+    devices = {d.uuid: d for d in backend.devices()}
+    assert devices[first].processes == (GpuProcess(100, 3 * GIB),)
+    assert devices[second].processes == (GpuProcess(100, 3 * GIB), GpuProcess(200, 0))
+
+    # Job 1 ended, job 2 was restarted under another process: the GPUs follow.
+    backend.observe({2: JobHolding(201, (second,))})
+    devices = {d.uuid: d for d in backend.devices()}
+    assert devices[first].processes == ()
+    assert devices[second].processes == (GpuProcess(201, 0),)
+    backend.observe({})
+    devices = {d.uuid: d for d in backend.devices()}
+    assert devices[first].processes == devices[second].processes == ()
+
+
+def test_nvml_learns_nothing_from_observed_jobs() -> None:
+    from gpuq.gpus.nvml import NvmlBackend
+
+    NvmlBackend().observe({1: JobHolding(100, ("GPU-x",))})  # no NVML call, no error
 
 
 def test_attaching_a_pid_again_replaces_its_memory() -> None:

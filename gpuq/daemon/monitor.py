@@ -1,8 +1,10 @@
 """GPU sampling: who holds memory on each GPU, gpuq's jobs or someone else.
 
-Each sample attributes every GPU process to a gpuq job by its process group
-(a job's processes all live in the group its shim created) and counts the
-rest as foreign: memory the scheduler must leave alone. It also keeps each
+Each sample first tells the backend which jobs hold which GPUs (fake GPUs
+show them as NVML would; NVML sees them itself), then attributes every GPU
+process to a gpuq job by its process group (a job's processes all live in
+the group its shim created) and counts the rest as foreign: memory the
+scheduler must leave alone. It also keeps each
 job's memory peak, which `--gpu-mem auto` learns from.
 """
 
@@ -15,7 +17,7 @@ import time
 
 from gpuq.daemon import jobfiles
 from gpuq.daemon.state import DaemonState, GpuSnapshot
-from gpuq.gpus.fake import FakeBackend
+from gpuq.gpus import JobHolding
 from gpuq.models import GpuInfo
 
 
@@ -30,30 +32,16 @@ def job_pgids(state: DaemonState) -> dict[int, int]:
     return {pgid: job_id for job_id, pgid in state.child_pgids.items()}
 
 
-def attach_fake_jobs(state: DaemonState, backend: FakeBackend, attached: dict[int, int]) -> None:
-    """Make the fake GPUs report each running job's process, like NVML would.
-
-    A fake job uses the memory it reserved (a share), or nothing (a whole GPU).
-    Its memory goes with its process, as a real GPU's would: a job whose
-    process ended before the daemon saw the exit shows none, not foreign memory.
-    """
-    live = {
-        job.id: job
+def holdings(state: DaemonState) -> dict[int, JobHolding]:
+    """What each running job holds: its live process group and its GPUs."""
+    return {
+        job.id: JobHolding(state.child_pgids[job.id], job.gpu_uuids, job.gpu_mem_reserved or 0)
         for job in state.active.values()
         if job.state.is_active
         and job.gpu_uuids
         and job.id in state.child_pgids
         and _exists(state.child_pgids[job.id])
     }
-    for job_id in list(attached):
-        if job_id not in live:
-            backend.detach(attached.pop(job_id))
-    for job_id, job in live.items():
-        if job_id not in attached:
-            pid = state.child_pgids[job_id]
-            for uuid in job.gpu_uuids:
-                backend.attach(uuid, pid, job.gpu_mem_reserved or 0)
-            attached[job_id] = pid
 
 
 def _exists(pid: int) -> bool:
@@ -93,15 +81,11 @@ def split_memory(
     return snap, per_job
 
 
-async def sample_once(state: DaemonState, attached: dict[int, int]) -> None:
-    """Take one sample and publish it."""
+async def sample_once(state: DaemonState) -> None:
+    """Take one sample (off the event loop: NVML calls block) and publish it."""
     pgids = job_pgids(state)
-    backend = state.backend
-    if isinstance(backend, FakeBackend):
-        attach_fake_jobs(state, backend, attached)
-        devices = backend.devices()
-    else:
-        devices = await asyncio.to_thread(backend.devices)
+    state.backend.observe(holdings(state))
+    devices = await asyncio.to_thread(state.backend.devices)
     snap, per_job = split_memory(devices, pgids)
     for job_id, used in per_job.items():
         state.memory_peaks[job_id] = max(state.memory_peaks.get(job_id, 0), used)
@@ -114,8 +98,7 @@ async def sample_once(state: DaemonState, attached: dict[int, int]) -> None:
 
 async def run_monitor(state: DaemonState, interval: float = 1.0) -> None:
     """Sample every `interval` seconds until the daemon stops."""
-    attached: dict[int, int] = {}
     while not state.should_exit.is_set():
-        await sample_once(state, attached)
+        await sample_once(state)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(state.should_exit.wait(), timeout=interval)

@@ -144,7 +144,7 @@ class Server:
             self._spawner.attach(asyncio.get_running_loop())
         state.control.listener = suspend.ChannelListener(state)
         state.load()
-        await monitor.sample_once(state, {})
+        await monitor.sample_once(state)
         counts = recovery.recover(state)
         log.info("recovered jobs: %s", counts)
 

@@ -14,7 +14,7 @@ UUID or index also names all of its MIG instances, which share its index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +29,19 @@ BACKEND_KINDS = ("auto", "nvml", "fake")
 """Accepted values of `GpuConfig.backend`."""
 
 
+@dataclass(frozen=True, slots=True)
+class JobHolding:
+    """What one running gpuq job holds, as the daemon knows it.
+
+    `pid` leads the job's process group; `memory` is the bytes reserved on
+    each of `gpu_uuids` (0 for whole GPUs).
+    """
+
+    pid: int
+    gpu_uuids: tuple[str, ...]
+    memory: int = 0
+
+
 class GpuBackend(Protocol):
     """A source of GPU samples for the daemon."""
 
@@ -40,6 +53,15 @@ class GpuBackend(Protocol):
 
         `memory_used` counts every process on the device; `processes` lists
         per-process memory, with None where the driver cannot tell.
+        """
+        ...
+
+    def observe(self, holdings: Mapping[int, JobHolding]) -> None:
+        """Learn which gpuq jobs (by id) hold which GPUs, before the next sample.
+
+        Real GPUs report every process themselves, so NVML ignores this; fake
+        GPUs report each job's process as holding its reserved memory, as a
+        real GPU would show it.
         """
         ...
 

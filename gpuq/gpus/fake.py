@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import json
 import uuid as uuid_lib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
 from gpuq.errors import ConfigError
-from gpuq.gpus import DeviceFilter, DeviceId, FakeGpuDecl
+from gpuq.gpus import DeviceFilter, DeviceId, FakeGpuDecl, JobHolding
 from gpuq.models import GpuInfo, GpuProcess
 
 _UUID_NAMESPACE = uuid_lib.UUID("6f1d4a52-7c1e-4d0b-9a55-3a0f6b2c8e10")
@@ -93,6 +93,8 @@ class FakeBackend:
         self._by_uuid = {device.uuid: device for device in self._devices}
         # (uuid, pid) -> bytes, in attach order.
         self._attached: dict[tuple[str, int], int] = {}
+        # job id -> the pid `observe` attached for it.
+        self._observed: dict[int, int] = {}
 
     def known_devices(self) -> list[DeviceId]:
         """Every declared device, before `include`/`exclude` filtering."""
@@ -147,6 +149,25 @@ class FakeBackend:
         """Forget process `pid` on every device (a no-op if it is not attached)."""
         for key in [key for key in self._attached if key[1] == pid]:
             del self._attached[key]
+
+    def observe(self, holdings: Mapping[int, JobHolding]) -> None:
+        """Show each running job's process holding its reserved memory, as NVML would.
+
+        A job that is no longer held is detached, so its memory goes with its
+        process, as a real GPU's would: a job whose process ended shows none,
+        not foreign memory.
+        """
+        for job_id in [job_id for job_id in self._observed if job_id not in holdings]:
+            self.detach(self._observed.pop(job_id))
+        for job_id, holding in holdings.items():
+            if self._observed.get(job_id) == holding.pid:
+                continue
+            if job_id in self._observed:
+                self.detach(self._observed[job_id])
+            for uuid in holding.gpu_uuids:
+                if uuid in self._by_uuid:
+                    self.attach(uuid, holding.pid, holding.memory)
+            self._observed[job_id] = holding.pid
 
     def driver_version(self) -> str | None:
         """Always `"fake"`, so displays make the backend obvious."""

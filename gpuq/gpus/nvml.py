@@ -29,10 +29,11 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from gpuq.errors import GpuUnavailable
-from gpuq.gpus import DeviceFilter, DeviceId
+from gpuq.gpus import DeviceFilter, DeviceId, JobHolding
 from gpuq.models import GpuInfo, GpuProcess
 
 _DEFAULT_HINT = "check that `nvidia-smi` works for this user"
@@ -137,6 +138,9 @@ class NvmlBackend:
             lib.nvmlShutdown()
         except lib.NVMLError as exc:
             self._warn(f"nvmlShutdown failed: {exc}")
+
+    def observe(self, holdings: Mapping[int, JobHolding]) -> None:
+        """Nothing to learn: NVML reports every process on the GPUs itself."""
 
     def driver_version(self) -> str | None:
         """The driver version NVML reports, e.g. "550.54.15"."""
