@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.out and trainer.is_world_process_zero():
         optimizer = trainer.optimizer.state_dict() if trainer.optimizer is not None else {}
         torch.save({"model": model.state_dict(), "optimizer": optimizer}, args.out)
+    # Under torchrun, free the process group while Python is intact: the Trainer's
+    # DDP wrapper holds it, and gloo's threads must not end at interpreter shutdown.
+    del trainer
+    gq_dist.destroy_process_groups()
 
 
 if __name__ == "__main__":

@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.out and trainer.is_global_zero:
         optimizer = trainer.optimizers[0].state_dict()
         torch.save({"model": model.state_dict(), "optimizer": optimizer}, args.out)
+    # Under torchrun, free the process group while Python is intact, so gloo's
+    # threads do not end at interpreter shutdown (see gpuq.runner.distributed).
+    del trainer
+    gq_dist.destroy_process_groups()
 
 
 if __name__ == "__main__":

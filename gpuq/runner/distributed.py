@@ -31,7 +31,10 @@ stashes). If Python has begun to shut down by then, the thread dies inside a
 C++ destructor and the rank aborts ("terminate called without an active
 exception", SIGABRT), which a loaded machine makes likely. Destroying the
 group while Python is intact joins its threads first. The same holds for the
-script's own group: end with ``del ddp`` and ``dist.destroy_process_group()``.
+script's own group: end with ``del ddp`` and ``dist.destroy_process_group()``,
+or, where a framework (the Hugging Face Trainer, Lightning) made the group
+and holds the DDP wrapper, drop the trainer and call
+``gq_dist.destroy_process_groups()``.
 
 Park mode is not supported: a parked rank would hold its peers in the next
 collective until they time out. A park request under torchrun raises
@@ -229,6 +232,24 @@ def release_coordination_group() -> None:
     if dist.is_initialized() and dist.group.WORLD is made_for():
         dist.destroy_process_group(group)  # else destroying the default group removed it
     del group  # the last reference: its destructor joins the threads (without the GIL)
+
+
+def destroy_process_groups() -> None:
+    """Destroy gpuq's group and the default one now, while Python is intact.
+
+    For the end of a script whose framework made the default group (module
+    docstring): drop your references to the trainer first; this collects
+    garbage so that its DDP wrapper lets go of the group. Does nothing
+    outside torch.distributed.
+    """
+    import gc
+
+    import torch.distributed as dist
+
+    release_coordination_group()
+    gc.collect()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _leave_together() -> None:
