@@ -37,14 +37,20 @@ cd "$here"
 say "gpuq submit --name mlp --gpu-mem 6G -- python examples/mlp/train.py"
 train=$(gpuq submit -q --name mlp --gpu-mem 6G -- "$python" examples/mlp/train.py --steps 400)
 for i in 1 2 3 4; do
-  say "gpuq submit --name pack$i --gpu-mem 8G -- sleep 4"
-  gpuq submit --name "pack$i" --gpu-mem 8G -- sleep 4
+  say "gpuq submit --name pack$i --gpu-mem 8G -- sleep 8"
+  gpuq submit --name "pack$i" --gpu-mem 8G -- sleep 8
 done
 run submit --name whole --gpus 1 -- sh -c 'echo whole GPU: $CUDA_VISIBLE_DEVICES'
 run submit --name sweep --gpus 0 --array 0-3%2 -- sh -c 'echo sweep task $GPUQ_ARRAY_INDEX'
 run submit --name flaky --gpus 0 --retries 1 -- sh -c 'exit 3'
 run submit --name report --gpus 0 --after "$train" -- sh -c 'echo training finished; date'
-sleep 1
+# Show the queue once the four packed jobs run (starting takes a moment on a busy machine).
+for _ in $(seq 150); do
+  packed=$(gpuq ls --json --name pack | "$python" -c \
+    'import json,sys; print(sum(j["state"] == "running" for j in json.load(sys.stdin)["jobs"]))')
+  [ "$packed" -ge 4 ] && break
+  sleep 0.2
+done
 run ls
 run gpus
 say "gpuq wait $train   # block until the training job ends"
