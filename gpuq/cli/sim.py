@@ -6,18 +6,8 @@ only parses, shows progress and renders. numpy, scipy and the simulator are
 imported inside the command, so other commands (`gpuq submit` above all)
 stay light.
 
-Workloads (`--workload`)
-    `FILE`: a CSV in the artifact's format (`name,time,application,
-    num_replicas,batch_size`). `workload-1` ... `workload-4` and
-    `workload-0.5-1` ... `workload-0.5-4`: the bundled Pollux traces (1x and
-    0.5x load). `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the
-    Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
-    by default, load 1). An existing file wins over a bundled name.
-
-Policies
-    By registry name (`gpuq.policies.registry`), optionally with constructor
-    options: `NAME:KEY=VALUE[:KEY=VALUE...]`, such as `gpuq:starts=free` or
-    `pollux:p=-0.5`, so variants of one policy can run side by side.
+Workloads (`--workload`) and policies (`--policy`, `--compare`, with
+`NAME:KEY=VALUE` options) are named as `gpuq.sim.run` documents.
 
 Several policies
     `--compare a,b,c` runs each policy (after `--policy`, if given) on the same
