@@ -53,8 +53,8 @@ from typing import Any
 
 from gpuq.cli.render import table
 from gpuq.policies.registry import (
-    ELASTIC_POLICY_NAMES,
-    available_elastic_policies,
+    POLICY_NAMES,
+    available_policies,
     split_policy_spec,
 )
 from gpuq.sim.metrics import paired_ratio
@@ -332,7 +332,7 @@ def spread_lines(
 def main() -> None:
     """Run the comparison and print the tables, checks, timings and markdown."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default=",".join(ELASTIC_POLICY_NAMES))
+    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
     parser.add_argument("--workloads", default=",".join((*MAIN, *HALF, *GENERATED)))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument(
@@ -341,7 +341,7 @@ def main() -> None:
     args = parser.parse_args()
 
     wanted = [p for p in args.policies.split(",") if p]
-    available = set(available_elastic_policies())
+    available = set(available_policies())
     missing = [p for p in wanted if split_policy_spec(p)[0] not in available]
     policies = [p for p in wanted if p not in missing]
     workloads = [w for w in args.workloads.split(",") if w]

@@ -16,7 +16,7 @@ from typer.testing import CliRunner, Result
 from gpuq.cli.app import app
 from gpuq.cli.sim import results_table
 from gpuq.errors import UsageError
-from gpuq.policies.registry import ELASTIC_POLICY_NAMES
+from gpuq.policies.registry import LIVE_POLICY_NAMES, POLICY_NAMES
 from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
 
 TINY = """name,time,application,num_replicas,batch_size
@@ -62,8 +62,16 @@ def test_an_unknown_policy_exits_2_and_lists_the_known_ones(tiny: str) -> None:
     result = sim("--policy", "lottery", "--workload", tiny)
     assert result.exit_code == 2
     assert "unknown policy 'lottery'" in result.stderr
-    assert ", ".join(ELASTIC_POLICY_NAMES) in result.stderr
+    assert ", ".join(POLICY_NAMES) in result.stderr
     assert result.stdout == ""
+
+
+def test_help_names_every_policy_and_those_the_daemon_runs() -> None:
+    result = CliRunner().invoke(app, ["sim", "--help"], prog_name="gpuq", env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert "Policies: " + ", ".join(POLICY_NAMES) + ";" in text
+    assert f"the daemon runs {', '.join(LIVE_POLICY_NAMES)} (scheduler.policy)" in text
 
 
 def test_a_policy_variant_runs_beside_its_default_under_its_own_name(tiny: str) -> None:

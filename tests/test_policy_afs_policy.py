@@ -26,7 +26,7 @@ from gpuq.policies.interface import (
     NodeView,
     capacity_violations,
 )
-from gpuq.policies.registry import get_elastic_policy
+from gpuq.policies.registry import get_policy
 
 GRAD = GradParams(sqr=1.0, var=1.0)
 SCALES = GoodputFunction(PerfParams(0.05, 0.01, 0.2, 0.01, 0.02, 0.001, 1.0), GRAD, 64)
@@ -71,12 +71,12 @@ def counts(decision: Decision) -> dict[int, int]:
 
 
 def test_the_registry_builds_afs_l_and_afs_p_each_under_its_name() -> None:
-    policy = get_elastic_policy("afs", seed=3)
+    policy = get_policy("afs", seed=3)
     assert isinstance(policy, AfsPolicy)
     assert (policy.name, policy.variant, policy.seed) == ("afs", "L", 3)
     assert AfsPolicy("P").name == AfsPPolicy.name == "afs-p"
     assert AfsPPolicy(seed=2).variant == "P"
-    by_name = get_elastic_policy("afs-p", seed=5)
+    by_name = get_policy("afs-p", seed=5)
     assert isinstance(by_name, AfsPPolicy)
     assert (by_name.name, by_name.variant, by_name.seed) == ("afs-p", "P", 5)
     assert AfsPolicy("L").capabilities == Capabilities(preemption=True, remaining_work=True)

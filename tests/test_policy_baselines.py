@@ -1,6 +1,9 @@
-"""The elastic `fifo`, `srtf` and `srsf` baselines, rule by rule.
+"""The `srtf` and `srsf` baselines rule by rule, and `fifo` as the simulator runs it.
 
-See the docstring of gpuq/policies/baselines.py for the rules tested here.
+See the docstring of gpuq/policies/baselines.py for the rules tested here;
+`fifo` is the daemon's policy (gpuq/policies/fifo.py, tested with GPUs one
+by one in test_policy_fifo.py), here on GPU counts per node as the
+simulator gives them.
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ import pytest
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.baselines import (
-    FifoPolicy,
     FreeGpus,
     SrsfPolicy,
     SrtfPolicy,
     fixed_batch_step_time,
 )
+from gpuq.policies.fifo import FifoBackfill
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, capacity_violations
 
 PERF = PerfParams(
@@ -136,14 +139,14 @@ def test_fifo_starts_jobs_in_queue_order_where_they_fit(
     jobs: list[JobView], expected: set[int]
 ) -> None:
     view = state(cluster(2, 2), *jobs)
-    decision = FifoPolicy().decide(view, 0.0)
+    decision = FifoBackfill().decide(view, 0.0)
     assert running_ids(decision) == expected
     assert capacity_violations(view, decision) == []
 
 
 def test_fifo_is_gang_exactly_the_requested_count() -> None:
     view = state(cluster(4, 4), job(1, 3), job(2, 5, submit=1))
-    decision = FifoPolicy().decide(view, 0.0)
+    decision = FifoBackfill().decide(view, 0.0)
     assert {k: sum(v) for k, v in decision.allocations.items()} == {1: 3, 2: 5}
 
 
@@ -153,16 +156,24 @@ def test_fifo_never_preempts_a_running_job() -> None:
         job(1, 4, submit=10, allocation=(2, 2)),
         job(2, 1, submit=0, priority=9),
     )
-    decision = FifoPolicy().decide(view, 0.0)
+    decision = FifoBackfill().decide(view, 0.0)
     assert decision.allocations == {1: (2, 2)}
-    assert "waiting for 1 GPUs (0 free)" in decision.notes[2]
+    assert decision.notes[2] == "waiting for 1 free GPU (0 free)"
 
 
 def test_fifo_keeps_the_gpus_of_running_jobs() -> None:
     view = state(cluster(4, 4), job(1, 2, allocation=(2, 0)), job(2, 4, submit=1))
-    decision = FifoPolicy().decide(view, 0.0)
+    decision = FifoBackfill().decide(view, 0.0)
     assert decision.allocations[1] == (2, 0)
     assert decision.allocations[2] == (0, 4)
+
+
+def test_fifo_places_a_job_on_the_fullest_node_that_fits_it() -> None:
+    # Node 0 has 2 free GPUs and node 1 has 4: a 2-GPU job fills node 0 and
+    # leaves node 1 whole for a 4-GPU job.
+    view = state(cluster(4, 4), job(1, 2, allocation=(2, 0)), job(2, 2, submit=1))
+    decision = FifoBackfill().decide(view, 0.0)
+    assert decision.allocations[2] == (2, 0)
 
 
 # -- srtf / srsf -------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The registry builds policies by name, lists the known names when a name is
 unknown, and imports policy modules only on demand.
 
-For each policy whose module is present (`available_elastic_policies`), on
+For each policy whose module is present (`available_policies`), on
 random clusters and jobs and over a few ticks in which the decision is
 applied: no decision over-commits a node (`capacity_violations`), except in
 policies that time-slice on purpose (`time_slicing = True`); allocations,
@@ -13,6 +13,7 @@ mutated; and two policies built with the same seed decide the same.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from gpuq.errors import UsageError
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies import registry
+from gpuq.policies.fifo import FifoBackfill
 from gpuq.policies.interface import (
     Capabilities,
     ClusterState,
@@ -34,9 +36,9 @@ from gpuq.policies.interface import (
     capacity_violations,
 )
 from gpuq.policies.registry import (
-    ELASTIC_POLICY_NAMES,
-    available_elastic_policies,
-    get_elastic_policy,
+    POLICY_NAMES,
+    available_policies,
+    get_policy,
 )
 
 PERFS = (
@@ -148,13 +150,13 @@ def advance(state: ClusterState, decision: Decision, now: float) -> ClusterState
     return replace(state, jobs=tuple(jobs))
 
 
-@pytest.mark.parametrize("name", available_elastic_policies())
+@pytest.mark.parametrize("name", available_policies())
 @given(state=cluster_states(), seed=st.integers(0, 3))
 @settings(max_examples=25, deadline=None)
 def test_no_policy_over_commits_and_each_is_deterministic(
     name: str, state: ClusterState, seed: int
 ) -> None:
-    first, second = get_elastic_policy(name, seed), get_elastic_policy(name, seed)
+    first, second = get_policy(name, seed), get_policy(name, seed)
     now = 7200.0
     for _ in range(TICKS):
         before = repr(state)
@@ -170,23 +172,50 @@ def test_no_policy_over_commits_and_each_is_deterministic(
 
 
 def test_the_registry_knows_every_policy_of_the_issue() -> None:
-    assert ELASTIC_POLICY_NAMES == (
+    assert POLICY_NAMES == (
         "fifo", "srtf", "srsf", "tiresias", "optimus", "afs", "afs-p", "pollux", "gandiva",
         "ones", "gpuq",
     )  # fmt: skip
-    assert {"fifo", "srtf", "srsf", "tiresias", "optimus"} <= set(available_elastic_policies())
+    assert {"fifo", "srtf", "srsf", "tiresias", "optimus"} <= set(available_policies())
 
 
-@pytest.mark.parametrize("name", ["fifo", "srtf", "srsf", "tiresias", "optimus"])
+def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
+    # One name, one class: the daemon's fifo (GPUs one by one, memory shares,
+    # backfill) is the simulator's.
+    assert type(get_policy("fifo")) is FifoBackfill
+    assert registry.LIVE_POLICY_NAMES == ("fifo",)
+    assert registry.check_live_policy("fifo") == "fifo"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "pollux",
+            "policy 'pollux' runs only in the simulator so far (gpuq sim); the daemon runs: fifo",
+        ),
+        ("pollux:p=-0.5", "runs only in the simulator so far"),
+        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo"),
+    ],
+)
+def test_a_policy_the_daemon_cannot_run_is_refused_with_the_ones_it_can(
+    name: str, message: str
+) -> None:
+    with pytest.raises(UsageError, match=re.escape(message)) as caught:
+        registry.check_live_policy(name)
+    assert caught.value.hint is not None and "scheduler.policy" in caught.value.hint
+
+
+@pytest.mark.parametrize("name", ["srtf", "srsf", "tiresias", "optimus"])
 def test_policies_are_built_by_name_with_their_seed(name: str) -> None:
-    policy = get_elastic_policy(name, seed=7)
+    policy = get_policy(name, seed=7)
     assert policy.name == name
     assert getattr(policy, "seed", None) == 7
     assert policy.capabilities.adaptive_jobs is False
 
 
 def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
-    declared = {name: get_elastic_policy(name).capabilities for name in ELASTIC_POLICY_NAMES}
+    declared = {name: get_policy(name).capabilities for name in POLICY_NAMES}
     assert all(isinstance(c, Capabilities) for c in declared.values())
     assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "gpuq"}
     assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva"}
@@ -199,13 +228,13 @@ def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
 
 def test_an_unknown_name_lists_the_known_ones() -> None:
     with pytest.raises(UsageError, match="unknown policy 'lottery'; known: fifo, srtf, srsf"):
-        get_elastic_policy("lottery")
+        get_policy("lottery")
 
 
 def test_options_after_the_name_reach_the_constructor() -> None:
-    gpuq = get_elastic_policy("gpuq:starts=free:remaining_aware=true", seed=4)
+    gpuq = get_policy("gpuq:starts=free:remaining_aware=true", seed=4)
     assert (gpuq.starts, gpuq.remaining_aware, gpuq.seed) == ("free", True, 4)  # type: ignore[attr-defined]
-    assert get_elastic_policy("pollux:p=-0.5").p == -0.5  # type: ignore[attr-defined]
+    assert get_policy("pollux:p=-0.5").p == -0.5  # type: ignore[attr-defined]
     assert registry.split_policy_spec("pollux:generations=20") == ("pollux", {"generations": 20})
 
 
@@ -221,19 +250,21 @@ def test_options_after_the_name_reach_the_constructor() -> None:
 )
 def test_bad_policy_options_are_usage_errors(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        get_elastic_policy(spec)
+        get_policy(spec)
 
 
 def test_a_policy_whose_module_is_missing_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry._POLICIES, "ghost", ("gpuq.policies.no_such_module", "Ghost"))
-    assert not registry.elastic_policy_available("ghost")
+    monkeypatch.setitem(
+        registry._POLICIES, "ghost", registry.Entry("gpuq.policies.no_such_module", "Ghost")
+    )
+    assert not registry.policy_available("ghost")
     with pytest.raises(UsageError, match="not available in this build"):
-        get_elastic_policy("ghost")
+        get_policy("ghost")
 
 
 def test_importing_the_registry_imports_no_policy_module_and_no_numpy() -> None:
     probe = (
-        "import sys, gpuq.policies.registry as r; r.available_elastic_policies(); "
+        "import sys, gpuq.policies.registry as r; r.available_policies(); "
         "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'scipy', "
         "'gpuq.policies.pollux.policy', 'gpuq.policies.tiresias', 'gpuq.goodput'))))"
     )

@@ -12,10 +12,10 @@ import pytest
 
 from gpuq.daemon.scheduler.binding import Placement, placements
 from gpuq.errors import UsageError
-from gpuq.policies import POLICY_NAMES, get_policy
 from gpuq.policies.fifo import FifoBackfill, find_reservation, queue_order
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 from gpuq.policies.placement import Capacity, Hold, format_size
+from gpuq.policies.registry import POLICY_NAMES, get_policy
 
 G = 1024**3
 M = 1024**2

@@ -18,7 +18,7 @@ from gpuq.policies.gandiva.book import cluster_height, overloaded, server_height
 from gpuq.policies.gandiva.migration import ASSUMED_LOCALITY_SPEEDUP, locality_speedup
 from gpuq.policies.gandiva.policy import GandivaPolicy
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView, NodeView
-from gpuq.policies.registry import get_elastic_policy
+from gpuq.policies.registry import get_policy
 
 G = 1024**3
 TICK = 60.0
@@ -497,7 +497,7 @@ def test_jobs_grow_only_when_allowed(
 
 
 def test_the_policy_is_registered_and_declares_time_slicing() -> None:
-    policy = get_elastic_policy("gandiva", seed=3)
+    policy = get_policy("gandiva", seed=3)
     assert isinstance(policy, GandivaPolicy)
     assert policy.name == "gandiva"
     assert policy.capabilities == Capabilities(time_slicing=True, packing=True, preemption=True)

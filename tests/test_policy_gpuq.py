@@ -12,7 +12,7 @@ from gpuq.policies.gpuq.estimates import remaining_time
 from gpuq.policies.gpuq.policy import GpuqPolicy, remaining_factor
 from gpuq.policies.interface import ClusterState, JobView, capacity_violations
 from gpuq.policies.pollux.policy import PolluxPolicy, realloc_factor
-from gpuq.policies.registry import get_elastic_policy
+from gpuq.policies.registry import get_policy
 from tests.test_policy_pollux import LINEAR, LOCAL, NOW, POOR, cluster, job
 
 PENALTY = 30.0
@@ -56,7 +56,7 @@ def factors(policy: PolluxPolicy, state: ClusterState) -> dict[int, float]:
 
 
 def test_the_registry_builds_gpuq_as_the_default_policy() -> None:
-    assert isinstance(get_elastic_policy("gpuq"), GpuqPolicy)
+    assert isinstance(get_policy("gpuq"), GpuqPolicy)
 
 
 def test_with_charged_starts_and_no_remaining_rule_it_decides_exactly_like_pollux() -> None:

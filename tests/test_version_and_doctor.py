@@ -1,4 +1,4 @@
-"""`gpuq --version`, and what `gpuq doctor` says about GPUs on a machine without NVML.
+"""`gpuq --version`, and what `gpuq doctor` says about GPUs without NVML and about the policy.
 
 Declared fake GPUs need no NVML, so doctor does not warn about it; with
 `backend = "fake"` and none declared, it says to declare some (not to set
@@ -60,3 +60,20 @@ def test_without_nvml_and_without_fake_gpus_doctor_offers_both_ways(tmp_path: Pa
         pytest.skip("NVML sees GPUs on this machine")
     assert check.status == "warn" and "CPU-only jobs" in check.message
     assert "driver" in check.hint and "[[gpus.fake]]" in check.hint
+
+
+def test_doctor_names_the_policy_and_which_policies_run_live(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.toml"
+    config_file.write_text('[scheduler]\npolicy = "fifo"\n')
+    check = doctor.check_policy(load_config(str(config_file)))
+    assert check.status == "ok"
+    assert check.message.startswith("fifo (the daemon runs: fifo; gpuq sim also: srtf, srsf,")
+
+
+def test_doctor_fails_the_config_check_on_a_simulator_only_policy(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.toml"
+    config_file.write_text('[scheduler]\npolicy = "pollux"\n')
+    [check] = doctor.run_checks(str(config_file))
+    assert (check.name, check.status) == ("config", "fail")
+    assert "invalid scheduler.policy = 'pollux'" in check.message
+    assert "runs only in the simulator so far" in check.hint

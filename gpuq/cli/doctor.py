@@ -200,6 +200,19 @@ def check_python() -> Check:
     return Check("python", "ok", f"Python {version} with PyTorch")
 
 
+def check_policy(config: Config) -> Check:
+    """The scheduling policy the daemon will run (the config has already refused others)."""
+    from gpuq.policies.registry import LIVE_POLICY_NAMES, POLICY_NAMES
+
+    sim_only = [name for name in POLICY_NAMES if name not in LIVE_POLICY_NAMES]
+    return Check(
+        "policy",
+        "ok",
+        f"{config.scheduler.policy} (the daemon runs: {', '.join(LIVE_POLICY_NAMES)}; "
+        f"gpuq sim also: {', '.join(sim_only)})",
+    )
+
+
 def run_checks(config_path: str | None) -> list[Check]:
     """Run every check; a broken config stops the ones that need it."""
     try:
@@ -210,6 +223,7 @@ def run_checks(config_path: str | None) -> list[Check]:
     checks = [Check("config", "ok", source)]
     steps: list[Callable[[], Check]] = [
         lambda: check_state_dir(config),
+        lambda: check_policy(config),
         lambda: check_socket(config),
         lambda: check_nvml(config),
         check_linger,

@@ -164,6 +164,9 @@ def sim_command(
     completion time and the makespan in seconds, GPU utilization, finish-time
     fairness (rho, average and worst), reallocations and the average decision
     time in milliseconds; --json gives the same per policy under "results".
+
+    Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, gandiva,
+    ones, gpuq; the daemon runs fifo (scheduler.policy), the others only here so far.
     """
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies

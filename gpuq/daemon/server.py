@@ -38,7 +38,7 @@ from gpuq.paths import (
     is_network_filesystem,
     require_socket_or_nothing,
 )
-from gpuq.policies import get_policy
+from gpuq.policies.registry import get_policy
 from gpuq.protocol import MAX_REQUEST_BYTES
 
 log = logging.getLogger("gpuq.daemon")

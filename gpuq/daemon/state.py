@@ -28,8 +28,8 @@ from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.gpus import GpuBackend
 from gpuq.models import GpuInfo, Job, JobState
-from gpuq.policies import get_policy
 from gpuq.policies.interface import Policy
+from gpuq.policies.registry import get_policy
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Elastic baselines: `fifo`, `srtf` and `srsf`, and the helpers they share.
+"""Baselines: `srtf` and `srsf`, and the helpers they share with Tiresias and Optimus.
 
 These are the non-adaptive reference points of the papers: every job runs
 with exactly the GPUs it asked for (`gpus_requested`, gang scheduling) or not
@@ -7,7 +7,9 @@ at all, and keeps its own batch size (`capabilities.adaptive_jobs` False). Tires
 helpers defined here. None of them uses randomness; the `seed` argument
 exists only so that every policy is built the same way.
 
-Choices the papers leave open, each tested in tests/test_policy_baselines.py:
+`fifo` is the daemon's policy, `gpuq.policies.fifo`, which the simulator
+runs too. Choices the papers leave open, each tested in
+tests/test_policy_baselines.py:
 
 Placement (all baselines)
     A job that keeps running keeps its GPUs. A job that starts is placed on
@@ -15,17 +17,6 @@ Placement (all baselines)
     the next such node (ties: the earlier node of `state.nodes`). This is the
     Pollux artifact's `Counter.most_common` rule: it uses as few nodes as
     possible for the job being placed.
-
-`fifo`
-    Order: priority (highest first), then submit time, then id, the order of
-    the daemon's `fifo` (the simulator's jobs all have priority 0, so there
-    it is plain submission order). Non-preemptive: running jobs keep their
-    GPUs. Walking the order, a pending job starts if its `gpus_requested`
-    fit in the free GPUs; a job that does not fit is skipped and later jobs
-    may start (backfill). There are no reservations: the simulator knows no
-    time limits, so a large job at the head can be passed over by smaller
-    ones for as long as they keep arriving. The daemon's `fifo`
-    (`gpuq.policies.fifo`) adds EASY reservations from time limits.
 
 `srtf` and `srsf`
     Rank every active job by its remaining time at its requested GPU count
@@ -192,39 +183,6 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
 def submission_order(jobs: Iterable[JobView]) -> list[JobView]:
     """Jobs by submit time, then id."""
     return sorted(jobs, key=lambda job: (job.submit_time, job.id))
-
-
-class FifoPolicy:
-    """First come, first served by priority, non-preemptive, with backfill."""
-
-    name: str = "fifo"
-    capabilities = Capabilities()
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
-
-    def decide(self, state: ClusterState, now: float) -> Decision:
-        """Keep running jobs; start pending jobs in queue order where they fit."""
-        free = FreeGpus(state)
-        allocations: dict[int, Allocation] = {}
-        notes: dict[int, str] = {}
-        pending: list[JobView] = []
-        for job in state.jobs:
-            kept = current_allocation(job, len(state.nodes))
-            if kept is not None and free.take(kept):
-                allocations[job.id] = kept
-            else:
-                pending.append(job)
-        pending.sort(key=lambda job: (-job.priority, job.submit_time, job.id))
-        for job in pending:
-            if job.gpus_requested <= 0:
-                continue
-            placed = free.place(job.gpus_requested)
-            if placed is None:
-                notes[job.id] = f"waiting for {job.gpus_requested} GPUs ({free.total} free)"
-            else:
-                allocations[job.id] = placed
-        return Decision(allocations=allocations, notes=notes)
 
 
 class _ShortestRemaining:

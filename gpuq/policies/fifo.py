@@ -52,6 +52,13 @@ Waiting reasons
     (largest free 3.5G)"), "behind job 12 (reserved GPUs)" when it fits only
     on the head's GPUs, or why it can never run.
 
+GPUs one by one
+    Where the caller lists no GPUs (the simulator counts them per node),
+    each node's GPUs are numbered (`node/0`, `node/1`, ...) with the state's
+    `gpu_memory` each, and a running job holds the first free ones of its
+    allocation: whole GPUs of one node are interchangeable there, so the
+    rules above decide exactly as they would on named GPUs.
+
 Cost
     Jobs of the same shape share one cached outcome and reason string until
     the next placement, and a request that does not fit is rejected in
@@ -62,10 +69,10 @@ Cost
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, GpuView, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
 _Shape = tuple[int, int | None, bool]
@@ -109,6 +116,38 @@ def find_reservation(
     return None
 
 
+_UNKNOWN_GPU_MEMORY = 1 << 40
+"""Memory of a numbered GPU when the state does not know it: every share fits."""
+
+
+def numbered_gpus(state: ClusterState) -> ClusterState:
+    """`state` with its GPUs listed one by one, where the caller gave only counts.
+
+    Each node's GPUs become `NAME/INDEX`, and each running job without GPU
+    names holds the first free ones of its allocation (module docstring).
+    A state that lists its GPUs is returned as it is.
+    """
+    if state.gpus:
+        return state
+    memory = state.gpu_memory or _UNKNOWN_GPU_MEMORY
+    free: list[list[str]] = []
+    gpus: list[GpuView] = []
+    for node in state.nodes:
+        names = [f"{node.name}/{i}" for i in range(max(node.gpus, 0))]
+        gpus.extend(GpuView(uuid, node.name, memory) for uuid in names)
+        free.append(names)
+    jobs: list[JobView] = []
+    for job in state.jobs:
+        if job.allocation and not job.gpu_uuids:
+            held: list[str] = []
+            for node_free, count in zip(free, job.allocation, strict=False):
+                held.extend(node_free[:count])
+                del node_free[:count]
+            job = replace(job, gpu_uuids=tuple(held), start_time=job.start_time or job.submit_time)
+        jobs.append(job)
+    return replace(state, gpus=tuple(gpus), jobs=tuple(jobs))
+
+
 class FifoBackfill:
     """First come, first served by priority, with EASY backfill (module docstring)."""
 
@@ -117,7 +156,7 @@ class FifoBackfill:
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Start what fits in queue order, backfilling around the head's reservation."""
-        return _Pass(state, now).run()
+        return _Pass(numbered_gpus(state), now).run()
 
 
 class _Pass:

@@ -1,9 +1,10 @@
-"""The simulator's policy registry: `get_elastic_policy(name, seed=0)`.
+"""The one policy registry: `get_policy(name, seed=0)` for the daemon, simulator and benchmarks.
 
-The simulator, `gpuq sim` and the benchmarks build policies
-(`gpuq.policies.interface`) by name through this table; the daemon runs the
-policies of `gpuq.policies.get_policy`, and `check_live_policy` tells the
-two apart when a configuration is read.
+Every policy has one entry: its module, its class, and whether the daemon
+can run it yet (`live`). The configuration (`check_live_policy`), `gpuq
+doctor`, `gpuq sim`, the benchmarks and the daemon all build policies
+(`gpuq.policies.interface`) through this table, so a name always means the
+same object wherever it runs.
 Each policy module is imported only when its policy is asked for, so
 importing the registry stays light (no numpy, no scipy) and a policy whose
 module is missing from a build makes only that policy unavailable.
@@ -21,42 +22,58 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from gpuq.errors import UsageError
 from gpuq.policies.interface import Policy
 
-_POLICIES: dict[str, tuple[str, str]] = {
-    "fifo": ("gpuq.policies.baselines", "FifoPolicy"),
-    "srtf": ("gpuq.policies.baselines", "SrtfPolicy"),
-    "srsf": ("gpuq.policies.baselines", "SrsfPolicy"),
-    "tiresias": ("gpuq.policies.tiresias", "TiresiasPolicy"),
-    "optimus": ("gpuq.policies.optimus", "OptimusPolicy"),
-    "afs": ("gpuq.policies.afs.policy", "AfsPolicy"),
-    "afs-p": ("gpuq.policies.afs.policy", "AfsPPolicy"),
-    "pollux": ("gpuq.policies.pollux.policy", "PolluxPolicy"),
-    "gandiva": ("gpuq.policies.gandiva.policy", "GandivaPolicy"),
-    "ones": ("gpuq.policies.ones.policy", "OnesPolicy"),
-    "gpuq": ("gpuq.policies.gpuq.policy", "GpuqPolicy"),
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """Where a policy's class lives, and whether the daemon runs it (`live`)."""
+
+    module: str
+    cls: str
+    live: bool = False
+
+
+_POLICIES: dict[str, Entry] = {
+    "fifo": Entry("gpuq.policies.fifo", "FifoBackfill", live=True),
+    "srtf": Entry("gpuq.policies.baselines", "SrtfPolicy"),
+    "srsf": Entry("gpuq.policies.baselines", "SrsfPolicy"),
+    "tiresias": Entry("gpuq.policies.tiresias", "TiresiasPolicy"),
+    "optimus": Entry("gpuq.policies.optimus", "OptimusPolicy"),
+    "afs": Entry("gpuq.policies.afs.policy", "AfsPolicy"),
+    "afs-p": Entry("gpuq.policies.afs.policy", "AfsPPolicy"),
+    "pollux": Entry("gpuq.policies.pollux.policy", "PolluxPolicy"),
+    "gandiva": Entry("gpuq.policies.gandiva.policy", "GandivaPolicy"),
+    "ones": Entry("gpuq.policies.ones.policy", "OnesPolicy"),
+    "gpuq": Entry("gpuq.policies.gpuq.policy", "GpuqPolicy"),
 }
 
-ELASTIC_POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
-"""Every name `get_elastic_policy` knows, baselines first."""
+POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
+"""Every name `get_policy` knows, baselines first."""
+
+LIVE_POLICY_NAMES: tuple[str, ...] = tuple(name for name, e in _POLICIES.items() if e.live)
+"""The names the daemon runs (`scheduler.policy`); the rest run only in `gpuq sim`."""
 
 
-def _known() -> str:
-    return ", ".join(ELASTIC_POLICY_NAMES)
+def _entry(name: str) -> Entry:
+    """The entry of policy `name`; unknown names list the known ones."""
+    entry = _POLICIES.get(name)
+    if entry is None:
+        raise UsageError(
+            f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}",
+            hint="pick one of the names listed, or several with --compare a,b,c",
+        )
+    return entry
 
 
 def policy_location(name: str) -> tuple[str, str]:
     """The module path and class name of policy `name`; unknown names list the known ones."""
-    location = _POLICIES.get(name)
-    if location is None:
-        raise UsageError(
-            f"unknown policy {name!r}; known: {_known()}",
-            hint="pick one of the names listed, or several with --compare a,b,c",
-        )
-    return location
+    entry = _entry(name)
+    return entry.module, entry.cls
 
 
 def check_live_policy(name: str) -> str:
@@ -65,27 +82,29 @@ def check_live_policy(name: str) -> str:
     The configuration calls this when it is read, so a policy the daemon
     cannot run is refused then, not when the daemon starts.
     """
-    from gpuq.policies import POLICY_NAMES
-
-    if name in POLICY_NAMES:
+    entry = _POLICIES.get(name)
+    if entry is not None and entry.live:
         return name
-    live = ", ".join(POLICY_NAMES)
-    if split_policy_spec(name)[0] in _POLICIES:
+    live = ", ".join(LIVE_POLICY_NAMES)
+    hint = "set scheduler.policy to one of those; `gpuq sim --compare` runs every policy"
+    if entry is not None or split_policy_spec(name)[0] in _POLICIES:
         raise UsageError(
-            f"policy {name!r} runs only in the simulator so far (gpuq sim); the daemon runs: {live}"
+            f"policy {name!r} runs only in the simulator so far (gpuq sim); "
+            f"the daemon runs: {live}",
+            hint=hint,
         )
-    raise UsageError(f"unknown policy {name!r}; the daemon runs: {live}")
+    raise UsageError(f"unknown policy {name!r}; the daemon runs: {live}", hint=hint)
 
 
-def elastic_policy_available(name: str) -> bool:
+def policy_available(name: str) -> bool:
     """True when policy `name` is known and its module is present in this build."""
-    location = _POLICIES.get(name)
-    return location is not None and importlib.util.find_spec(location[0]) is not None
+    entry = _POLICIES.get(name)
+    return entry is not None and importlib.util.find_spec(entry.module) is not None
 
 
-def available_elastic_policies() -> tuple[str, ...]:
+def available_policies() -> tuple[str, ...]:
     """The known policies whose module is present, in registry order."""
-    return tuple(name for name in ELASTIC_POLICY_NAMES if elastic_policy_available(name))
+    return tuple(name for name in POLICY_NAMES if policy_available(name))
 
 
 def split_policy_spec(spec: str) -> tuple[str, dict[str, object]]:
@@ -116,16 +135,16 @@ def _option_value(text: str) -> object:
     return text
 
 
-def get_elastic_policy(name: str, seed: int = 0) -> Policy:
-    """A fresh elastic policy object by name (with options), seeded when it takes a seed."""
+def get_policy(name: str, seed: int = 0) -> Policy:
+    """A fresh policy object by name (with options), seeded when it takes a seed."""
     name, options = split_policy_spec(name)
-    module_name, class_name = policy_location(name)
-    if importlib.util.find_spec(module_name) is None:
+    entry = _entry(name)
+    if importlib.util.find_spec(entry.module) is None:
         raise UsageError(
-            f"policy {name!r} is not available in this build (no module {module_name})",
-            hint=f"available: {', '.join(available_elastic_policies())}",
+            f"policy {name!r} is not available in this build (no module {entry.module})",
+            hint=f"available: {', '.join(available_policies())}",
         )
-    cls: Any = getattr(importlib.import_module(module_name), class_name)
+    cls: Any = getattr(importlib.import_module(entry.module), entry.cls)
     parameters = inspect.signature(cls).parameters
     accepted = sorted(
         key
@@ -148,11 +167,12 @@ def get_elastic_policy(name: str, seed: int = 0) -> Policy:
 
 
 __all__ = [
-    "ELASTIC_POLICY_NAMES",
+    "LIVE_POLICY_NAMES",
+    "POLICY_NAMES",
+    "available_policies",
     "check_live_policy",
-    "available_elastic_policies",
-    "elastic_policy_available",
-    "get_elastic_policy",
+    "get_policy",
+    "policy_available",
     "policy_location",
     "split_policy_spec",
 ]

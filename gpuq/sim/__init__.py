@@ -7,10 +7,10 @@ paper's measurements say (`gpuq.sim.apps`). Workloads come bundled
 generator (`generate_workload`); `Simulator(policy, workload).run()` returns
 a `SimResult` with the metrics the papers report.
 
-    from gpuq.policies.registry import get_elastic_policy
+    from gpuq.policies.registry import get_policy
     from gpuq.sim import Simulator, bundled_workload
 
-    policy = get_elastic_policy("tiresias")
+    policy = get_policy("tiresias")
     result = Simulator(policy, bundled_workload("workload-1")).run()
     print(result.summary()["avg_jct"])
 

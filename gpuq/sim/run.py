@@ -106,7 +106,7 @@ def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[Workload
 
 def policy_names(policy: str | None, compare: str | None) -> list[str]:
     """The policies to run, in order, each known and present (else a UsageError)."""
-    from gpuq.policies.registry import get_elastic_policy
+    from gpuq.policies.registry import get_policy
 
     names: list[str] = []
     for name in [policy or "", *(compare or "").split(",")]:
@@ -116,7 +116,7 @@ def policy_names(policy: str | None, compare: str | None) -> list[str]:
     if not names:
         raise UsageError("no policy given", hint="use --policy NAME or --compare a,b,c")
     for name in names:
-        get_elastic_policy(name)  # unknown or missing: a UsageError listing the known ones
+        get_policy(name)  # unknown or missing: a UsageError listing the known ones
     return names
 
 
@@ -127,11 +127,11 @@ def run_policy(
     progress: Callable[[SimProgress], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate one policy on `workload`; its summary metrics (JSON-ready)."""
-    from gpuq.policies.registry import get_elastic_policy
+    from gpuq.policies.registry import get_policy
     from gpuq.sim.engine import Simulator
 
     simulator = Simulator(
-        get_elastic_policy(name, settings.seed),
+        get_policy(name, settings.seed),
         workload,
         nodes=settings.nodes,
         gpus_per_node=settings.gpus_per_node,
