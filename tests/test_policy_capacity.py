@@ -183,7 +183,7 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
     # One name, one class: the daemon's fifo (GPUs one by one, memory shares,
     # backfill) is the simulator's.
     assert type(get_policy("fifo")) is FifoBackfill
-    assert registry.LIVE_POLICY_NAMES == ("fifo",)
+    assert registry.LIVE_POLICY_NAMES == ("fifo", "tiresias")
     assert registry.check_live_policy("fifo") == "fifo"
 
 
@@ -192,10 +192,12 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
     [
         (
             "pollux",
-            "policy 'pollux' runs only in the simulator so far (gpuq sim); the daemon runs: fifo",
+            "policy 'pollux' runs only in the simulator so far (gpuq sim); "
+            "the daemon runs: fifo, tiresias",
         ),
         ("pollux:p=-0.5", "runs only in the simulator so far"),
-        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo"),
+        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo, tiresias"),
+        ("tiresias:quantum=3", "policy 'tiresias' has no option quantum"),
     ],
 )
 def test_a_policy_the_daemon_cannot_run_is_refused_with_the_ones_it_can(
@@ -203,7 +205,12 @@ def test_a_policy_the_daemon_cannot_run_is_refused_with_the_ones_it_can(
 ) -> None:
     with pytest.raises(UsageError, match=re.escape(message)) as caught:
         registry.check_live_policy(name)
-    assert caught.value.hint is not None and "scheduler.policy" in caught.value.hint
+    assert caught.value.hint is not None
+
+
+def test_a_live_policy_may_carry_options() -> None:
+    spec = "tiresias:thresholds_gpu_hours=0.5"
+    assert registry.check_live_policy(spec) == spec
 
 
 @pytest.mark.parametrize("name", ["srtf", "srsf", "tiresias", "optimus"])

@@ -9,6 +9,7 @@ import pytest
 
 from gpuq.errors import UsageError
 from gpuq.policies.interface import ClusterState, JobView, NodeView, capacity_violations
+from gpuq.policies.registry import get_policy
 from gpuq.policies.tiresias import TiresiasPolicy
 
 HOUR = 3600.0
@@ -67,9 +68,17 @@ def test_thresholds_are_configurable_in_gpu_hours(
     assert policy.queue(job(1, service=service)) == queue
 
 
-def test_thresholds_must_increase() -> None:
+def test_thresholds_must_increase_and_be_positive() -> None:
     with pytest.raises(UsageError, match="must increase"):
         TiresiasPolicy(thresholds_gpu_hours=(4.0, 1.0))
+    with pytest.raises(UsageError, match="must be positive"):
+        TiresiasPolicy(thresholds_gpu_hours=(0.0, 1.0))
+
+
+def test_one_threshold_can_be_given_as_a_number_as_a_policy_option_gives_it() -> None:
+    policy = get_policy("tiresias:thresholds_gpu_hours=0.5")
+    assert policy.queue(job(1, service=0.5 * HOUR)) == 1  # type: ignore[attr-defined]
+    assert policy.queue(job(1, service=0.4 * HOUR)) == 0  # type: ignore[attr-defined]
 
 
 def test_a_demoted_job_is_preempted_by_a_newer_job_of_queue_0() -> None:

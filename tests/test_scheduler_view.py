@@ -96,3 +96,24 @@ def test_the_view_has_the_gpus_ready_jobs_and_running_jobs_with_their_reservatio
     assert two.gpu_mem == 9 * G  # learned for --gpu-mem auto
     assert (three.gpu_uuids, three.allocation, three.gpu_mem) == (("g1",), (1,), 6 * G)
     assert (three.start_time, three.time_limit) == (7.0, 60.0)
+
+
+def test_every_job_carries_its_run_time_and_service_and_running_ones_if_preemptible() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=2)
+    earlier = Job(1, spec, JobState.QUEUED, submit_time=1.0, run_seconds=30.0)
+    running = Job(
+        2,
+        spec,
+        JobState.RUNNING,
+        submit_time=2.0,
+        gpu_uuids=("g0", "g1"),
+        run_seconds=10.0,
+        running_since=NOW - 5.0,
+    )
+    state = build_state(
+        [earlier], [running], snapshot(), 0.0, 0, lambda job: None, NOW, lambda job: job.id == 2
+    )
+    waiting, holding = state.jobs
+    assert (waiting.run_time, waiting.attained_service) == (30.0, 60.0)
+    assert (holding.run_time, holding.attained_service) == (15.0, 30.0)
+    assert holding.preemptible

@@ -67,7 +67,9 @@ def test_doctor_names_the_policy_and_which_policies_run_live(tmp_path: Path) -> 
     config_file.write_text('[scheduler]\npolicy = "fifo"\n')
     check = doctor.check_policy(load_config(str(config_file)))
     assert check.status == "ok"
-    assert check.message.startswith("fifo (the daemon runs: fifo; gpuq sim also: srtf, srsf,")
+    assert check.message.startswith(
+        "fifo (the daemon runs: fifo, tiresias; gpuq sim also: srtf, srsf, optimus,"
+    )
 
 
 def test_doctor_fails_the_config_check_on_a_simulator_only_policy(tmp_path: Path) -> None:

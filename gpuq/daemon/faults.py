@@ -17,6 +17,11 @@ POINTS = (
     "shim-spawned",  # shim running, RUNNING not yet written
     "exit-observed",  # shim ended, final state not yet written
 )
+"""The points every job passes, each tested with a stream of jobs (tests/test_crash_recovery.py)."""
+SCHEDULER_POINTS = (
+    "preempt-committed",  # a preemption's intent written, request not yet sent
+)
+"""The points of the scheduler's actions, each tested with its action (tests/test_live_*.py)."""
 _counts: dict[str, int] = {}
 
 

@@ -107,6 +107,18 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
         );
         """,
     ),
+    (
+        "0004_live_scheduling",
+        """
+        ALTER TABLE job_suspends ADD COLUMN purpose TEXT NOT NULL DEFAULT 'user';
+        ALTER TABLE job_suspends ADD COLUMN reason TEXT NOT NULL DEFAULT '';
+        CREATE TABLE policy_state (
+            policy TEXT PRIMARY KEY,
+            state TEXT NOT NULL,
+            saved REAL NOT NULL
+        );
+        """,
+    ),
 )
 
 

@@ -28,7 +28,7 @@ from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.gpus import GpuBackend
 from gpuq.models import GpuInfo, Job, JobState
-from gpuq.policies.interface import Policy
+from gpuq.policies.interface import Decision, Policy
 from gpuq.policies.registry import get_policy
 
 
@@ -92,6 +92,8 @@ class DaemonState:
         self.memory_peaks: dict[int, int] = {}
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
+        self.decision_in_flight: asyncio.Future[Decision] | None = None
+        """The policy's decision being made in a worker thread (`scheduler.tick.decide`)."""
         self.unrecorded: dict[int, Outcome] = {}
         """Outcomes seen but not yet committed (a full disk); retried every second."""
         self.state_dir_watch: StateDirWatch | None = None

@@ -73,11 +73,18 @@ class ArrayInfo:
 
 @dataclass(frozen=True, slots=True)
 class SuspendRecord:
-    """The latest suspend asked of one attempt: its mode, when, and when it was done."""
+    """The latest suspend asked of one attempt: its mode, when, and when it was done.
+
+    `purpose` is who asked: "user" (`gpuq suspend`), or "policy" for a
+    preemption by the scheduler, whose job is queued again once its
+    checkpoint is saved; `reason` is the policy's reason.
+    """
 
     mode: str
     requested: float
     completed: float | None
+    purpose: str = "user"
+    reason: str = ""
 
 
 class Store:
@@ -291,14 +298,24 @@ class Store:
         found = self.samples(job_id, limit=1)
         return found[0] if found else None
 
-    def record_suspend(self, job_id: int, attempt: int, mode: str, now: float) -> None:
+    def record_suspend(
+        self,
+        job_id: int,
+        attempt: int,
+        mode: str,
+        now: float,
+        purpose: str = "user",
+        reason: str = "",
+    ) -> None:
         """Remember that a suspend of `mode` was asked of this attempt (intent first)."""
         with self._transaction():
             self._conn.execute(
-                "INSERT INTO job_suspends (job_id, attempt, mode, requested) VALUES (?,?,?,?) "
+                "INSERT INTO job_suspends (job_id, attempt, mode, requested, purpose, reason) "
+                "VALUES (?,?,?,?,?,?) "
                 "ON CONFLICT(job_id, attempt) DO UPDATE SET mode=excluded.mode, "
-                "requested=excluded.requested, completed=NULL",
-                (job_id, attempt, mode, now),
+                "requested=excluded.requested, completed=NULL, purpose=excluded.purpose, "
+                "reason=excluded.reason",
+                (job_id, attempt, mode, now, purpose, reason),
             )
 
     def complete_suspend(self, job_id: int, attempt: int, now: float) -> None:
@@ -312,10 +329,13 @@ class Store:
     def suspend_of(self, job_id: int, attempt: int) -> SuspendRecord | None:
         """The latest suspend asked of this attempt of a job, or None."""
         row = self._conn.execute(
-            "SELECT mode, requested, completed FROM job_suspends WHERE job_id=? AND attempt=?",
+            "SELECT mode, requested, completed, purpose, reason FROM job_suspends "
+            "WHERE job_id=? AND attempt=?",
             (job_id, attempt),
         ).fetchone()
-        return None if row is None else SuspendRecord(str(row[0]), float(row[1]), row[2])
+        if row is None:
+            return None
+        return SuspendRecord(str(row[0]), float(row[1]), row[2], str(row[3]), str(row[4]))
 
     def checkpoint_restarts(self, job_id: int, before_attempt: int) -> int:
         """How many attempts before `before_attempt` ended in a checkpoint suspend."""

@@ -15,6 +15,14 @@
   Resume sends `ResumeRequest` (and SIGCONT, which also ends a park, for a
   runner that is reconnecting).
 
+**Preemption** by the scheduler (`preempt`) is a checkpoint-mode suspend
+with purpose "policy", its reason recorded with the intent: once the
+checkpoint is saved the job goes straight back to the queue (not
+`suspended`), to restart from it wherever the policy places it next. Only a
+job whose runner can checkpoint is preempted; a crash in between is finished
+(the exit is collected as any other) or undone (no boundary in time: the
+request is withdrawn and the job keeps running), each with its reason.
+
 `auto` is checkpoint when a runner is connected, else stop. A checkpoint or
 park request that no iteration boundary honours within `BOUNDARY_GRACE`
 seconds is withdrawn (a `ResumeRequest`) and the job is left running, with
@@ -41,7 +49,7 @@ from gpuq.control import (
     SuspendRequest,
     sample_to_dict,
 )
-from gpuq.daemon import jobfiles
+from gpuq.daemon import faults, jobfiles
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, UsageError
@@ -76,6 +84,28 @@ def request(state: DaemonState, job: Job, mode: str) -> Job:
     state.store.record_suspend(job.id, job.attempts, mode, now)
     job = state.transition(job, JobState.SUSPENDING, f"suspend requested ({mode} mode)")
     state.control.send(job.id, SuspendRequest(mode))
+    _arm_grace(state, job, now)
+    return job
+
+
+def can_preempt(state: DaemonState, job: Job) -> bool:
+    """True when the scheduler may take the job's GPUs: running, with a checkpointing runner."""
+    runner = state.control.runner(job.id)
+    return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
+
+
+def preempt(state: DaemonState, job: Job, reason: str) -> Job:
+    """Checkpoint the job for the scheduler, which queues it again once saved (docstring)."""
+    if not can_preempt(state, job):
+        raise ConflictError(
+            f"cannot preempt job {job.id}: only a running job whose gpuq.runner checkpoints can be",
+            "jobs without the runner keep their GPUs until they end",
+        )
+    now = time.time()
+    state.store.record_suspend(job.id, job.attempts, "checkpoint", now, "policy", reason)
+    job = state.transition(job, JobState.SUSPENDING, f"{reason} (checkpoint requested)")
+    faults.crash_point("preempt-committed")
+    state.control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job
 
@@ -212,6 +242,18 @@ def suspended_by_exit(state: DaemonState, job: Job, outcome: Outcome) -> bool:
     if record is None or record.mode != "checkpoint":
         state.store.record_suspend(job.id, job.attempts, "checkpoint", now)
     state.store.complete_suspend(job.id, job.attempts, now)
+    if record is not None and record.mode == "checkpoint" and record.purpose == "policy":
+        state.transition(
+            job,
+            JobState.QUEUED,
+            f"{record.reason}: checkpoint saved at step {ack.get('step')} ({_cost(ack)}); "
+            "queued to restart from it",
+            gpu_uuids=(),
+            gpu_mem_reserved=None,
+            exit_code=None,
+            signal=None,
+        )
+        return True
     state.transition(
         job,
         JobState.SUSPENDED,

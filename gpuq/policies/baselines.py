@@ -151,6 +151,7 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
     left = state.total_gpus
     admitted: list[JobView] = []
     notes: dict[int, str] = {}
+    preempted: list[JobView] = []
     for job in order:
         need = job.gpus_requested
         if need <= 0:
@@ -158,9 +159,14 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
         if need <= left:
             admitted.append(job)
             left -= need
+        elif job.running:
+            preempted.append(job)
         else:
-            verb = "preempted" if job.running else "waiting"
-            notes[job.id] = f"{verb}: needs {need} GPUs, {left} left in rank order"
+            notes[job.id] = f"waiting: needs {_gpus(need)}, {left} left in rank order"
+    newcomers = [job.id for job in admitted if not job.running]
+    for job in preempted:
+        ahead = f"for job {newcomers[0]}, " if newcomers else ""
+        notes[job.id] = f"preempted {ahead}ahead of it in rank order"
     free = FreeGpus(state)
     allocations: dict[int, Allocation] = {}
     to_place: list[JobView] = []
@@ -174,10 +180,14 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
         placed = free.place(job.gpus_requested)
         if placed is None:
             # Only when the state's own allocations over-commit a node.
-            notes[job.id] = f"waiting: needs {job.gpus_requested} GPUs"
+            notes[job.id] = f"waiting: needs {_gpus(job.gpus_requested)}"
             continue
         allocations[job.id] = placed
     return Decision(allocations=allocations, notes=notes)
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
 
 
 def submission_order(jobs: Iterable[JobView]) -> list[JobView]:

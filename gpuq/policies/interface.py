@@ -90,6 +90,13 @@ class JobView:
     `exclusive` keeps other gpuq jobs off its GPUs; `time_limit` (seconds)
     lets backfill prove a job ends in time; a running job's `gpu_uuids` are
     the GPUs it holds and `start_time` is when its attempt started.
+
+    State the caller carries out for the policy: `suspended` marks a job the
+    caller has suspended (its `allocation` is what it still holds: the GPUs
+    of a parked or stopped job, none for a checkpointed one); `packed_with`
+    names the jobs sharing its GPUs at once; `preemptible` says the caller
+    can take its GPUs without losing its work (a checkpointing runner, or
+    everywhere in the simulator).
     """
 
     id: int
@@ -119,6 +126,9 @@ class JobView:
     time_limit: float | None = None
     gpu_uuids: tuple[str, ...] = ()
     start_time: float = 0.0
+    suspended: bool = False
+    packed_with: tuple[int, ...] = ()
+    preemptible: bool = True
 
     @property
     def gpus(self) -> int:
@@ -174,14 +184,19 @@ class Decision:
     `bindings`: the exact GPUs (UUIDs of `state.gpus`) for a job, where the
     policy chooses them itself (memory shares, backfill); the caller binds
     every other allocation to GPUs of the right nodes.
-    `notes`: a short reason per job, for `gpuq show` and debugging; for a
-    job left waiting, why it waits.
+    `suspend_modes`: how to suspend a job the decision leaves out or moves
+    ("park", "checkpoint" or "stop"), where the policy cares; the caller
+    picks otherwise.
+    `notes`: a short reason per job, for `gpuq show` and debugging: why it
+    waits, or why it is started, suspended, resized, moved, packed or
+    unpacked (`gpuq.policies.actions` turns a decision into those actions).
     """
 
     allocations: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     batch_sizes: Mapping[int, int] = field(default_factory=dict)
     packed: tuple[tuple[int, ...], ...] = ()
     bindings: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    suspend_modes: Mapping[int, str] = field(default_factory=dict)
     notes: Mapping[int, str] = field(default_factory=dict)
 
 

@@ -42,7 +42,7 @@ _POLICIES: dict[str, Entry] = {
     "fifo": Entry("gpuq.policies.fifo", "FifoBackfill", live=True),
     "srtf": Entry("gpuq.policies.baselines", "SrtfPolicy"),
     "srsf": Entry("gpuq.policies.baselines", "SrsfPolicy"),
-    "tiresias": Entry("gpuq.policies.tiresias", "TiresiasPolicy"),
+    "tiresias": Entry("gpuq.policies.tiresias", "TiresiasPolicy", live=True),
     "optimus": Entry("gpuq.policies.optimus", "OptimusPolicy"),
     "afs": Entry("gpuq.policies.afs.policy", "AfsPolicy"),
     "afs-p": Entry("gpuq.policies.afs.policy", "AfsPPolicy"),
@@ -76,24 +76,27 @@ def policy_location(name: str) -> tuple[str, str]:
     return entry.module, entry.cls
 
 
-def check_live_policy(name: str) -> str:
-    """`name` if the daemon can run it, else a UsageError listing the ones it can.
+def check_live_policy(spec: str) -> str:
+    """`spec` if the daemon can run it, else a UsageError listing the policies it can.
 
     The configuration calls this when it is read, so a policy the daemon
-    cannot run is refused then, not when the daemon starts.
+    cannot run, or an option it does not take (`tiresias:thresholds_gpu_hours=1`
+    is checked by building it), is refused then, not when the daemon starts.
     """
+    name = split_policy_spec(spec)[0]
     entry = _POLICIES.get(name)
-    if entry is not None and entry.live:
-        return name
     live = ", ".join(LIVE_POLICY_NAMES)
     hint = "set scheduler.policy to one of those; `gpuq sim --compare` runs every policy"
-    if entry is not None or split_policy_spec(name)[0] in _POLICIES:
+    if entry is None:
+        raise UsageError(f"unknown policy {spec!r}; the daemon runs: {live}", hint=hint)
+    if not entry.live:
         raise UsageError(
-            f"policy {name!r} runs only in the simulator so far (gpuq sim); "
+            f"policy {spec!r} runs only in the simulator so far (gpuq sim); "
             f"the daemon runs: {live}",
             hint=hint,
         )
-    raise UsageError(f"unknown policy {name!r}; the daemon runs: {live}", hint=hint)
+    get_policy(spec)
+    return spec
 
 
 def policy_available(name: str) -> bool:

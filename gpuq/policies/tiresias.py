@@ -52,7 +52,15 @@ class TiresiasPolicy:
     name: str = "tiresias"
     capabilities = Capabilities(preemption=True)
 
-    def __init__(self, seed: int = 0, thresholds_gpu_hours: tuple[float, ...] = (16.0,)) -> None:
+    def __init__(
+        self, seed: int = 0, thresholds_gpu_hours: float | tuple[float, ...] = (16.0,)
+    ) -> None:
+        if isinstance(
+            thresholds_gpu_hours, int | float
+        ):  # one threshold, as a spec option gives it
+            thresholds_gpu_hours = (float(thresholds_gpu_hours),)
+        if any(hours <= 0 for hours in thresholds_gpu_hours):
+            raise UsageError(f"tiresias thresholds must be positive: {thresholds_gpu_hours}")
         if any(b <= a for a, b in pairwise(thresholds_gpu_hours)):
             raise UsageError(f"tiresias thresholds must increase: {thresholds_gpu_hours}")
         self.seed = seed

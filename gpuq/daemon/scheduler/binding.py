@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from gpuq.policies.interface import ClusterState, Decision
 
+RELEASE_WAIT = "waiting for GPUs the policy expects running jobs to release"
+"""Why a job the decision places waits: its GPUs are still held (being preempted, or ending)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Placement:
@@ -51,7 +54,7 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
                 chosen.extend(node_free[:count])
                 del node_free[:count]
             if len(chosen) < sum(allocation):
-                waiting[job_id] = "waiting for GPUs the policy expects running jobs to release"
+                waiting[job_id] = RELEASE_WAIT
                 continue
             uuids = tuple(chosen)
         starts.append(Placement(job_id, uuids, job.gpu_mem))

@@ -2,27 +2,55 @@
 
 It runs explicit, ordered steps on the event loop: decide which pending jobs
 are ready (`readiness`), cancel those whose dependencies can never be met,
-build the policy's state (`view`), call the policy (in a worker thread when
-the state is large), bind its decision to GPUs (`binding`), and start what
-it placed, in slices with yields between them.
+build the policy's state (`view`), call the policy in a worker thread with a
+deadline (`DECIDE_DEADLINE`), carry out its preemptions (`actuator`), bind
+its decision to GPUs (`binding`), and start what it placed, in slices with
+yields between them.
+
+The decision runs off the event loop so a slow policy never delays a
+client's request (the state is an immutable snapshot). A decision still
+running at the deadline is not waited for: the pass ends without acting,
+every job it would have placed says so, and no new decision starts until
+that one returns (its result is dropped: it is about an old state).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
-from gpuq.daemon import lifecycle
-from gpuq.daemon.scheduler.binding import Placement, placements
+from gpuq.daemon import lifecycle, suspend
+from gpuq.daemon.scheduler import actuator
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
 from gpuq.daemon.state import DaemonState
 from gpuq.models import Job, JobState
+from gpuq.policies.actions import plan
+from gpuq.policies.interface import ClusterState, Decision
+
+log = logging.getLogger("gpuq.daemon")
 
 START_BUDGET_SECONDS = 0.005
 """Longest stretch a pass spends starting jobs before it lets the event loop serve others."""
-THREAD_DECIDE_JOBS = 256
-"""Above this many ready jobs, the policy decides in a worker thread, off the event loop."""
+DECIDE_DEADLINE = 30.0
+"""Seconds a pass waits for the policy's decision before it gives up on it (docstring)."""
+
+
+async def decide(state: DaemonState, cluster: ClusterState, now: float) -> Decision | str:
+    """The policy's decision, made in a worker thread; a reason instead if it is late."""
+    late = state.decision_in_flight
+    if late is not None and not late.done():
+        return "the policy is still deciding (slow decision); waiting for it"
+    task = asyncio.ensure_future(asyncio.to_thread(state.policy.decide, cluster, now))
+    state.decision_in_flight = task
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), DECIDE_DEADLINE)
+    except TimeoutError:
+        log.warning("policy %s took over %gs to decide", state.policy.name, DECIDE_DEADLINE)
+        task.add_done_callback(lambda _: state.wake.set())  # then decide again, afresh
+        return f"the policy did not decide within {DECIDE_DEADLINE:g}s; waiting for it"
 
 
 async def schedule_pass(state: DaemonState) -> list[Placement]:
@@ -63,12 +91,20 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.config.scheduler.memory_margin,
         state.config.scheduler.foreign_tolerance,
         learned,
+        now,
+        lambda job: suspend.can_preempt(state, job),
     )
-    if len(cluster.jobs) > THREAD_DECIDE_JOBS:
-        decision = await asyncio.to_thread(state.policy.decide, cluster, now)
-    else:
-        decision = state.policy.decide(cluster, now)
+    decision = await decide(state, cluster, now)
+    if isinstance(decision, str):
+        late: dict[int, str] = dict(ready.waiting)
+        late.update((job.id, decision) for job in cluster.jobs if not job.gpu_uuids)
+        state.waiting_reasons = late
+        return []
+    preemptions = actuator.preempt(state, plan(cluster, decision))
     starts, waiting = placements(cluster, decision)
+    release = preemptions.release_reason()
+    if release is not None:
+        waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
     reasons = dict(ready.waiting)
     reasons.update(waiting)
     state.waiting_reasons = reasons

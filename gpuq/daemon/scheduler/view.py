@@ -2,7 +2,11 @@
 
 Its GPUs with their foreign memory, its ready GPU jobs (with learned memory
 for `--gpu-mem auto`) and its running jobs with their GPUs and reservations.
-CPU-only jobs never reach the policy. Pure: unit-tested without a daemon.
+Every job carries its run time over all attempts and its attained service
+(run time x GPUs asked), the measure of least-attained-service policies; a
+running job is `preemptible` when the scheduler may take its GPUs (a
+checkpointing runner), which the caller decides. CPU-only jobs never reach
+the policy. Pure: unit-tested without a daemon.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ def build_state(
     memory_margin: float,
     foreign_tolerance: int,
     learned_memory: Callable[[Job], int | None],
+    now: float = 0.0,
+    preemptible: Callable[[Job], bool] = lambda job: False,
 ) -> ClusterState:
     """The policy's state of this server: its GPUs, and its ready and running GPU jobs."""
     nodes: dict[str, int] = {}
@@ -52,6 +58,8 @@ def build_state(
                 gpu_mem=gpu_mem,
                 exclusive=spec.exclusive,
                 time_limit=spec.time_limit,
+                run_time=job.run_time(now),
+                attained_service=job.run_time(now) * spec.gpus,
             )
         )
     for job in active:
@@ -70,6 +78,9 @@ def build_state(
                     time_limit=job.spec.time_limit,
                     gpu_uuids=job.gpu_uuids,
                     start_time=job.start_time or job.submit_time,
+                    run_time=job.run_time(now),
+                    attained_service=job.run_time(now) * job.spec.gpus,
+                    preemptible=preemptible(job),
                 )
             )
     views.sort(key=lambda view: view.id)
