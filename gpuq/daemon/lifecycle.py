@@ -103,7 +103,7 @@ def job_environment(
     the attempt being launched.
     """
     spec = state.store.full_spec(job.id)
-    job_dir = state.executor.job_dir(job.id)
+    job_dir = state.node.job_dir(job.id)
     # A job submitted from inside another job must not inherit that job's values.
     environ = {k: v for k, v in spec.env.items() if k not in job_env.CONTRACT}
     uuids = ",".join(placement.gpu_uuids)
@@ -155,7 +155,7 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
         launch = LaunchSpec(
             command=spec.command,
             cwd=spec.cwd,
-            env=job_environment(state, job, placement, state.control.open(job.id)),
+            env=job_environment(state, job, placement, state.node.control.open(job.id)),
             stdout=stdout,
             stderr=stderr,
             time_limit=spec.time_limit,
@@ -165,19 +165,17 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
             max_log_bytes=state.config.logs.max_size or None,
         )
         faults.crash_point("starting-committed")
-        state.executor.launch(
-            job.id, launch, lambda spawned: _spawned(state, job.id, attempt, spawned)
-        )
+        state.node.launch(job.id, launch, lambda spawned: _spawned(state, job.id, attempt, spawned))
         if not state.unrecorded:
             state.clear_disk_full()  # this job's files were written: there is room again
     except OSError as exc:
-        state.control.close(job.id)
+        state.node.control.close(job.id)
         if exc.errno in DISK_FULL_ERRNOS:
             _requeue_for_space(state, job, exc)
         else:
             state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
     except RuntimeError as exc:
-        state.control.close(job.id)
+        state.node.control.close(job.id)
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
 
 
@@ -202,8 +200,8 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
     if spawned.pid is None:
         if job is None or not current:
             return
-        state.control.close(job_id)
-        if state.executor.live_shim(job_id) is None:
+        state.node.control.close(job_id)
+        if state.node.live_shim(job_id) is None:
             state.transition(
                 job,
                 JobState.QUEUED,
@@ -214,10 +212,10 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
             )
             return
         # The spawner forked the shim and died before answering: adopt it.
-        shim = jobfiles.read_json(state.executor.jobs_dir / str(job_id) / jobfiles.SHIM)
+        shim = state.node.read_record(job_id, jobfiles.SHIM)
         assert shim is not None
         spawned = Spawned(int(shim["pid"]), None)
-        state.control.open(job_id)
+        state.node.control.open(job_id)
     faults.crash_point("shim-spawned")
     if job is None or not current:  # cannot happen: a starting job stays until its shim ends
         log.error("job %s: a shim started for attempt %d, which is not current", job_id, attempt)
@@ -228,8 +226,7 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
 
 def watch(state: DaemonState, job_id: int, pid: int, pidfd: int | None = None) -> None:
     """Have `finish` called when the job's shim ends."""
-    loop = asyncio.get_running_loop()
-    state.executor.watch(loop, job_id, pid, lambda jid, out: finish(state, jid, out), pidfd)
+    state.node.watch(job_id, pid, lambda jid, out: finish(state, jid, out), pidfd)
 
 
 def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
@@ -306,7 +303,7 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
             )
         else:
             state.transition(job, ended, why, **fields)
-    state.control.close(job.id)
+    state.node.control.close(job.id)
     peak = state.memory_peaks.pop(job.id, None)
     if peak:
         try:
@@ -345,10 +342,10 @@ def _terminate(state: DaemonState, job_id: int, attempt: int) -> None:
     if job is None or not job.state.is_active or job.attempts != attempt:
         return
     loop = asyncio.get_running_loop()
-    if not state.executor.signal(job_id, signal.SIGTERM):
+    if not state.node.signal(job_id, signal.SIGTERM):
         loop.call_later(CHILD_POLL_SECONDS, _terminate, state, job_id, attempt)
         return
-    state.executor.signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
+    state.node.signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
     loop.call_later(state.config.daemon.kill_grace, _kill, state, job_id, attempt)
 
 
@@ -361,7 +358,7 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
     """SIGKILL what is left of the attempt's process group (not a later attempt's)."""
     job = state.active.get(job_id)
     if job is not None and job.attempts == attempt:
-        state.executor.signal(job_id, signal.SIGKILL)
+        state.node.signal(job_id, signal.SIGKILL)
 
 
 def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | None) -> None:

@@ -1,7 +1,8 @@
 """GPU sampling: who holds memory on each GPU, gpuq's jobs or someone else.
 
-Each sample first tells the backend which jobs hold which GPUs (fake GPUs
-show them as NVML would; NVML sees them itself), then attributes every GPU
+Each sample asks the node (`gpuq.daemon.node`) for its GPUs, telling it
+first which jobs hold which (fake GPUs show them as NVML would; NVML sees
+them itself), then attributes every GPU
 process to a gpuq job by its process group (a job's processes all live in
 the group its shim created) and counts the rest as foreign: memory the
 scheduler must leave alone. It also keeps each
@@ -25,7 +26,7 @@ def job_pgids(state: DaemonState) -> dict[int, int]:
     """Process group id -> job id, for every job that may hold a GPU."""
     for job in state.active.values():
         if job.state.is_active and job.gpu_uuids and job.id not in state.child_pgids:
-            record = jobfiles.read_json(state.executor.jobs_dir / str(job.id) / jobfiles.CHILD)
+            record = state.node.read_record(job.id, jobfiles.CHILD)
             if jobfiles.is_same_process(record):
                 assert record is not None
                 state.child_pgids[job.id] = int(record["pgid"])
@@ -82,10 +83,9 @@ def split_memory(
 
 
 async def sample_once(state: DaemonState) -> None:
-    """Take one sample (off the event loop: NVML calls block) and publish it."""
+    """Take one sample from the node (off the event loop: NVML calls block) and publish it."""
     pgids = job_pgids(state)
-    state.backend.observe(holdings(state))
-    devices = await asyncio.to_thread(state.backend.devices)
+    devices = await state.node.sample_gpus(holdings(state))
     snap, per_job = split_memory(devices, pgids)
     for job_id, used in per_job.items():
         state.memory_peaks[job_id] = max(state.memory_peaks.get(job_id, 0), used)

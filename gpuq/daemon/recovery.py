@@ -41,7 +41,7 @@ def recover(state: DaemonState) -> dict[str, int]:
         if not job.state.is_active or suspend.is_checkpointed(state, job):
             continue
         try:
-            pid = state.executor.live_shim(job.id)
+            pid = state.node.live_shim(job.id)
         except RuntimeError as exc:
             state.transition(job, JobState.LOST, str(exc), end_time=time.time())
             counts["lost"] += 1
@@ -57,15 +57,15 @@ def recover(state: DaemonState) -> dict[str, int]:
                 state.store.transition(
                     job, job.state, "re-adopted after daemon restart", time.time()
                 )
-            state.control.open(job.id)
+            state.node.control.open(job.id)
             lifecycle.watch(state, job.id, pid)
             if lifecycle.cancel_requested(state, job):
                 lifecycle.resume_cancel(state, job)
             counts["adopted"] += 1
-        elif state.executor.has_exit_record(job.id):
-            lifecycle.finish(state, job.id, state.executor.outcome(job.id))
+        elif state.node.has_exit_record(job.id):
+            lifecycle.finish(state, job.id, state.node.outcome(job.id))
             counts["finished"] += 1
-        elif job.state is JobState.STARTING and not state.executor.has_shim_record(job.id):
+        elif job.state is JobState.STARTING and not state.node.has_shim_record(job.id):
             state.transition(
                 job,
                 JobState.QUEUED,
@@ -76,7 +76,7 @@ def recover(state: DaemonState) -> dict[str, int]:
             )
             counts["requeued"] += 1
         else:
-            survivors = state.executor.kill_leftovers(job.id)
+            survivors = state.node.kill_leftovers(job.id)
             reason = "the job's shim ended while the daemon was down, without a record"
             if survivors:
                 reason += f"; processes {survivors} of the job could not be killed"

@@ -25,7 +25,9 @@ from pathlib import Path
 from gpuq.config import Config
 from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend
 from gpuq.daemon.connection import serve_connection
+from gpuq.daemon.control import CONTROL_DIR, ControlHub
 from gpuq.daemon.executor import Executor
+from gpuq.daemon.node.local import LocalNode
 from gpuq.daemon.scheduler import tick
 from gpuq.daemon.spawner import SpawnerClient
 from gpuq.daemon.state import DaemonState
@@ -131,18 +133,18 @@ class Server:
         except OSError as exc:
             log.warning("%s; starting each shim as a new process instead (slower)", exc)
             self._spawner = None
-        state = DaemonState(
-            self.config,
-            store,
-            backend,
+        node = LocalNode(
+            cfg.node_name,
             Executor(jobs_dir, self._spawner),
-            get_policy(self.config.scheduler.policy),
+            backend,
+            ControlHub(cfg.runtime_dir / CONTROL_DIR),
         )
+        state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
         state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
         self.state = state
         if self._spawner is not None:
             self._spawner.attach(asyncio.get_running_loop())
-        state.control.listener = suspend.ChannelListener(state)
+        node.control.listener = suspend.ChannelListener(state)
         state.load()
         await monitor.sample_once(state)
         counts = recovery.recover(state)
@@ -246,9 +248,8 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
         if self.state is not None:
-            self.state.control.close_all()
-            self.state.executor.unwatch_all(asyncio.get_running_loop())
-            self.state.backend.close()
+            self.state.node.unwatch_all()
+            self.state.node.close()
         if self._spawner is not None:
             self._spawner.close()
         if self._store is not None:

@@ -1,7 +1,8 @@
 """The daemon's in-memory state and the one place job transitions happen.
 
 `DaemonState` owns the store, the cache of unfinished jobs, the latest GPU
-sample, the per-job control sockets and the event fan-out. Every transition
+sample, the node jobs run on (`gpuq.daemon.node`: processes, GPUs and
+per-job control sockets) and the event fan-out. Every transition
 goes through `transition`, which commits to SQLite first and only then
 updates memory and tells subscribers: the database is the truth, memory is
 a cache of it.
@@ -20,13 +21,12 @@ from typing import Any
 
 from gpuq.config import Config
 from gpuq.daemon import notify, reload
-from gpuq.daemon.control import CONTROL_DIR, ControlHub
-from gpuq.daemon.executor import Executor, Outcome
+from gpuq.daemon.executor import Outcome
+from gpuq.daemon.node.interface import Node
 from gpuq.daemon.reload import ConfigWatch
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError, StateError
-from gpuq.gpus import GpuBackend
 from gpuq.models import GpuInfo, Job, JobState
 from gpuq.policies.interface import Decision, Policy
 from gpuq.policies.registry import get_policy
@@ -69,22 +69,12 @@ def account_run_time(job: Job, state: JobState, now: float, changes: dict[str, A
 class DaemonState:
     """Everything the handlers and the scheduler share, on one event loop."""
 
-    def __init__(
-        self,
-        config: Config,
-        store: Store,
-        backend: GpuBackend,
-        executor: Executor,
-        policy: Policy,
-        control: ControlHub | None = None,
-    ) -> None:
+    def __init__(self, config: Config, store: Store, node: Node, policy: Policy) -> None:
         self.config = config
         self.store = store
-        self.backend = backend
-        self.executor = executor
+        self.node = node
+        """The server jobs run on: launch, signals, GPU samples, control channels."""
         self.policy = policy
-        self.control = control or ControlHub(config.daemon.runtime_dir / CONTROL_DIR)
-        """The per-job control sockets to `gpuq.runner` (`gpuq.daemon.control`)."""
         self.started = time.time()
         self.active: dict[int, Job] = {}
         self.waiting_reasons: dict[int, str] = {}
@@ -267,7 +257,7 @@ class DaemonState:
             "started": self.started,
             "uptime": time.time() - self.started,
             "node": self.config.daemon.node_name,
-            "backend": self.backend.kind,
+            "backend": self.node.gpu_backend,
             "gpus": len(self.gpus.devices),
             "policy": self.policy.name,
             "state_dir": str(self.config.daemon.state_dir),

@@ -70,7 +70,7 @@ def request(state: DaemonState, job: Job, mode: str) -> Job:
     """Suspend a running job in `mode` (see the module docstring)."""
     if mode not in SUSPEND_MODES:
         raise UsageError(f"unknown suspend mode {mode!r}", f"modes: {', '.join(SUSPEND_MODES)}")
-    runner = state.control.runner(job.id)
+    runner = state.node.control.runner(job.id)
     if mode == "auto":
         mode = "checkpoint" if runner is not None and "checkpoint" in runner.features else "stop"
     if mode == "stop":
@@ -83,14 +83,14 @@ def request(state: DaemonState, job: Job, mode: str) -> Job:
     now = time.time()
     state.store.record_suspend(job.id, job.attempts, mode, now)
     job = state.transition(job, JobState.SUSPENDING, f"suspend requested ({mode} mode)")
-    state.control.send(job.id, SuspendRequest(mode))
+    state.node.control.send(job.id, SuspendRequest(mode))
     _arm_grace(state, job, now)
     return job
 
 
 def can_preempt(state: DaemonState, job: Job) -> bool:
     """True when the scheduler may take the job's GPUs: running, with a checkpointing runner."""
-    runner = state.control.runner(job.id)
+    runner = state.node.control.runner(job.id)
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
 
 
@@ -105,7 +105,7 @@ def preempt(state: DaemonState, job: Job, reason: str) -> Job:
     state.store.record_suspend(job.id, job.attempts, "checkpoint", now, "policy", reason)
     job = state.transition(job, JobState.SUSPENDING, f"{reason} (checkpoint requested)")
     faults.crash_point("preempt-committed")
-    state.control.send(job.id, SuspendRequest("checkpoint"))
+    state.node.control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job
 
@@ -123,7 +123,7 @@ def _give_up(state: DaemonState, job_id: int, attempt: int, requested: float) ->
         return
     if record is None or record.requested != requested or record.completed is not None:
         return
-    state.control.send(job_id, ResumeRequest())
+    state.node.control.send(job_id, ResumeRequest())
     state.transition(
         job,
         JobState.RUNNING,
@@ -149,7 +149,7 @@ def _warn(state: DaemonState, job_id: int, attempt: int, signum: int) -> None:
     job = state.active.get(job_id)
     if job is None or job.attempts != attempt or job.state is not JobState.SUSPENDING:
         return
-    if not state.executor.signal(job_id, signum):
+    if not state.node.signal(job_id, signum):
         loop = asyncio.get_running_loop()
         loop.call_later(CHILD_POLL_SECONDS, _warn, state, job_id, attempt, signum)
 
@@ -164,7 +164,7 @@ def complete_stop(state: DaemonState, job_id: int) -> Job | None:
     job = state.active.get(job_id)
     if job is None or job.state is not JobState.SUSPENDING:
         return None
-    if not state.executor.signal(job_id, signal.SIGSTOP):
+    if not state.node.signal(job_id, signal.SIGSTOP):
         asyncio.get_running_loop().call_later(CHILD_POLL_SECONDS, complete_stop, state, job_id)
         return None
     state.store.complete_suspend(job_id, job.attempts, time.time())
@@ -198,13 +198,13 @@ def resume(state: DaemonState, job: Job) -> Job:
             exit_code=None,
         )
     if mode in RUNNER_MODES:
-        state.control.send(job.id, ResumeRequest())
-        state.executor.signal(job.id, signal.SIGCONT)  # also ends a park, channel or not
+        state.node.control.send(job.id, ResumeRequest())
+        state.node.signal(job.id, signal.SIGCONT)  # also ends a park, channel or not
         why = f"resumed by user ({mode} mode)"
         if job.state is JobState.SUSPENDING:
             why = f"resumed by user: the {mode} request is withdrawn"
         return state.transition(job, JobState.RUNNING, why)
-    state.executor.signal(job.id, signal.SIGCONT)
+    state.node.signal(job.id, signal.SIGCONT)
     return state.transition(job, JobState.RUNNING, "resumed by user")
 
 
@@ -212,7 +212,7 @@ def readopt(state: DaemonState, job: Job) -> Job:
     """Finish or keep waiting for the suspend of a job re-adopted after a restart."""
     record = state.store.suspend_of(job.id, job.attempts)
     if record is None or record.mode not in RUNNER_MODES:
-        state.executor.signal(job.id, signal.SIGSTOP)
+        state.node.signal(job.id, signal.SIGSTOP)
         state.store.complete_suspend(job.id, job.attempts, time.time())
         return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
     _arm_grace(state, job, record.requested)  # the request is sent again at the runner's hello
@@ -230,9 +230,7 @@ def suspended_by_exit(state: DaemonState, job: Job, outcome: Outcome) -> bool:
     """
     if outcome.returncode != SUSPEND_EXIT_CODE or outcome.reason:
         return False
-    ack = jobfiles.read_json(
-        state.executor.jobs_dir / str(job.id) / jobfiles.CHECKPOINTS / ACK_FILE
-    )
+    ack = state.node.read_record(job.id, f"{jobfiles.CHECKPOINTS}/{ACK_FILE}")
     if ack is None or ack.get("mode") != "checkpoint":
         return False
     if ack.get("job_id") != job.id or ack.get("attempt") != job.attempts:
@@ -294,7 +292,7 @@ class ChannelListener:
         if record is None or record.completed is not None or record.mode not in RUNNER_MODES:
             return
         if job.state is JobState.SUSPENDING:
-            self.state.control.send(job_id, SuspendRequest(record.mode))
+            self.state.node.control.send(job_id, SuspendRequest(record.mode))
 
     def on_message(self, job_id: int, message: Metrics | Ack) -> None:
         """Store and publish a metrics sample, or act on an acknowledgement."""
@@ -331,7 +329,7 @@ class ChannelListener:
                     f"{_cost(detail)} moved to host memory; GPUs kept",
                 )
             elif job.state is JobState.RUNNING:
-                state.control.send(job.id, ResumeRequest())  # parked after a withdrawal
+                state.node.control.send(job.id, ResumeRequest())  # parked after a withdrawal
         elif ack.request == "resume" and job.state is JobState.RUNNING:
             state.transition(job, job.state, f"back on the device: {_cost(detail)}")
         elif ack.request == "checkpoint":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ def handle(state: DaemonState, request: Clean) -> dict[str, Any]:
         for path in files:
             path.unlink(missing_ok=True)
         for job in doomed:
-            shutil.rmtree(state.executor.jobs_dir / str(job.id), ignore_errors=True)
+            state.node.remove_job_files(job.id)
         state.store.delete(j.id for j in doomed)
     return {
         "ids": [j.id for j in doomed],

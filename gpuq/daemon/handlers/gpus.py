@@ -41,4 +41,4 @@ def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
             }
         )
         out.append(data)
-    return {"gpus": out, "backend": state.backend.kind, "sampled_at": snap.time}
+    return {"gpus": out, "backend": state.node.gpu_backend, "sampled_at": snap.time}
