@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gpuq.cli import render, sim
+from gpuq.cli import render, replay, sim
 from gpuq.cli.errors import render_error
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
@@ -592,6 +592,7 @@ def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
 
 
 app.command("sim")(sim.sim_command)
+app.command("replay")(replay.replay_command)
 
 
 def _register_submit() -> None:

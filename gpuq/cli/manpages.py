@@ -205,6 +205,17 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq sim --compare pollux,optimus -w workload-2 --json | jq '.results[].avg_jct'",
         ),
     ),
+    "replay": (
+        (
+            "Run the first 20 jobs of a generated workload on this daemon, 120x faster.",
+            "gpuq replay gen:1 --first 20 --speedup 120",
+        ),
+        (
+            "A small trace of your own, simulated and live, average JCT of each.",
+            "gpuq sim -p fifo -w jobs.csv --nodes 1 --gpus-per-node 2 --json | "
+            "jq '.results[].avg_jct'; gpuq replay jobs.csv --json | jq '.results[].avg_jct'",
+        ),
+    ),
     "daemon run": (
         ("Run the daemon in the foreground, as systemd does.", "gpuq daemon run --log-level INFO"),
     ),

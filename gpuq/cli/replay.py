@@ -1,0 +1,112 @@
+"""`gpuq replay`: run a simulator workload on the live daemon and report what `gpuq sim` reports.
+
+Each job of the workload runs as a trace job (`gpuq.replay.tracejob`): it
+behaves like the simulator's application, with time compressed by
+`--speedup`, under the daemon's policy, on its GPUs (fake ones work). The
+command submits the jobs at their arrival times, waits for all of them and
+prints the simulator's table for the live run, times in simulated seconds,
+so the two can be compared line by line: `gpuq sim --nodes 1
+--gpus-per-node G` is the same cluster as a daemon with G GPUs.
+
+Workloads are named as for `gpuq sim` (a CSV file, workload-N,
+workload-0.5-N, gen:SEED[:variant][:load]); generated ones are drawn for
+the daemon's GPUs. `--first N` replays only the first N jobs to arrive.
+
+Progress (jobs submitted and ended) is shown on stderr when it is a
+terminal; `--json` prints `{"schema_version", "workload", "settings",
+"results": {policy: summary}}` as `gpuq sim --json` does. Exit status 0
+when every job succeeded; a job that fails or is cancelled stops the
+replay with its reason (exit 1); Ctrl-C stops waiting, and the jobs
+already submitted keep running (`gpuq cancel` ends them).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from gpuq.cli.errors import render_error
+from gpuq.cli.sim import Progress, results_table
+from gpuq.errors import GpuqError, UsageError
+from gpuq.models import JSON_SCHEMA_VERSION
+
+
+def replay_command(
+    workload: Annotated[
+        str,
+        typer.Argument(
+            metavar="WORKLOAD", help="CSV file, workload-N, workload-0.5-N or gen:SEED[:...]."
+        ),
+    ],
+    speedup: Annotated[
+        float, typer.Option("--speedup", help="Simulated seconds per real second.")
+    ] = 60.0,
+    restart_penalty: Annotated[
+        float,
+        typer.Option(
+            "--restart-penalty", help="Simulated seconds each (re)start costs, as in sim."
+        ),
+    ] = 30.0,
+    first: Annotated[
+        int | None, typer.Option("--first", metavar="N", help="Replay only the first N jobs.")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    config: Annotated[
+        str | None, typer.Option("--config", metavar="FILE", help="Configuration file.")
+    ] = None,
+) -> None:
+    """Replay a workload on the live daemon with trace jobs; report it as gpuq sim does.
+
+    Each job behaves like the simulator's application, time compressed by
+    --speedup, so the table (simulated seconds) compares with gpuq sim
+    --nodes 1 --gpus-per-node G on a daemon with G GPUs. Jobs already
+    submitted keep running if the replay is interrupted.
+    """
+    try:
+        from gpuq.client import Client
+        from gpuq.config import load_config
+        from gpuq.replay.run import ReplaySettings, replay
+        from gpuq.sim.run import resolve_workload
+
+        settings = ReplaySettings(speedup=speedup, restart_penalty=restart_penalty)
+        settings.check()
+        if first is not None and first < 1:
+            raise UsageError(f"--first must be at least 1, got {first}")
+        with Client.connect(load_config(config)) as client:
+            gpus = int(client.call("status").get("gpus", 0))
+            if gpus < 1:
+                raise UsageError(
+                    "the daemon has no GPUs to replay a workload on",
+                    hint="declare fake GPUs ([[gpus.fake]] in the config) to replay without any",
+                )
+            jobs = resolve_workload(workload, gpus, gpus)[: first or None]
+            progress = Progress(enabled=not json_out and sys.stderr.isatty())
+            try:
+                result = replay(
+                    client,
+                    jobs,
+                    settings,
+                    lambda p: progress.show(f"{p.submitted}/{p.total} submitted, {p.ended} ended"),
+                )
+            finally:
+                progress.clear()
+    except GpuqError as error:
+        raise typer.Exit(render_error(error, json_out)) from None
+    except KeyboardInterrupt:
+        print("interrupted: jobs already submitted keep running", file=sys.stderr)
+        raise typer.Exit(130) from None
+    results = {f"{result.policy} (live)": result.summary()}
+    if json_out:
+        document = {
+            "schema_version": JSON_SCHEMA_VERSION,
+            "workload": workload,
+            "settings": asdict(settings) | {"gpus": gpus, "jobs": len(jobs)},
+            "results": results,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(results_table(results))
