@@ -57,12 +57,19 @@ class DaemonConfig:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """The `[scheduler]` section: the policy and the memory safety margins."""
+    """The `[scheduler]` section: the policy, how often it decides, the memory safety margins.
+
+    `interval` is the longest time between two decisions when nothing
+    happens (a submission, an exit or a GPU change triggers one at once):
+    policies whose choices change with time alone (tiresias's service
+    thresholds) act within it.
+    """
 
     policy: str = "fifo"
     memory_margin: float = 0.05
     foreign_tolerance: int = 512 * 1024**2
     auto_mem_margin: float = 0.10
+    interval: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,7 @@ _EXPECTED: dict[str, str] = {
     "scheduler.memory_margin": "a fraction from 0 up to but excluding 0.5",
     "scheduler.foreign_tolerance": _SIZE,
     "scheduler.auto_mem_margin": "a fraction from 0 up to but excluding 1",
+    "scheduler.interval": 'seconds, from 0.05 to 3600, or a duration such as "5s"',
     "defaults.priority": "a whole number",
     "defaults.retries": "a whole number, 0 or more",
     "defaults.time_limit": 'seconds (a number) or a duration such as "4h"',
@@ -318,6 +326,12 @@ def _positive_duration(value: object) -> float | None:
     return seconds if seconds is None or seconds > 0 else None
 
 
+def _interval(value: object) -> float | None:
+    """A duration from 50 ms to an hour."""
+    seconds = _duration(value)
+    return seconds if seconds is None or 0.05 <= seconds <= 3600 else None
+
+
 def _log_size(value: object) -> int | None:
     """0 (no limit) or a size of at least 4 KiB."""
     size = _size(value)
@@ -397,6 +411,7 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
             memory_margin=scheduler.get("memory_margin", s.memory_margin, _fraction(0.5)),
             foreign_tolerance=scheduler.get("foreign_tolerance", s.foreign_tolerance, _size),
             auto_mem_margin=scheduler.get("auto_mem_margin", s.auto_mem_margin, _fraction(1.0)),
+            interval=scheduler.get("interval", s.interval, _interval),
         ),
         gpus=_gpus(data.get("gpus", {}), source, path, daemon.node_name),
         defaults=DefaultsConfig(

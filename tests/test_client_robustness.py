@@ -78,6 +78,8 @@ def fake_server(path: Path, on_accept: Callable[[socket.socket], None]) -> Itera
         yield
     finally:
         stop.set()
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() below; close() alone does not
         listener.close()
         thread.join(timeout=5)
 

@@ -56,7 +56,11 @@ def test_defaults_without_any_file(tmp_path: Path, env: dict[str, str]) -> None:
     assert config.daemon.kill_grace == 10.0
     assert config.daemon.allow_network_fs is False
     assert config.scheduler == SchedulerConfig(
-        policy="fifo", memory_margin=0.05, foreign_tolerance=512 * MiB, auto_mem_margin=0.10
+        policy="fifo",
+        memory_margin=0.05,
+        foreign_tolerance=512 * MiB,
+        auto_mem_margin=0.10,
+        interval=5.0,
     )
     assert config.defaults == DefaultsConfig(priority=0, retries=0, time_limit=None, gpus=1)
     assert config.gpus == GpuConfig(node=config.daemon.node_name)
@@ -85,6 +89,7 @@ policy = "fifo"
 memory_margin = 0.1
 foreign_tolerance = "1G"
 auto_mem_margin = 0.2
+interval = 0.3
 
 [defaults]
 priority = -5
@@ -121,7 +126,7 @@ def test_every_key(tmp_path: Path, env: dict[str, str]) -> None:
         kill_grace=30.0,
         allow_network_fs=True,
     )
-    assert config.scheduler == SchedulerConfig("fifo", 0.1, GiB, 0.2)
+    assert config.scheduler == SchedulerConfig("fifo", 0.1, GiB, 0.2, 0.3)
     assert config.defaults == DefaultsConfig(priority=-5, retries=2, time_limit=86400.0, gpus=0)
     assert config.gpus == GpuConfig(
         backend="fake",
@@ -315,6 +320,8 @@ BAD_VALUES: list[tuple[str, str, str, str]] = [
     ("scheduler", "foreign_tolerance", "1.5", "512M"),
     ("scheduler", "foreign_tolerance", '"lots"', "invalid size"),
     ("scheduler", "auto_mem_margin", "1.0", "1"),
+    ("scheduler", "interval", "0.01", "from 0.05 to 3600"),
+    ("scheduler", "interval", '"2h"', "from 0.05 to 3600"),
     ("defaults", "priority", "1.5", "whole number"),
     ("defaults", "priority", "true", "whole number"),
     ("defaults", "retries", "-1", "0 or more"),

@@ -8,6 +8,7 @@ the job handle, the metrics recorder and the thread are all torch-free.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import shutil
@@ -84,8 +85,17 @@ class ScriptedDaemon:
         self.conn = None
 
     def close(self) -> None:
-        """Stop listening and close everything."""
+        """Stop listening and close everything, a connection being accepted included.
+
+        shutdown() wakes the thread blocked in accept(); once it has ended no
+        connection can be queued behind the drain below (one accepted at the
+        moment of closing used to leak, found on a loaded machine).
+        """
+        with contextlib.suppress(OSError):
+            self.listening.shutdown(socket.SHUT_RDWR)
         self.listening.close()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "the accept thread did not stop"
         if self.conn is not None:
             self.conn.close()
         while not self.accepted.empty():

@@ -219,7 +219,7 @@ class Server:
             # burst of submissions against a long queue is coalesced.
             elapsed = time.perf_counter() - started
             await asyncio.sleep(min(2 * elapsed, MAX_PASS_BACKOFF))
-            timeout = 5.0
+            timeout = state.config.scheduler.interval
             if state.next_begin is not None:
                 timeout = max(0.05, min(timeout, state.next_begin - time.time()))
             with contextlib.suppress(TimeoutError):
