@@ -8,6 +8,13 @@ prints the simulator's table for the live run, times in simulated seconds,
 so the two can be compared line by line: `gpuq sim --nodes 1
 --gpus-per-node G` is the same cluster as a daemon with G GPUs.
 
+The daemon's policy and its time constants are real time: to compare with
+the simulator's 60 s tick at `--speedup S`, set `scheduler.interval` to
+60/S seconds and divide the policy's own times by S (for tiresias,
+`thresholds_gpu_hours`). A trace job's start-up (about 2 s of Python and
+torch) counts towards its compressed restart penalty and is made up while
+it runs; a job much shorter than that ends late.
+
 Workloads are named as for `gpuq sim` (a CSV file, workload-N,
 workload-0.5-N, gen:SEED[:variant][:load]); generated ones are drawn for
 the daemon's GPUs. `--first N` replays only the first N jobs to arrive.
