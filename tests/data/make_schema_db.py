@@ -22,6 +22,8 @@ The commits, from `git log -- gpuq/daemon/migrations.py gpuq/daemon/store.py`:
   migrations.py were unchanged since 234f932 added the migration.
 - 0003_hardening: f1e007d, the commit that added it (arrays with ids of their
   own, run-time accounting, retry times).
+- 0004_live_scheduling: bf88576, the commit that added it (who asked for a
+  suspend and why; a table for policies' state).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ FIXTURES: dict[str, str] = {
     "0001_initial": "6f2a8f28bb707caf9eb53b4403d1a80f9f46d80a",
     "0002_control_channel": "7ce72472c687bb0ad440dfe5f587a93a96bdf7f6",
     "0003_hardening": "f1e007d811a8029a266400fdf1701e49cb4476c6",
+    "0004_live_scheduling": "bf88576f5485154073fbf86d29f22cd15e9340ed",
 }
 """Each released schema (its newest migration) and the commit whose code writes its fixture."""
 
