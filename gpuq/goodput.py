@@ -284,7 +284,8 @@ class GoodputFunction:
         steps = np.linspace(0.0, 1.0, CANDIDATES)[:, None]
         local = smallest * (max_batch / smallest) ** steps / k
         if accumulation:
-            accum = np.ceil(local / max_local - _EPS) - 1
+            # At least 0: a per-GPU batch far below a huge max_local rounds to -1 otherwise.
+            accum = np.maximum(np.ceil(local / max_local - _EPS) - 1, 0)
             one_gpu_above_m0 = (k == 1) & (local > m0 + _EPS)
             accum = np.where(one_gpu_above_m0, np.maximum(accum, 1), accum).astype(np.int64)
         else:

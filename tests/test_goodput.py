@@ -250,6 +250,14 @@ def test_one_gpu_above_the_initial_batch_accumulates_at_least_once() -> None:
     assert fn.optimize(1, 1, 32 * M0, (16, 4096), accumulation=False)[2] == 0
 
 
+def test_a_huge_per_gpu_limit_never_means_negative_accumulation() -> None:
+    # 8 GPUs share a small batch: each GPU's part is a tiny fraction of the
+    # limit, which used to round to -1 accumulation steps (a division by zero).
+    fn = GoodputFunction(PERF, NOISY, 64)
+    goodput, local_bsz, accum = fn.optimize(1, 8, 1024, (1, 1 << 30), accumulation=True)
+    assert goodput > 0 and accum == 0 and local_bsz >= 8
+
+
 def test_without_a_max_batch_size_the_batch_is_the_initial_one() -> None:
     fn = GoodputFunction(PERF, NOISY, M0)
     for replicas in (1, 2, 3, 4, 5):

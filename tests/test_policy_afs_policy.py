@@ -79,8 +79,10 @@ def test_the_registry_builds_afs_l_and_afs_p_each_under_its_name() -> None:
     by_name = get_policy("afs-p", seed=5)
     assert isinstance(by_name, AfsPPolicy)
     assert (by_name.name, by_name.variant, by_name.seed) == ("afs-p", "P", 5)
-    assert AfsPolicy("L").capabilities == Capabilities(preemption=True, remaining_work=True)
-    assert AfsPolicy("P").capabilities == Capabilities(preemption=True)  # no oracle
+    assert AfsPolicy("L").capabilities == Capabilities(
+        preemption=True, remaining_work=True, remembers=True
+    )
+    assert AfsPolicy("P").capabilities == Capabilities(preemption=True, remembers=True)  # no oracle
     assert AfsPolicy("P").unit == DEFAULT_UNIT == 900.0
 
 

@@ -228,6 +228,9 @@ def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
     assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva"}
     assert {n for n, c in declared.items() if c.packing} == {"gandiva"}
     assert {n for n, c in declared.items() if not c.preemption} == {"fifo"}
+    assert {n for n, c in declared.items() if c.remembers} == {
+        "afs", "afs-p", "pollux", "gandiva", "ones", "gpuq",
+    }  # fmt: skip
     assert {n for n, c in declared.items() if c.remaining_work} == {
         "srtf", "srsf", "optimus", "afs", "ones", "gpuq",
     }  # fmt: skip

@@ -500,7 +500,9 @@ def test_the_policy_is_registered_and_declares_time_slicing() -> None:
     policy = get_policy("gandiva", seed=3)
     assert isinstance(policy, GandivaPolicy)
     assert policy.name == "gandiva"
-    assert policy.capabilities == Capabilities(time_slicing=True, packing=True, preemption=True)
+    assert policy.capabilities == Capabilities(
+        time_slicing=True, packing=True, preemption=True, remembers=True
+    )
 
 
 @pytest.mark.parametrize(

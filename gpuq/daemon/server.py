@@ -28,7 +28,7 @@ from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.control import CONTROL_DIR, ControlHub
 from gpuq.daemon.executor import Executor
 from gpuq.daemon.node.local import LocalNode
-from gpuq.daemon.scheduler import tick
+from gpuq.daemon.scheduler import memory, tick
 from gpuq.daemon.spawner import SpawnerClient
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import Store
@@ -146,6 +146,7 @@ class Server:
             self._spawner.attach(asyncio.get_running_loop())
         node.control.listener = suspend.ChannelListener(state)
         state.load()
+        memory.restore(state)
         await monitor.sample_once(state)
         counts = recovery.recover(state)
         log.info("recovered jobs: %s", counts)

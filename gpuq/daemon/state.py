@@ -24,6 +24,7 @@ from gpuq.daemon import notify, reload
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.node.interface import Node
 from gpuq.daemon.reload import ConfigWatch
+from gpuq.daemon.scheduler import memory
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError, StateError
@@ -82,6 +83,8 @@ class DaemonState:
         self.memory_peaks: dict[int, int] = {}
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
+        self.policy_saved: str | None = None
+        """The policy's memory as last kept in the store (`scheduler.memory`)."""
         self.decision_in_flight: asyncio.Future[Decision] | None = None
         """The policy's decision being made in a worker thread (`scheduler.tick.decide`)."""
         self.unrecorded: dict[int, Outcome] = {}
@@ -218,9 +221,12 @@ class DaemonState:
     def reload_config(self) -> dict[str, Any]:
         """Apply the config file as it is now (`gpuq.daemon.reload`); ConfigError if invalid."""
         running, applied, restart = reload.reload(self.config)
-        if running.scheduler.policy != self.config.scheduler.policy:
+        changed = running.scheduler.policy != self.config.scheduler.policy
+        if changed:
             self.policy = get_policy(running.scheduler.policy)
         self.config = running
+        if changed:
+            memory.restore(self)
         self.config_watch.loaded(running.source)
         self.config_watch.restart_needed = sorted(
             set(self.config_watch.restart_needed) | set(restart)

@@ -348,6 +348,22 @@ class Store:
 
     # -- reads ----------------------------------------------------------
 
+    def save_policy_state(self, policy: str, saved: str, now: float) -> None:
+        """Keep the memory of `policy` (its spec, options included), JSON text."""
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO policy_state (policy, state, saved) VALUES (?,?,?) "
+                "ON CONFLICT(policy) DO UPDATE SET state=excluded.state, saved=excluded.saved",
+                (policy, saved, now),
+            )
+
+    def policy_state(self, policy: str) -> str | None:
+        """The memory last kept for `policy`, or None."""
+        row = self._conn.execute(
+            "SELECT state FROM policy_state WHERE policy=?", (policy,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def memory_peak(self, name: str) -> int | None:
         """The learned memory peak of jobs called `name`, if any ran."""
         row = self._conn.execute("SELECT peak FROM memory_peaks WHERE name=?", (name,)).fetchone()

@@ -20,16 +20,21 @@ Conventions, shared by every policy and by both callers:
 - Time is passed in as `now`, in seconds. Policies are deterministic for a
   given seed, never read the clock, and never mutate the state.
 - What a policy needs from its caller is declared in its `capabilities`
-  (adaptive jobs, time-slicing, packing, preemption, remaining work), never
-  probed: the simulator and the daemon read it to know how to run its
-  decisions, and where they cannot, refuse the policy with a reason.
+  (adaptive jobs, time-slicing, packing, preemption, remaining work, memory
+  between decisions), never probed: the simulator and the daemon read it to
+  know how to run its decisions, and where they cannot, refuse the policy
+  with a reason.
+- A policy that remembers (`capabilities.remembers`) and runs in the daemon
+  implements `Remembers`: the daemon persists what `save` returns after each
+  decision and gives it to `restore` after a restart, so a restart does not
+  change its choices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from gpuq.goodput import GoodputFunction
@@ -212,7 +217,10 @@ class Capabilities:
     - `preemption`: a running job may lose, change or move its GPUs, so the
       caller must be able to suspend, resize and move jobs;
     - `remaining_work`: the policy reads `JobView.remaining_iterations`,
-      exact in the simulator (an oracle) and an estimate where it runs live.
+      exact in the simulator (an oracle) and an estimate where it runs live;
+    - `remembers`: the policy keeps state between decisions that changes its
+      choices (a search's last population, a packing book, service clocks);
+      where it runs in the daemon it implements `Remembers`.
     """
 
     adaptive_jobs: bool = False
@@ -220,6 +228,7 @@ class Capabilities:
     packing: bool = False
     preemption: bool = False
     remaining_work: bool = False
+    remembers: bool = False
 
 
 class Policy(Protocol):
@@ -230,6 +239,26 @@ class Policy(Protocol):
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Return the allocations for this instant; must not mutate `state`."""
+        ...
+
+
+@runtime_checkable
+class Remembers(Protocol):
+    """A policy whose memory between decisions can be saved and restored.
+
+    `save()` returns JSON-ready data (dicts, lists, strings, numbers, bools,
+    None); `restore(saved)` on a fresh policy built with the same options
+    makes it decide from then on exactly as the saved one would have. Data
+    it does not recognise (another version's) raises ValueError, and the
+    caller starts the policy afresh.
+    """
+
+    def save(self) -> dict[str, Any]:
+        """The policy's memory, JSON-ready."""
+        ...
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take up the memory `save` returned (ValueError if it cannot)."""
         ...
 
 

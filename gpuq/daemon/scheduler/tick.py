@@ -21,7 +21,7 @@ import logging
 import time
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.scheduler import actuator
+from gpuq.daemon.scheduler import actuator, memory
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
@@ -100,6 +100,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         late.update((job.id, decision) for job in cluster.jobs if not job.gpu_uuids)
         state.waiting_reasons = late
         return []
+    memory.persist(state)
     preemptions = actuator.preempt(state, plan(cluster, decision))
     starts, waiting = placements(cluster, decision)
     release = preemptions.release_reason()

@@ -110,7 +110,7 @@ class AfsPolicy:
     """AFS-L or AFS-P shares at churn events, packed onto nodes (module docstring)."""
 
     name: str = "afs"
-    capabilities = Capabilities(preemption=True, remaining_work=True)
+    capabilities = Capabilities(preemption=True, remaining_work=True, remembers=True)
 
     def __init__(
         self,
@@ -129,7 +129,9 @@ class AfsPolicy:
             raise UsageError(f"unknown_step_time must be positive, got {unknown_step_time}")
         self.variant = variant
         self.name = "afs" if variant == "L" else "afs-p"
-        self.capabilities = Capabilities(preemption=True, remaining_work=variant == "L")
+        self.capabilities = Capabilities(
+            preemption=True, remaining_work=variant == "L", remembers=True
+        )
         self.unit = unit
         self.seed = seed
         self.cap_at_peak = cap_at_peak

@@ -81,7 +81,7 @@ class GandivaPolicy:
     """Gandiva: Algorithm 1 placement, time-slicing, packing, migration, grow-shrink."""
 
     name = "gandiva"
-    capabilities = Capabilities(time_slicing=True, packing=True, preemption=True)
+    capabilities = Capabilities(time_slicing=True, packing=True, preemption=True, remembers=True)
 
     def __init__(
         self,

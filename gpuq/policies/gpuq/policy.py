@@ -85,7 +85,9 @@ class GpuqPolicy(PolluxPolicy):
     """Pollux's goodput-driven allocation with gpuq's restart charges (see module)."""
 
     name = "gpuq"
-    capabilities = Capabilities(adaptive_jobs=True, preemption=True, remaining_work=True)
+    capabilities = Capabilities(
+        adaptive_jobs=True, preemption=True, remaining_work=True, remembers=True
+    )
 
     def __init__(self, seed: int = 0, starts: str = "idle", remaining_aware: bool = False) -> None:
         super().__init__(seed=seed)

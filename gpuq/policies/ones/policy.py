@@ -112,7 +112,7 @@ class OnesPolicy:
     """The ONES scheduler; keeps its population and per-job limits between calls."""
 
     name = "ones"
-    capabilities = Capabilities(preemption=True, remaining_work=True)
+    capabilities = Capabilities(preemption=True, remaining_work=True, remembers=True)
 
     def __init__(
         self,

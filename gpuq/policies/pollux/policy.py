@@ -73,9 +73,11 @@ changes speed only.
 
 from __future__ import annotations
 
+import base64
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -130,11 +132,23 @@ class _Population:
     states: Allocations
 
 
+def _population(data: Mapping[str, Any]) -> _Population:
+    """A population as `PolluxPolicy.save` wrote it (KeyError, TypeError, ValueError if not)."""
+    shape = tuple(int(n) for n in data["shape"])
+    raw = base64.b64decode(data["states"], validate=True)
+    states = np.frombuffer(raw, dtype=np.int8).reshape(shape).copy()
+    job_ids = tuple(int(i) for i in data["job_ids"])
+    node_names = tuple(str(n) for n in data["node_names"])
+    if shape[1:] != (len(node_names), len(job_ids)):
+        raise ValueError(f"a population of shape {shape} for {len(job_ids)} jobs")
+    return _Population(job_ids, node_names, states)
+
+
 class PolluxPolicy:
     """Pollux's scheduler: maximize the power mean of goodput speedups (module docstring)."""
 
     name = "pollux"
-    capabilities = Capabilities(adaptive_jobs=True, preemption=True)
+    capabilities = Capabilities(adaptive_jobs=True, preemption=True, remembers=True)
 
     def __init__(
         self,
@@ -239,6 +253,33 @@ class PolluxPolicy:
             else:
                 notes[job.id] = f"waiting (cap {int(problem.max_gpus[row])} GPUs)"
         return Decision(allocations=allocations, notes=notes)
+
+    def save(self) -> dict[str, Any]:
+        """Its memory: the random generator and the last population (`Remembers`)."""
+        saved: dict[str, Any] = {"version": 1, "rng": self._rng.bit_generator.state}
+        previous = self._previous
+        if previous is not None:
+            states = np.ascontiguousarray(previous.states, dtype=np.int8)
+            saved["previous"] = {
+                "job_ids": list(previous.job_ids),
+                "node_names": list(previous.node_names),
+                "shape": list(states.shape),
+                "states": base64.b64encode(states.tobytes()).decode("ascii"),
+            }
+        return saved
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take up what `save` returned; ValueError if it is not that."""
+        version = saved.get("version")
+        if version != 1:
+            raise ValueError(f"not a saved {self.name} policy: unknown version {version!r}")
+        try:
+            rng = np.random.default_rng()
+            rng.bit_generator.state = saved["rng"]
+            previous = _population(saved["previous"]) if "previous" in saved else None
+        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
+            raise ValueError(f"not a saved {self.name} policy: {exc}") from None
+        self._rng, self._previous = rng, previous
 
     def _warm_start(self, job_ids: tuple[int, ...], node_names: tuple[str, ...]) -> Allocations:
         """The previous final population mapped onto this instant's jobs and nodes."""

@@ -1,0 +1,70 @@
+"""The policy's memory across daemon restarts (Pollux's last population, for one).
+
+A policy that remembers (`Capabilities.remembers`, `Remembers`) gets back,
+when the daemon starts or switches to it, what it saved before; after every
+decision what it saves now is kept in the store (the `policy_state` table,
+keyed by the policy as configured, options included), written only when it
+changed. Memory that cannot be read back (another version's, a damaged
+row) is dropped with a warning and the policy starts afresh: it only makes
+decisions better, and a daemon must start. A full disk likewise only costs
+the memory of the decisions it could not record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from gpuq.errors import StateError
+from gpuq.policies.interface import Remembers
+
+if TYPE_CHECKING:  # the state calls `restore` when its policy changes
+    from gpuq.daemon.state import DaemonState
+
+log = logging.getLogger("gpuq.daemon")
+
+
+def _remembering(state: DaemonState) -> Remembers | None:
+    policy = state.policy
+    if policy.capabilities.remembers and isinstance(policy, Remembers):
+        return policy
+    return None
+
+
+def restore(state: DaemonState) -> bool:
+    """Give the policy what it saved last time; True if it took it up."""
+    policy = _remembering(state)
+    state.policy_saved = None
+    if policy is None:
+        return False
+    key = state.config.scheduler.policy
+    text = state.store.policy_state(key)
+    if text is None:
+        return False
+    try:
+        saved = json.loads(text)
+        policy.restore(saved if isinstance(saved, dict) else {})
+    except ValueError as exc:  # JSONDecodeError included
+        log.warning("policy %s: its saved memory is dropped (%s); starting afresh", key, exc)
+        return False
+    state.policy_saved = text
+    log.info("policy %s: memory restored", key)
+    return True
+
+
+def persist(state: DaemonState) -> None:
+    """Keep what the policy remembers now, if it changed since it was last kept."""
+    policy = _remembering(state)
+    if policy is None:
+        return
+    text = json.dumps(policy.save(), sort_keys=True, separators=(",", ":"))
+    if text == state.policy_saved:
+        return
+    try:
+        state.store.save_policy_state(state.config.scheduler.policy, text, time.time())
+    except StateError as exc:
+        log.warning("policy memory not kept: %s", exc)
+        return
+    state.policy_saved = text
