@@ -97,6 +97,9 @@ class JobSpec:
     `gpus` is the number of whole GPUs, or, with `gpu_mem`, the number of GPU
     shares of that many bytes each (packing). `gpu_mem_auto` asks gpuq to use
     the memory peak learned from earlier runs of a job with the same name.
+    `gpus_max` makes the job adaptive (`--gpus MIN-MAX`): a policy that
+    allocates by goodput gives it from `gpus` to `gpus_max` GPUs and may
+    resize it through its runner's checkpoint; others give it `gpus`.
     """
 
     command: tuple[str, ...]
@@ -105,6 +108,7 @@ class JobSpec:
     name: str = ""
     user: str = ""
     gpus: int = 1
+    gpus_max: int | None = None
     gpu_mem: int | None = None
     gpu_mem_auto: bool = False
     exclusive: bool = False
@@ -210,6 +214,7 @@ class Job:
             "exit_code": self.exit_code,
             "signal": self.signal,
             "gpus": self.spec.gpus,
+            "gpus_max": self.spec.gpus_max,
             "gpu_mem": self.spec.gpu_mem,
             "gpu_uuids": list(self.gpu_uuids),
             "gpu_mem_reserved": self.gpu_mem_reserved,

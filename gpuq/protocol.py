@@ -352,6 +352,8 @@ def request_params(request: Request) -> dict[str, Any]:
     }
 
 
+MAX_GPUS: Final = 4096
+"""The most GPUs a GPU range may name (a guard against typos, not a lab's size)."""
 _SPEC_TYPES: Final = {f.name: str(f.type) for f in dataclasses.fields(JobSpec)}
 _SPEC_WIRE_TYPES: Final = {
     **_SPEC_TYPES,
@@ -399,6 +401,19 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
 def _check_ranges(spec: JobSpec) -> None:
     if spec.gpus < 0:
         raise UsageError(f"--gpus must be 0 or more, got {spec.gpus}")
+    if spec.gpus_max is not None:
+        if spec.gpus < 1 or spec.gpus_max < spec.gpus:
+            raise UsageError(
+                f"--gpus {spec.gpus}-{spec.gpus_max}: a range needs 1 <= MIN <= MAX",
+                "e.g. --gpus 1-8 for a job that can use from 1 to 8 GPUs",
+            )
+        if spec.gpus_max > MAX_GPUS:
+            raise UsageError(f"--gpus: at most {MAX_GPUS} GPUs, got {spec.gpus_max}")
+        if spec.shares_gpu:
+            raise UsageError(
+                "--gpu-mem shares GPUs; a GPU range takes them whole",
+                "drop --gpu-mem, or give a single count with --gpus N",
+            )
     if spec.gpu_mem is not None and spec.gpu_mem <= 0:
         raise UsageError("--gpu-mem must be positive")
     if spec.shares_gpu and spec.gpus == 0:

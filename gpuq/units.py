@@ -231,6 +231,19 @@ def parse_signal_spec(text: str) -> tuple[int, float]:
     return int(member), seconds
 
 
+def parse_gpus(text: str) -> tuple[int, int | None]:
+    """`N` as (N, None), `MIN-MAX` as (MIN, MAX); UsageError otherwise."""
+    low, dash, high = text.strip().partition("-")
+    try:
+        first = int(low)
+        last = int(high) if dash else None
+    except ValueError:
+        raise UsageError(
+            f"--gpus needs a count or a range, got {text!r}", "e.g. --gpus 2 or --gpus 1-8"
+        ) from None
+    return first, last
+
+
 def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     """(task indices sorted and unique, most to run at once or None) from an `--array` spec.
 

@@ -165,6 +165,33 @@ def test_a_job_submitted_from_inside_a_job_does_not_inherit_its_gpuq_variables(
     assert seen["GPUQ_CONFIG"] == str(daemon.config_path)  # gpuq inside reaches this daemon
 
 
+def test_a_gpu_range_makes_an_adaptive_job_that_fifo_runs_on_its_minimum(
+    daemon: DaemonHarness,
+) -> None:
+    job_id = submit(daemon, "--gpus", "1-2", "--", "sleep", "30")
+    job = daemon.wait_state(job_id, "running")
+    assert (job["gpus"], job["gpus_max"], len(job["gpu_uuids"])) == (1, 2, 1)
+    assert job["spec"]["gpus_max"] == 2
+    row = daemon.cli("ls").stdout.splitlines()[1].split()
+    assert row[3] == "1/1-2"  # holds 1 of 1-2
+    cancel(daemon, job_id)
+
+
+def test_impossible_gpu_ranges_are_usage_errors(daemon: DaemonHarness) -> None:
+    for text, message in [
+        ("4-2", "a range needs 1 <= MIN <= MAX"),
+        ("0-2", "a range needs 1 <= MIN <= MAX"),
+        ("one", "--gpus needs a count or a range"),
+        ("1-99999", "at most 4096 GPUs"),
+    ]:
+        result = daemon.cli("submit", "--gpus", text, "--", "true")
+        assert result.returncode == 2, text
+        assert message in result.stderr, result.stderr
+    shares = daemon.cli("submit", "--gpus", "1-2", "--gpu-mem", "1G", "--", "true")
+    assert "a GPU range takes them whole" in shares.stderr
+    assert listed(daemon, "--all") == []
+
+
 def test_env_without_an_equals_sign_is_a_usage_error(daemon: DaemonHarness) -> None:
     result = daemon.cli("submit", "--env", "JUSTAKEY", "--", "true")
     assert result.returncode == 2

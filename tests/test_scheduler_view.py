@@ -117,3 +117,19 @@ def test_every_job_carries_its_run_time_and_service_and_running_ones_if_preempti
     assert (waiting.run_time, waiting.attained_service) == (30.0, 60.0)
     assert (holding.run_time, holding.attained_service) == (15.0, 30.0)
     assert holding.preemptible
+
+
+def test_an_adaptive_job_asks_for_its_minimum_and_may_use_its_maximum() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=1, gpus_max=8)
+    rigid = JobSpec(command=("true",), cwd="/", gpus=2)
+    state = build_state(
+        [Job(1, spec, JobState.QUEUED), Job(2, rigid, JobState.QUEUED)],
+        [],
+        snapshot(),
+        0.0,
+        0,
+        lambda job: None,
+    )
+    adaptive, fixed = state.jobs
+    assert (adaptive.adaptive, adaptive.gpus_requested, adaptive.max_gpus) == (True, 1, 8)
+    assert (fixed.adaptive, fixed.gpus_requested, fixed.max_gpus) == (False, 2, 2)

@@ -16,6 +16,7 @@ from gpuq.units import (
     parse_array,
     parse_begin,
     parse_duration,
+    parse_gpus,
     parse_signal_spec,
     parse_size,
 )
@@ -327,3 +328,16 @@ def test_expand_output_pattern_rejects_unknown_placeholders(pattern: str, shown:
         expand_output_pattern(pattern, 1, None, None, "n", "u")
     assert shown in info.value.message
     assert info.value.hint is not None and "%j job id" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("2", (2, None)), ("0", (0, None)), ("1-8", (1, 8)), (" 2-4 ", (2, 4))]
+)
+def test_parse_gpus_reads_a_count_or_a_range(text: str, expected: tuple[int, int | None]) -> None:
+    assert parse_gpus(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "x", "1-", "-3", "1-2-3", "1.5"])
+def test_parse_gpus_refuses_anything_else(text: str) -> None:
+    with pytest.raises(UsageError, match="--gpus needs a count or a range"):
+        parse_gpus(text)

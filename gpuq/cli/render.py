@@ -38,13 +38,17 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def gpus_cell(job: dict[str, Any]) -> str:
-    """`2`, `1x6.0G` (a share), or `-` for a CPU-only job."""
+    """`2`, `1x6.0G` (a share), `1-8` (adaptive; `4/1-8` holding 4), or `-` for CPU only."""
     if job["gpus"] == 0:
         return "-"
     if job["gpu_mem"] is not None:
         return f"{job['gpus']}x{format_size(job['gpu_mem'])}"
     if job["spec"].get("gpu_mem_auto"):
         return f"{job['gpus']}xauto"
+    if job.get("gpus_max") is not None:
+        held = len(job.get("gpu_uuids") or ())
+        asked = f"{job['gpus']}-{job['gpus_max']}"
+        return f"{held}/{asked}" if held else asked
     return str(job["gpus"])
 
 

@@ -32,7 +32,15 @@ class Option:
 
 
 SUBMIT_OPTIONS: tuple[Option, ...] = (
-    Option(("--gpus", "-g"), "gpus", "int", "N", "Number of GPUs (0: a CPU-only job). Default 1."),
+    Option(
+        ("--gpus", "-g"),
+        "gpus",
+        "str",
+        "N|MIN-MAX",
+        "Number of GPUs (0: a CPU-only job). Default 1. MIN-MAX makes the job adaptive: "
+        "a goodput policy gives it from MIN to MAX GPUs and resizes it through its "
+        "gpuq.runner checkpoint; other policies give it MIN.",
+    ),
     Option(
         ("--gpu-mem",),
         "gpu_mem",
@@ -253,12 +261,16 @@ def build_spec(
     if values.get("signal"):
         signal_spec = list(units.parse_signal_spec(values["signal"]))
     time_limit = units.parse_duration(values["time"]) if values.get("time") else defaults.time_limit
+    gpus, gpus_max = defaults.gpus, None
+    if values.get("gpus") is not None:
+        gpus, gpus_max = units.parse_gpus(str(values["gpus"]))
     spec: dict[str, Any] = {
         "command": command,
         "cwd": cwd,
         "env": env,
         "name": values.get("name") or os.path.basename(command[0]),
-        "gpus": values.get("gpus", defaults.gpus),
+        "gpus": gpus,
+        "gpus_max": gpus_max,
         "gpu_mem": gpu_mem,
         "gpu_mem_auto": auto,
         "exclusive": bool(values.get("exclusive")),

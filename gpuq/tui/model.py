@@ -63,13 +63,17 @@ def job_name(job: Job) -> str:
 
 
 def gpus_cell(job: Job) -> str:
-    """GPUs asked for: `2`, `1x6.0G` for a share, `1xauto`, or `-` for CPU only."""
+    """GPUs asked for: `2`, `1x6.0G`, `1xauto`, `1-8` (adaptive; `4/1-8` holding 4), or `-`."""
     if job["gpus"] == 0:
         return "-"
     if job.get("gpu_mem") is not None:
         return f"{job['gpus']}x{format_size(job['gpu_mem'])}"
     if job.get("spec", {}).get("gpu_mem_auto"):
         return f"{job['gpus']}xauto"
+    if job.get("gpus_max") is not None:
+        held = len(job.get("gpu_uuids") or ())
+        asked = f"{job['gpus']}-{job['gpus_max']}"
+        return f"{held}/{asked}" if held else asked
     return str(job["gpus"])
 
 

@@ -2,6 +2,7 @@
 
 Its GPUs with their foreign memory, its ready GPU jobs (with learned memory
 for `--gpu-mem auto`) and its running jobs with their GPUs and reservations.
+An adaptive job (`--gpus MIN-MAX`) asks for MIN and may use up to MAX.
 Every job carries its run time over all attempts and its attained service
 (run time x GPUs asked), the measure of least-attained-service policies; a
 running job is `preemptible` when the scheduler may take its GPUs (a
@@ -52,7 +53,8 @@ def build_state(
                 id=job.id,
                 submit_time=job.submit_time,
                 gpus_requested=spec.gpus,
-                max_gpus=spec.gpus,
+                adaptive=spec.gpus_max is not None,
+                max_gpus=spec.gpus_max or spec.gpus,
                 priority=spec.priority,
                 name=spec.name,
                 gpu_mem=gpu_mem,
@@ -69,7 +71,8 @@ def build_state(
                     id=job.id,
                     submit_time=job.submit_time,
                     gpus_requested=job.spec.gpus,
-                    max_gpus=job.spec.gpus,
+                    adaptive=job.spec.gpus_max is not None,
+                    max_gpus=job.spec.gpus_max or job.spec.gpus,
                     priority=job.spec.priority,
                     name=job.spec.name,
                     allocation=allocation(job.gpu_uuids),
