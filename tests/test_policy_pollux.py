@@ -84,7 +84,7 @@ def gpus_of(decision: Decision, job_id: int) -> int:
 
 
 def assert_valid(state: ClusterState, decision: Decision, policy: PolluxPolicy) -> None:
-    """Capacity, interference avoidance and per-job caps all hold."""
+    """Capacity, interference avoidance, per-job caps and minimums all hold."""
     assert capacity_violations(state, decision) == []
     spans = {i: 0 for i in range(len(state.nodes))}
     for allocation in decision.allocations.values():
@@ -95,7 +95,10 @@ def assert_valid(state: ClusterState, decision: Decision, policy: PolluxPolicy) 
     assert max(spans.values(), default=0) <= 1, "two multi-node jobs share a node"
     for view in state.jobs:
         allocation = decision.allocations.get(view.id, ())
-        assert sum(allocation) <= gpu_cap(view, state.total_gpus, policy.max_gpu_factor)
+        least = view.min_gpus
+        cap = max(gpu_cap(view, state.total_gpus, policy.max_gpu_factor), least)
+        assert sum(allocation) <= cap
+        assert sum(allocation) == 0 or sum(allocation) >= least, "below the job's minimum"
         assert sum(1 for count in allocation if count) <= 16
 
 
@@ -497,9 +500,25 @@ def cluster_states(draw: st.DrawFn) -> ClusterState:
                 max_gpus=draw(st.integers(1, 16)),
                 adaptive=draw(st.booleans()),
                 batch_size=draw(st.sampled_from([64, 256, 1024])),
+                min_gpus=draw(st.sampled_from([0, 0, 1, 2, 3, 5])),
             )
         )
     return ClusterState(tuple(NodeView(f"n{i}", g) for i, g in enumerate(sizes)), tuple(views))
+
+
+def test_a_job_gets_none_or_at_least_its_minimum_even_unexplored() -> None:
+    # A rigid 4-GPU job (the daemon's minimum) that never ran: its exploration
+    # cap (1 GPU) is raised to 4, and it never runs on fewer.
+    rigid = job(1, None, max_gpus=4, min_gpus=4, max_profiled_gpus=0, adaptive=False)
+    small = job(2, LINEAR, allocation=(2,), max_gpus=8)
+    state = ClusterState(cluster(8), (rigid, small))
+    decision = fast().decide(state, NOW)
+    assert sum(decision.allocations.get(1, ())) in (0, 4)
+    assert sum(decision.allocations.get(1, ())) == 4  # room for both: it runs
+    too_small = ClusterState(cluster(3), (rigid, replace(small, allocation=(2,))))
+    decision = fast().decide(too_small, NOW)
+    assert 1 not in decision.allocations
+    assert decision.notes[1] == "needs 4 GPUs; the cluster has 3"
 
 
 @settings(max_examples=60, deadline=None)

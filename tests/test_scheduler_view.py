@@ -131,5 +131,5 @@ def test_an_adaptive_job_asks_for_its_minimum_and_may_use_its_maximum() -> None:
         lambda job: None,
     )
     adaptive, fixed = state.jobs
-    assert (adaptive.adaptive, adaptive.gpus_requested, adaptive.max_gpus) == (True, 1, 8)
-    assert (fixed.adaptive, fixed.gpus_requested, fixed.max_gpus) == (False, 2, 2)
+    assert (adaptive.adaptive, adaptive.min_gpus, adaptive.max_gpus) == (True, 1, 8)
+    assert (fixed.adaptive, fixed.min_gpus, fixed.max_gpus) == (False, 2, 2)

@@ -75,7 +75,10 @@ class JobView:
     - `adaptive`: the job runs gpuq's agent, which picks its own batch size
       for whatever GPUs it is given (Pollux); `max_batch_size` and
       `local_bsz_bounds` bound that choice;
-    - `max_gpus`: the most GPUs the job can use at all.
+    - `max_gpus`: the most GPUs the job can use at all; `min_gpus` the
+      fewest it can run on: a policy gives it none or at least that many
+      (the daemon: what the user asked for; the simulator: 0, as Pollux's
+      jobs run on any count).
 
     Fields about its history: `allocation` (current GPUs per node),
     `attained_service` (GPU-seconds so far), `run_time` (seconds it held any
@@ -113,6 +116,7 @@ class JobView:
     local_bsz_bounds: tuple[int, int] = (1, 1 << 30)
     adaptive: bool = False
     max_gpus: int = 1 << 30
+    min_gpus: int = 0
     priority: int = 0
     name: str = ""
     application: str = ""

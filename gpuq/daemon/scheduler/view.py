@@ -2,7 +2,8 @@
 
 Its GPUs with their foreign memory, its ready GPU jobs (with learned memory
 for `--gpu-mem auto`) and its running jobs with their GPUs and reservations.
-An adaptive job (`--gpus MIN-MAX`) asks for MIN and may use up to MAX.
+A job runs on at least the GPUs it asked for (`min_gpus`); an adaptive job
+(`--gpus MIN-MAX`) may use up to MAX, any other exactly its count.
 Every job carries its run time over all attempts and its attained service
 (run time x GPUs asked), the measure of least-attained-service policies; a
 running job is `preemptible` when the scheduler may take its GPUs (a
@@ -55,6 +56,7 @@ def build_state(
                 gpus_requested=spec.gpus,
                 adaptive=spec.gpus_max is not None,
                 max_gpus=spec.gpus_max or spec.gpus,
+                min_gpus=spec.gpus,
                 priority=spec.priority,
                 name=spec.name,
                 gpu_mem=gpu_mem,
@@ -73,6 +75,7 @@ def build_state(
                     gpus_requested=job.spec.gpus,
                     adaptive=job.spec.gpus_max is not None,
                     max_gpus=job.spec.gpus_max or job.spec.gpus,
+                    min_gpus=job.spec.gpus,
                     priority=job.spec.priority,
                     name=job.spec.name,
                     allocation=allocation(job.gpu_uuids),

@@ -12,8 +12,9 @@ Counts
     (log for p = 0), where s is its SPEEDUP on the fewest nodes holding c
     GPUs, times REALLOC_FACTOR unless c is its current count (then its current
     placement, unpenalized). Starting from nothing, the greedy repeatedly
-    gives some job the step up (to any count within its cap and the GPUs
-    left) with the best gain per GPU, until no step gains.
+    gives some job the step up (to any count within its cap, at least its
+    minimum, and the GPUs left) with the best gain per GPU, until no step
+    gains.
 Placement
     Jobs that keep their count keep their current GPUs. The others, largest
     first, go best-fit on one node when they fit on one, else on the nodes
@@ -62,6 +63,7 @@ def greedy_counts(problem: SearchProblem) -> NDArray[np.intp]:
     ]
     value = fitness_terms(speedup, problem.p)
     allowed = (counts[None, :] <= problem.max_gpus[:, None]) & placeable[None, :]
+    allowed &= (counts[None, :] == 0) | (counts[None, :] >= problem.min_gpus[:, None])
     value = np.where(allowed, value, -np.inf)
 
     chosen = np.zeros(jobs, dtype=np.intp)

@@ -41,8 +41,10 @@ Constraints
     avoidance); at most `MAX_NODES_PER_JOB` nodes per job; a per-job cap of
     min(max_gpus, max(max_gpu_factor x max_profiled_gpus, 1), batch limit,
     cluster size), where the batch limit is max_batch_size // min local batch
-    (the user's batch size for a non-adaptive job) and is at least 1; no
-    minimum (any job may be left waiting).
+    (the user's batch size for a non-adaptive job) and is at least 1, raised
+    to the job's minimum; a job gets 0 GPUs or at least `min_gpus` (0 in the
+    simulator: any job may be left waiting or run on one GPU), and one whose
+    minimum exceeds the cluster waits.
 Search
     A genetic search like the artifact's NSGA-II (`gpuq.policies.pollux.search`:
     population 100, up to 100 generations). The first decision starts from
@@ -186,7 +188,11 @@ class PolluxPolicy:
         if node_gpus.max() > MAX_NODE_GPUS:
             raise ValueError(f"nodes with more than {MAX_NODE_GPUS} GPUs are not supported")
         total = int(node_gpus.sum())
+        mins = np.array([max(job.min_gpus, 0) for job in jobs], dtype=np.int16)
         caps = np.array([gpu_cap(job, total, self.max_gpu_factor) for job in jobs], dtype=np.int16)
+        caps = np.maximum(caps, mins)  # a job that needs 4 GPUs is explored at 4, not 1
+        caps[mins > total] = 0  # more than the cluster has: it waits
+        mins = np.minimum(mins, caps)
         max_nodes = min(MAX_NODES_PER_JOB, len(state.nodes))
         penalty = state.restart_penalty if self.restart_penalty is None else self.restart_penalty
         factors = np.array(
@@ -203,7 +209,7 @@ class PolluxPolicy:
                 base[:, row] = job.allocation
         fair = fair_share(node_gpus, len(jobs))
         speedup = self._tables.build(jobs, caps, node_gpus, max_nodes, fair)
-        problem = SearchProblem(base, node_gpus, caps, max_nodes, speedup, factors, self.p)
+        problem = SearchProblem(base, node_gpus, caps, mins, max_nodes, speedup, factors, self.p)
         return jobs, problem
 
     def fitness(
@@ -250,6 +256,10 @@ class PolluxPolicy:
                 allocations[job.id] = tuple(int(count) for count in best[:, row])
                 nodes = int(np.count_nonzero(best[:, row]))
                 notes[job.id] = f"{gpus} GPUs on {nodes} nodes, speedup {speedups[row]:.2f}"
+            elif job.min_gpus > problem.node_gpus.sum():
+                notes[job.id] = (
+                    f"needs {job.min_gpus} GPUs; the cluster has {problem.node_gpus.sum()}"
+                )
             else:
                 notes[job.id] = f"waiting (cap {int(problem.max_gpus[row])} GPUs)"
         return Decision(allocations=allocations, notes=notes)

@@ -43,7 +43,8 @@ Repair, in order
        nodes taken in a random order until it is within both;
     3. capacity: each node serves jobs in repair order, so later jobs lose
        GPUs first;
-    4. minimum: every job's minimum is 0, so nothing is dropped.
+    4. minimum: a job left with fewer GPUs than its minimum (`min_gpus`,
+       0 for the simulator's jobs) loses them all.
     No step adds GPUs, so none undoes an earlier one's guarantee.
 Stopping
     At most `generations` generations, and earlier once the best fitness has
@@ -84,6 +85,8 @@ class SearchProblem:
     """GPUs per node, `[nodes]`."""
     max_gpus: Limits
     """Per-job GPU cap, `[jobs]`."""
+    min_gpus: Limits
+    """Per-job minimum, `[jobs]`: a job holds 0 GPUs or at least this many."""
     max_nodes: int
     """Most nodes one job may span."""
     speedup: FloatArray
@@ -243,6 +246,11 @@ def repair(problem: SearchProblem, states: Allocations, rng: np.random.Generator
         used = np.cumsum(states[full_p, full_n], axis=1, dtype=np.int16)
         np.minimum(used, problem.node_gpus[full_n][:, None], out=used)
         states[full_p, full_n] = np.diff(used, axis=1, prepend=np.int16(0))
+
+    gpus = states.sum(axis=1, dtype=np.int16)
+    short_p, short_j = np.nonzero((gpus > 0) & (gpus < problem.min_gpus))
+    if short_p.size:
+        states[short_p, :, short_j] = 0
     return states
 
 
@@ -324,6 +332,7 @@ def feasible(problem: SearchProblem, states: Allocations) -> NDArray[np.bool_]:
         & (states.sum(axis=2) <= problem.node_gpus).all(axis=1)
         & (distributed.sum(axis=2) <= 1).all(axis=1)
         & (gpus <= problem.max_gpus).all(axis=1)
+        & ((gpus == 0) | (gpus >= problem.min_gpus)).all(axis=1)
         & (nodes <= problem.max_nodes).all(axis=1)
     )
     return ok
