@@ -98,6 +98,9 @@ class MetricsSample:
     """Scale-invariant progress: samples processed, weighted by efficiency."""
     perf_params: tuple[float, ...] | None = None
     """Fitted throughput model (`gpuq.goodput.PerfParams` fields, in order), if any."""
+    batch_limits: tuple[int, ...] | None = None
+    """An adaptive loader's bounds: (initial total batch M0, largest total batch, fewest and
+    most samples per GPU), with which the fitted model predicts goodput for any GPU count."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +280,7 @@ def _coerce(value: object, type_text: str, where: str) -> object:
     if value is None and base != type_text:
         return None
     if base.startswith("tuple["):
-        item = "float" if "float" in base else "str"
+        item = "float" if "float" in base else "int" if "int" in base else "str"
         if not isinstance(value, list):
             raise ProtocolError(f"{where} must be a list", "see gpuq/control.py")
         return tuple(_coerce(v, item, where) for v in value)

@@ -133,3 +133,47 @@ def test_an_adaptive_job_asks_for_its_minimum_and_may_use_its_maximum() -> None:
     adaptive, fixed = state.jobs
     assert (adaptive.adaptive, adaptive.min_gpus, adaptive.max_gpus) == (True, 1, 8)
     assert (fixed.adaptive, fixed.min_gpus, fixed.max_gpus) == (False, 2, 2)
+
+
+def test_what_a_runner_reported_becomes_the_jobs_model() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=1, gpus_max=4)
+    sample = {
+        "time": NOW,
+        "step": 40,
+        "epoch": 2,
+        "batch_size": 256,
+        "replicas": 2,
+        "memory_peak_bytes": 3 * G,
+        "grad_sqr": 1.0,
+        "grad_var": 50.0,
+        "perf_params": [0.1, 0.01, 0.5, 0.05, 0.05, 0.01, 1.0],
+        "batch_limits": [128, 2048, 16, 512],
+    }
+    silent = Job(2, spec, JobState.QUEUED)
+    state = build_state(
+        [Job(1, spec, JobState.QUEUED, attempts=1), silent],
+        [],
+        snapshot(),
+        0.0,
+        0,
+        lambda job: None,
+        NOW,
+        measured={1: sample, 2: {}},
+    )
+    measured, unmeasured = state.jobs
+    assert (measured.epoch, measured.batch_size, measured.memory_peak) == (2, 256, 3 * G)
+    assert (measured.init_batch_size, measured.max_batch_size) == (128, 2048)
+    assert (measured.local_bsz_bounds, measured.max_profiled_gpus) == ((16, 512), 2)
+    assert measured.goodput is not None
+    assert measured.goodput.init_batch_size == 128
+    assert measured.goodput.grad.var == 50.0
+    assert unmeasured.goodput is None and unmeasured.batch_size == 0
+
+
+def test_a_sample_without_limits_gives_no_model() -> None:
+    sample = {"time": NOW, "step": 1, "perf_params": [0.1] * 7, "grad_sqr": 1.0, "grad_var": 1.0}
+    job = Job(1, JobSpec(command=("true",), cwd="/", gpus=1), JobState.QUEUED)
+    [view] = build_state(
+        [job], [], snapshot(), 0.0, 0, lambda job: None, NOW, measured={1: sample}
+    ).jobs
+    assert view.goodput is None

@@ -83,6 +83,8 @@ class DaemonState:
         self.memory_peaks: dict[int, int] = {}
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
+        self.latest_samples: dict[int, dict[str, Any]] = {}
+        """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.policy_saved: str | None = None
         """The policy's memory as last kept in the store (`scheduler.memory`)."""
         self.decision_in_flight: asyncio.Future[Decision] | None = None
@@ -103,6 +105,9 @@ class DaemonState:
         """Fill the cache with every unfinished job from the store."""
         unfinished = [s for s in JobState if not s.is_terminal]
         self.active = {job.id: job for job in self.store.jobs(unfinished)}
+        for job in self.active.values():
+            if job.attempts and (sample := self.store.latest_sample(job.id)) is not None:
+                self.latest_samples[job.id] = sample
 
     def job(self, job_id: int) -> Job:
         """A job from the cache or the store; NotFoundError if it never existed."""
@@ -155,6 +160,7 @@ class DaemonState:
             self.active.pop(job.id, None)
             self.waiting_reasons.pop(job.id, None)
             self.child_pgids.pop(job.id, None)
+            self.latest_samples.pop(job.id, None)
         else:
             self.active[job.id] = updated
         if self._subscribers:

@@ -302,6 +302,7 @@ class ChannelListener:
         if isinstance(message, Metrics):
             sample = sample_to_dict(message.sample)
             self.state.store.add_sample(job_id, job.attempts, sample)
+            self.state.latest_samples[job_id] = sample
             self.state.publish({"type": "metrics", "job": job_id, "sample": sample})
         else:
             self._on_ack(job, message)

@@ -93,6 +93,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         learned,
         now,
         lambda job: suspend.can_preempt(state, job),
+        state.latest_samples,
     )
     decision = await decide(state, cluster, now)
     if isinstance(decision, str):

@@ -7,13 +7,19 @@ A job runs on at least the GPUs it asked for (`min_gpus`); an adaptive job
 Every job carries its run time over all attempts and its attained service
 (run time x GPUs asked), the measure of least-attained-service policies; a
 running job is `preemptible` when the scheduler may take its GPUs (a
-checkpointing runner), which the caller decides. CPU-only jobs never reach
-the policy. Pure: unit-tested without a daemon.
+checkpointing runner), which the caller decides. What a job's gpuq.runner
+last reported (`measured`) adds its model: the fitted throughput model
+with its gradient noise and batch limits as a `GoodputFunction` (numpy is
+imported only then), its batch size, epoch, memory peak and the GPUs it was
+measured on. CPU-only jobs never reach the policy. Pure: unit-tested
+without a daemon.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from gpuq.daemon.state import GpuSnapshot
 from gpuq.models import Job
@@ -29,6 +35,7 @@ def build_state(
     learned_memory: Callable[[Job], int | None],
     now: float = 0.0,
     preemptible: Callable[[Job], bool] = lambda job: False,
+    measured: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> ClusterState:
     """The policy's state of this server: its GPUs, and its ready and running GPU jobs."""
     nodes: dict[str, int] = {}
@@ -89,6 +96,8 @@ def build_state(
                     preemptible=preemptible(job),
                 )
             )
+    if measured:
+        views = [with_measurements(view, measured.get(view.id)) for view in views]
     views.sort(key=lambda view: view.id)
     return ClusterState(
         nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
@@ -105,3 +114,27 @@ def build_state(
         memory_margin=memory_margin,
         foreign_tolerance=foreign_tolerance,
     )
+
+
+def with_measurements(view: JobView, sample: Mapping[str, Any] | None) -> JobView:
+    """`view` with what its runner last reported (module docstring); as it is without."""
+    if not sample:
+        return view
+    changes: dict[str, Any] = {"epoch": int(sample.get("epoch") or 0)}
+    if sample.get("batch_size"):
+        changes["batch_size"] = int(sample["batch_size"])
+    if sample.get("memory_peak_bytes"):
+        changes["memory_peak"] = int(sample["memory_peak_bytes"])
+    if sample.get("replicas"):
+        changes["max_profiled_gpus"] = max(view.max_profiled_gpus, int(sample["replicas"]))
+    limits, perf = sample.get("batch_limits"), sample.get("perf_params")
+    if limits and len(limits) == 4:
+        init, largest, low, high = (int(v) for v in limits)
+        changes.update(init_batch_size=init, max_batch_size=largest, local_bsz_bounds=(low, high))
+        sqr, var = sample.get("grad_sqr"), sample.get("grad_var")
+        if perf and len(perf) == 7 and sqr is not None and var is not None:
+            from gpuq.goodput import GoodputFunction, GradParams, PerfParams
+
+            model = PerfParams(*(float(v) for v in perf))
+            changes["goodput"] = GoodputFunction(model, GradParams(float(sqr), float(var)), init)
+    return replace(view, **changes)
