@@ -308,10 +308,15 @@ BAD_VALUES: list[tuple[str, str, str, str]] = [
     (
         "scheduler",
         "policy",
-        '"pollux"',
-        "runs only in the simulator so far (gpuq sim); the daemon runs: fifo, tiresias",
+        '"gandiva"',
+        "runs only in the simulator so far (gpuq sim); the daemon runs: fifo, tiresias, pollux",
     ),
-    ("scheduler", "policy", '"nope"', "unknown policy 'nope'; the daemon runs: fifo, tiresias"),
+    (
+        "scheduler",
+        "policy",
+        '"nope"',
+        "unknown policy 'nope'; the daemon runs: fifo, tiresias, pollux",
+    ),
     ("scheduler", "memory_margin", "0.5", "0.5"),
     ("scheduler", "memory_margin", "-0.1", "0.5"),
     ("scheduler", "memory_margin", "true", "0.5"),

@@ -199,6 +199,7 @@ def test_metrics_from_the_runner_are_stored_shown_and_listed(daemon: DaemonHarne
         "step_seconds": 0.25,
         "batch_size": 64,
         "loss": 0.5,
+        "gpus": 0,  # what the job held when the sample came: a CPU-only job
     }
 
     listed = daemon.call("metrics", id=job_id)

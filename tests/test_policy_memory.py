@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,10 +129,7 @@ async def restored(harness: DaemonHarness) -> tuple[str | None, dict[str, Any]]:
 
 @pytest.fixture
 def pollux_live(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let the daemon run pollux (its runs are what is tested here, not its scheduling)."""
-    monkeypatch.setitem(
-        registry._POLICIES, "pollux", replace(registry._POLICIES["pollux"], live=True)
-    )
+    """Jobs are not started: what is tested here is the policy's memory, not its scheduling."""
     monkeypatch.setattr(lifecycle, "start", lambda *args: None)
 
 

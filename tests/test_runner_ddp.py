@@ -49,6 +49,22 @@ def test_torchrun_environment_names_rank_and_world_size() -> None:
     assert not distributed.is_coordinator(environ)
 
 
+@pytest.mark.parametrize(
+    ("uuids", "workers"), [("GPU-a,GPU-b,GPU-c", "3"), ("GPU-a", "1"), (None, "1")]
+)
+def test_nproc_per_node_gpuq_starts_one_worker_per_gpu_of_the_attempt(
+    uuids: str | None, workers: str
+) -> None:
+    environ = {} if uuids is None else {"GPUQ_GPU_UUIDS": uuids}
+    given = ["--nproc-per-node=gpuq", "--nnodes", "1", "train.py", "--epochs", "2"]
+    assert torchrun_launcher.gpuq_workers(given, environ) == [
+        f"--nproc-per-node={workers}", "--nnodes", "1", "train.py", "--epochs", "2",
+    ]  # fmt: skip
+    spaced = torchrun_launcher.gpuq_workers(["--nproc_per_node", "gpuq", "t.py"], environ)
+    assert spaced == ["--nproc_per_node", workers, "t.py"]
+    assert torchrun_launcher.gpuq_workers(["--nproc-per-node=2", "t.py"], environ)[0].endswith("2")
+
+
 def test_park_is_refused_under_torchrun_with_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RunnerError) as refused:
         distributed.check_suspend_mode("park", {"WORLD_SIZE": "2"})

@@ -85,6 +85,8 @@ class DaemonState:
         self.next_begin: float | None = None
         self.latest_samples: dict[int, dict[str, Any]] = {}
         """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
+        self.profiled_gpus: dict[int, int] = {}
+        """The most GPUs each active job held while its runner reported: explored counts."""
         self.policy_saved: str | None = None
         """The policy's memory as last kept in the store (`scheduler.memory`)."""
         self.decision_in_flight: asyncio.Future[Decision] | None = None
@@ -108,6 +110,7 @@ class DaemonState:
         for job in self.active.values():
             if job.attempts and (sample := self.store.latest_sample(job.id)) is not None:
                 self.latest_samples[job.id] = sample
+                self.profiled_gpus[job.id] = self.store.most_gpus_sampled(job.id)
 
     def job(self, job_id: int) -> Job:
         """A job from the cache or the store; NotFoundError if it never existed."""
@@ -161,6 +164,7 @@ class DaemonState:
             self.waiting_reasons.pop(job.id, None)
             self.child_pgids.pop(job.id, None)
             self.latest_samples.pop(job.id, None)
+            self.profiled_gpus.pop(job.id, None)
         else:
             self.active[job.id] = updated
         if self._subscribers:

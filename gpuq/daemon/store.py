@@ -293,6 +293,13 @@ class Store:
         )
         return [json.loads(row[0]) for row in rows]
 
+    def most_gpus_sampled(self, job_id: int) -> int:
+        """The most GPUs the job held while its runner sent samples (0 if none said)."""
+        (most,) = self._conn.execute(
+            "SELECT max(json_extract(sample, '$.gpus')) FROM profiles WHERE job_id=?", (job_id,)
+        ).fetchone()
+        return int(most or 0)
+
     def latest_sample(self, job_id: int) -> dict[str, Any] | None:
         """The newest metrics sample of a job, or None."""
         found = self.samples(job_id, limit=1)

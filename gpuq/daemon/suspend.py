@@ -301,8 +301,11 @@ class ChannelListener:
             return
         if isinstance(message, Metrics):
             sample = sample_to_dict(message.sample)
+            sample["gpus"] = len(job.gpu_uuids)  # what it ran on when it measured this
             self.state.store.add_sample(job_id, job.attempts, sample)
             self.state.latest_samples[job_id] = sample
+            profiled = self.state.profiled_gpus.get(job_id, 0)
+            self.state.profiled_gpus[job_id] = max(profiled, sample["gpus"])
             self.state.publish({"type": "metrics", "job": job_id, "sample": sample})
         else:
             self._on_ack(job, message)

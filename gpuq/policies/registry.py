@@ -46,7 +46,7 @@ _POLICIES: dict[str, Entry] = {
     "optimus": Entry("gpuq.policies.optimus", "OptimusPolicy"),
     "afs": Entry("gpuq.policies.afs.policy", "AfsPolicy"),
     "afs-p": Entry("gpuq.policies.afs.policy", "AfsPPolicy"),
-    "pollux": Entry("gpuq.policies.pollux.policy", "PolluxPolicy"),
+    "pollux": Entry("gpuq.policies.pollux.policy", "PolluxPolicy", live=True),
     "gandiva": Entry("gpuq.policies.gandiva.policy", "GandivaPolicy"),
     "ones": Entry("gpuq.policies.ones.policy", "OnesPolicy"),
     "gpuq": Entry("gpuq.policies.gpuq.policy", "GpuqPolicy"),

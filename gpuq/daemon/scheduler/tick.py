@@ -94,6 +94,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         now,
         lambda job: suspend.can_preempt(state, job),
         state.latest_samples,
+        state.profiled_gpus,
     )
     decision = await decide(state, cluster, now)
     if isinstance(decision, str):

@@ -10,9 +10,9 @@ running job is `preemptible` when the scheduler may take its GPUs (a
 checkpointing runner), which the caller decides. What a job's gpuq.runner
 last reported (`measured`) adds its model: the fitted throughput model
 with its gradient noise and batch limits as a `GoodputFunction` (numpy is
-imported only then), its batch size, epoch, memory peak and the GPUs it was
-measured on. CPU-only jobs never reach the policy. Pure: unit-tested
-without a daemon.
+imported only then), its batch size, epoch, memory peak and the most GPUs
+it was measured on (each sample is stored with the GPUs the job held).
+CPU-only jobs never reach the policy. Pure: unit-tested without a daemon.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def build_state(
     now: float = 0.0,
     preemptible: Callable[[Job], bool] = lambda job: False,
     measured: Mapping[int, Mapping[str, Any]] | None = None,
+    profiled: Mapping[int, int] | None = None,
 ) -> ClusterState:
     """The policy's state of this server: its GPUs, and its ready and running GPU jobs."""
     nodes: dict[str, int] = {}
@@ -97,7 +98,11 @@ def build_state(
                 )
             )
     if measured:
-        views = [with_measurements(view, measured.get(view.id)) for view in views]
+        explored = profiled or {}
+        views = [
+            with_measurements(view, measured.get(view.id), explored.get(view.id, 0))
+            for view in views
+        ]
     views.sort(key=lambda view: view.id)
     return ClusterState(
         nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
@@ -116,8 +121,14 @@ def build_state(
     )
 
 
-def with_measurements(view: JobView, sample: Mapping[str, Any] | None) -> JobView:
-    """`view` with what its runner last reported (module docstring); as it is without."""
+def with_measurements(
+    view: JobView, sample: Mapping[str, Any] | None, profiled: int = 0
+) -> JobView:
+    """`view` with what its runner last reported (module docstring); as it is without.
+
+    `profiled` is the most GPUs the job held while it reported, over all its
+    attempts: what Pollux's exploration counts as measured.
+    """
     if not sample:
         return view
     changes: dict[str, Any] = {"epoch": int(sample.get("epoch") or 0)}
@@ -125,8 +136,8 @@ def with_measurements(view: JobView, sample: Mapping[str, Any] | None) -> JobVie
         changes["batch_size"] = int(sample["batch_size"])
     if sample.get("memory_peak_bytes"):
         changes["memory_peak"] = int(sample["memory_peak_bytes"])
-    if sample.get("replicas"):
-        changes["max_profiled_gpus"] = max(view.max_profiled_gpus, int(sample["replicas"]))
+    replicas = int(sample.get("replicas") or 0)
+    changes["max_profiled_gpus"] = max(view.max_profiled_gpus, profiled, replicas)
     limits, perf = sample.get("batch_limits"), sample.get("perf_params")
     if limits and len(limits) == 4:
         init, largest, low, high = (int(v) for v in limits)

@@ -15,6 +15,11 @@ both for jobs run by gpuq:
   next step and exit, and the launcher waits for them (torchrun's limit is
   30 seconds before it kills them, which bounds the time to save).
 
+- Workers per node: ``--nproc-per-node=gpuq`` starts one worker per GPU
+  gpuq gave this attempt (``GPUQ_GPU_UUIDS``; one outside gpuq), so an
+  adaptive job (``gpuq submit --gpus 1-8``) runs with the world size of
+  whatever GPUs the policy gives it, each time it starts.
+
 A suspend is recognised by the acknowledgement file of this attempt in
 ``GPUQ_CHECKPOINT_DIR``, not by exit codes alone: rank 0 writes it only once
 the checkpoint is complete.
@@ -52,13 +57,31 @@ def suspended(environ: Mapping[str, str] | None = None) -> bool:
     )
 
 
+def gpuq_workers(argv: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """`argv` with `--nproc-per-node gpuq` (or `=gpuq`) as this attempt's GPU count."""
+    count = str(max(len(env.gpu_uuids(environ)), 1))
+    out: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg in ("--nproc-per-node=gpuq", "--nproc_per_node=gpuq"):
+            arg = arg.replace("=gpuq", f"={count}")
+        elif (
+            arg == "gpuq"
+            and index > 0
+            and argv[index - 1] in ("--nproc-per-node", "--nproc_per_node")
+        ):
+            arg = count
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv`; return its status, or SUSPEND_EXIT_CODE after a suspend."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)  # type: ignore[no-untyped-call]
+    argv = gpuq_workers(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)  # type: ignore[no-untyped-call]
     if args.signals_to_handle == TORCHRUN_DEFAULT_SIGNALS:
         args.signals_to_handle = FORWARDED_SIGNALS
     try:

@@ -1,0 +1,59 @@
+"""`pollux` run live: an adaptive runner job is resized by the policy, and loses nothing.
+
+Two fake GPUs, `pollux` with a 1 s restart penalty (so a young job is worth
+resizing) and a decision every second. An adaptive gpuq.runner job
+(tests/control_job.py, real PyTorch on the CPU, `--gpus 1-2`) starts on one
+GPU, the most Pollux explores before the job has run; once its runner has
+reported from one GPU, two are worth more, and the daemon resizes it
+through a checkpoint: it is queued again and restarts on both GPUs, and it
+ends with the same parameters, bit for bit, as a run never resized.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import running_daemon
+from tests.test_control_runner import JOB, job_env, same_state
+
+POLLUX = (
+    '[scheduler]\npolicy = "pollux:population=16:generations=10:restart_penalty=1"\ninterval = 1\n'
+)
+
+pytestmark = [pytest.mark.torch]
+
+
+def test_an_adaptive_job_is_resized_from_one_gpu_to_two_and_ends_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    args = ["--epochs", "6", "--step-delay", "0.05"]
+    reference = tmp_path / "reference.pt"
+    command = [sys.executable, str(JOB), *args, "--out", str(reference)]
+    with (
+        running_daemon(tmp_path / "d", extra_toml=POLLUX) as daemon,
+        subprocess.Popen(command, env=job_env(), stdout=subprocess.DEVNULL) as plain,
+    ):
+        out = tmp_path / "resized.pt"
+        job_id = daemon.submit(
+            [sys.executable, str(JOB), *args, "--out", str(out)],
+            gpus=1,
+            gpus_max=2,
+            env=job_env(),
+        )
+        finished = daemon.wait_state(job_id, "succeeded", "failed", timeout=240)
+        assert finished["state"] == "succeeded"
+        events = daemon.call("show", id=job_id)["events"]
+        reasons = [event["reason"] for event in events]
+        starts = [r for r in reasons if r.startswith("starting on ")]
+        assert len(starts[0].removeprefix("starting on ").split(", ")) == 1
+        assert len(starts[-1].removeprefix("starting on ").split(", ")) == 2, "\n".join(reasons)
+        resized = [r for r in reasons if r.startswith("resized 1 -> 2 GPUs")]
+        assert resized, reasons
+        assert any("checkpoint saved" in r and "queued to restart" in r for r in reasons)
+        assert finished["attempts"] == len(starts) >= 2
+        assert plain.wait(timeout=240) == 0
+    same_state(reference, out)
