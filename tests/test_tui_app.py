@@ -258,6 +258,32 @@ def test_job_detail_shows_spec_history_and_output(daemon: DaemonHarness) -> None
     run_app(daemon, scenario)
 
 
+def test_results_arriving_while_the_detail_closes_are_dropped(daemon: DaemonHarness) -> None:
+    # A worker's result can land after the screen's widgets are removed and
+    # before its on_unmount: it must be dropped, not crash the app.
+    job = daemon.submit(["sleep", "300"], gpus=1, name="closing")
+    daemon.wait_state(job, "running")
+
+    async def scenario(app: GpuqTop, pilot: Pilot[Any]) -> None:
+        await select(pilot, app, job)
+        await pilot.press("enter")
+        screen = await until(
+            pilot, lambda: isinstance(app.screen, JobDetailScreen) and app.screen, "the detail"
+        )
+        await until(pilot, lambda: screen.job is not None, "the job")
+        await screen.query("#top, #log").remove()  # the widgets go first when a screen closes
+        sample = {"time": 1.0, "step": 1, "epoch": 0, "loss": 0.5}
+        screen.show_samples([sample])
+        screen.show_samples(None)
+        screen.show_job(dict(screen.job))
+        screen._write_log("late output\n")
+        screen._show_error("late error")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, JobDetailScreen), "the queue")
+
+    run_app(daemon, scenario)
+
+
 def test_help_and_command_palette(daemon: DaemonHarness) -> None:
     held = daemon.submit(["sleep", "300"], gpus=1, hold=True)
     daemon.submit(["sleep", "300"], gpus=1)

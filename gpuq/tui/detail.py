@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.table import Table
 from rich.text import Text
@@ -22,7 +22,9 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Label, Log, Static
 
 from gpuq.errors import GpuqError
@@ -31,6 +33,8 @@ from gpuq.tui.model import ago, job_facts
 from gpuq.tui.series import CHARTS, Sample, Series, build_series, merge_samples, plot_rows
 from gpuq.tui.source import Source
 from gpuq.tui.table import STATE_STYLES
+
+W = TypeVar("W", bound=Widget)
 
 LOG_TAIL_LINES = 200
 LOG_LAYOUT_CHARACTERS = "\n\r\t"
@@ -116,6 +120,20 @@ class JobDetailScreen(Screen[None]):
         self.poll_metrics()
         self.follow_log()
 
+    def _widget(self, selector: str, kind: type[W]) -> W | None:
+        """The widget, or None once the screen is closing.
+
+        A result a worker hands over with `call_from_thread` may arrive after
+        the screen's widgets are removed and before its own `on_unmount`
+        runs; it is dropped then (found with a loaded test machine).
+        """
+        if self._stop.is_set():
+            return None
+        try:
+            return self.query_one(selector, kind)
+        except NoMatches:
+            return None
+
     def on_unmount(self) -> None:
         """Stop the workers: the poll loop and the log stream."""
         self._stop.set()
@@ -163,18 +181,21 @@ class JobDetailScreen(Screen[None]):
                 self.app.call_from_thread(self._write_log, f"[log unavailable: {exc.message}]\n")
 
     def _write_log(self, text: str) -> None:
-        if self._stop.is_set():
-            return
-        self.query_one("#log", Log).write(visible(text, keep=LOG_LAYOUT_CHARACTERS))
+        log = self._widget("#log", Log)
+        if log is not None:
+            log.write(visible(text, keep=LOG_LAYOUT_CHARACTERS))
 
     def _show_error(self, message: str) -> None:
-        if self._stop.is_set():
-            return
-        self.query_one("#facts", Static).update(Text(visible(message), style="bold red"))
+        facts = self._widget("#facts", Static)
+        if facts is not None:
+            facts.update(Text(visible(message), style="bold red"))
 
     def show_job(self, job: dict[str, Any], events: list[dict[str, Any]] | None = None) -> None:
         """Draw the job's facts and, when given, its history."""
-        if self._stop.is_set():
+        title_label = self._widget("#title", Label)
+        facts_pane = self._widget("#facts", Static)
+        history_pane = self._widget("#history", Static)
+        if title_label is None or facts_pane is None or history_pane is None:
             return
         self.job = job
         if events is not None:
@@ -182,13 +203,13 @@ class JobDetailScreen(Screen[None]):
         now = self.clock()
         title = Text(f"Job {job['id']}: {visible(job['name'])}  ")
         title.append(job["state"], style=STATE_STYLES.get(job["state"], ""))
-        self.query_one("#title", Label).update(title)
+        title_label.update(title)
         facts = Table.grid(padding=(0, 2))
         facts.add_column(style="bold")
         facts.add_column()
         for label, value in job_facts(job, now):
             facts.add_row(label, Text(value))  # Text: a command's "[x]" is not markup
-        self.query_one("#facts", Static).update(facts)
+        facts_pane.update(facts)
         history = Table(title="History", title_justify="left", box=None, padding=(0, 1))
         history.add_column("WHEN", no_wrap=True)
         history.add_column("STATE", no_wrap=True)
@@ -199,18 +220,18 @@ class JobDetailScreen(Screen[None]):
                 Text(event["state"], style=STATE_STYLES.get(event["state"], "")),
                 Text(visible(event["reason"])),
             )
-        self.query_one("#history", Static).update(history)
+        history_pane.update(history)
 
     def show_samples(self, samples: list[Sample] | None) -> None:
         """Add samples to the charts; None means the daemon reports no metrics."""
-        if self._stop.is_set():
+        note = self._widget("#no-charts", Label)
+        if note is None:
             return
-        note = self.query_one("#no-charts", Label)
         if samples is None:
             self.metrics_supported = False
             note.update("No runner metrics: this daemon does not report them.")
-            for chart in self.query(Chart):
-                chart.display = False
+            for hidden in self.query(Chart):
+                hidden.display = False
             return
         self.metrics_supported = True
         self.samples = merge_samples(self.samples, samples)
@@ -220,7 +241,9 @@ class JobDetailScreen(Screen[None]):
             return
         note.display = False
         for series in build_series(self.samples):
-            self.query_one(f"#chart-{series.spec.key}", Chart).show_series(series)
+            chart = self._widget(f"#chart-{series.spec.key}", Chart)
+            if chart is not None:
+                chart.show_series(series)
 
     def job_changed(self, job: dict[str, Any]) -> None:
         """The subscription saw this job change: redraw and reload its history."""
@@ -228,7 +251,8 @@ class JobDetailScreen(Screen[None]):
         self.load_job()
 
     def action_back(self) -> None:
-        """Back to the queue."""
+        """Back to the queue (the workers' late results are dropped from now on)."""
+        self._stop.set()
         self.app.pop_screen()
 
     def action_refresh_detail(self) -> None:
