@@ -6,7 +6,9 @@ resizing) and a decision every second. An adaptive gpuq.runner job
 GPU, the most Pollux explores before the job has run; once its runner has
 reported from one GPU, two are worth more, and the daemon resizes it
 through a checkpoint: it is queued again and restarts on both GPUs, and it
-ends with the same parameters, bit for bit, as a run never resized.
+ends with the same parameters, bit for bit, as a run never resized. A
+daemon killed between the resize's intent and its request finishes the
+resize after its restart.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import running_daemon
+from tests.daemon_harness import DaemonHarness, running_daemon
 from tests.test_control_runner import JOB, job_env, same_state
 
 POLLUX = (
@@ -57,3 +59,30 @@ def test_an_adaptive_job_is_resized_from_one_gpu_to_two_and_ends_bit_for_bit(
         assert finished["attempts"] == len(starts) >= 2
         assert plain.wait(timeout=240) == 0
     same_state(reference, out)
+
+
+def test_a_daemon_killed_between_a_resizes_intent_and_its_request_finishes_it(
+    tmp_path: Path,
+) -> None:
+    harness = DaemonHarness(tmp_path / "d", extra_toml=POLLUX)
+    try:
+        first = harness.start(extra_env={"GPUQ_CRASH_POINT": "preempt-committed"})
+        job_id = harness.submit(
+            [sys.executable, str(JOB), "--epochs", "6", "--step-delay", "0.05"],
+            gpus=1,
+            gpus_max=2,
+            env=job_env(),
+        )
+        assert first.wait(timeout=120) == -9  # killed with the resize's intent committed
+        harness.start()
+        assert harness.job(job_id)["state"] == "suspending"
+        finished = harness.wait_state(job_id, "succeeded", "failed", timeout=240)
+        assert finished["state"] == "succeeded"
+        reasons = [event["reason"] for event in harness.call("show", id=job_id)["events"]]
+        assert "re-adopted after daemon restart; waiting for the checkpoint suspend" in reasons
+        saved = [r for r in reasons if "checkpoint saved" in r]
+        assert saved and saved[0].startswith("resized 1 -> 2 GPUs")
+        starts = [r for r in reasons if r.startswith("starting on ")]
+        assert len(starts) == finished["attempts"] >= 2  # one attempt at a time, never two
+    finally:
+        harness.close()
