@@ -84,7 +84,9 @@ def test_an_unknown_policy_option_exits_2_and_lists_the_options(tiny: str) -> No
     result = sim("--policy", "gpuq:fast=true", "--workload", tiny)
     assert result.exit_code == 2
     assert "policy 'gpuq' has no option fast" in result.stderr
-    assert "remaining_aware, starts" in result.stderr
+    assert "its options: generations, population, remaining_aware, restart_penalty, starts" in (
+        result.stderr
+    )
 
 
 def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:

@@ -309,13 +309,14 @@ BAD_VALUES: list[tuple[str, str, str, str]] = [
         "scheduler",
         "policy",
         '"gandiva"',
-        "runs only in the simulator so far (gpuq sim); the daemon runs: fifo, tiresias, pollux",
+        "runs only in the simulator so far (gpuq sim); "
+        "the daemon runs: fifo, tiresias, pollux, gpuq",
     ),
     (
         "scheduler",
         "policy",
         '"nope"',
-        "unknown policy 'nope'; the daemon runs: fifo, tiresias, pollux",
+        "unknown policy 'nope'; the daemon runs: fifo, tiresias, pollux, gpuq",
     ),
     ("scheduler", "memory_margin", "0.5", "0.5"),
     ("scheduler", "memory_margin", "-0.1", "0.5"),

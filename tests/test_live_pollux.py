@@ -1,9 +1,9 @@
-"""`pollux` run live: an adaptive runner job is resized by the policy, and loses nothing.
+"""`pollux` and `gpuq` run live: an adaptive runner job is resized, and loses nothing.
 
-Two fake GPUs, `pollux` with a 1 s restart penalty (so a young job is worth
-resizing) and a decision every second. An adaptive gpuq.runner job
-(tests/control_job.py, real PyTorch on the CPU, `--gpus 1-2`) starts on one
-GPU, the most Pollux explores before the job has run; once its runner has
+Two fake GPUs, `pollux` (and `gpuq`, built on it) with a 1 s restart
+penalty (so a young job is worth resizing) and a decision every second. An
+adaptive gpuq.runner job (tests/control_job.py, real PyTorch on the CPU,
+`--gpus 1-2`) starts on one GPU, the most Pollux explores before the job has run; once its runner has
 reported from one GPU, two are worth more, and the daemon resizes it
 through a checkpoint: it is queued again and restarts on both GPUs, and it
 ends with the same parameters, bit for bit, as a run never resized. A
@@ -25,18 +25,20 @@ from tests.test_control_runner import JOB, job_env, same_state
 POLLUX = (
     '[scheduler]\npolicy = "pollux:population=16:generations=10:restart_penalty=1"\ninterval = 1\n'
 )
+GPUQ = POLLUX.replace('"pollux:', '"gpuq:')
 
 pytestmark = [pytest.mark.torch]
 
 
+@pytest.mark.parametrize("config", [POLLUX, GPUQ], ids=["pollux", "gpuq"])
 def test_an_adaptive_job_is_resized_from_one_gpu_to_two_and_ends_bit_for_bit(
-    tmp_path: Path,
+    tmp_path: Path, config: str
 ) -> None:
     args = ["--epochs", "6", "--step-delay", "0.05"]
     reference = tmp_path / "reference.pt"
     command = [sys.executable, str(JOB), *args, "--out", str(reference)]
     with (
-        running_daemon(tmp_path / "d", extra_toml=POLLUX) as daemon,
+        running_daemon(tmp_path / "d", extra_toml=config) as daemon,
         subprocess.Popen(command, env=job_env(), stdout=subprocess.DEVNULL) as plain,
     ):
         out = tmp_path / "resized.pt"

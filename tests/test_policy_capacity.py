@@ -183,7 +183,7 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
     # One name, one class: the daemon's fifo (GPUs one by one, memory shares,
     # backfill) is the simulator's.
     assert type(get_policy("fifo")) is FifoBackfill
-    assert registry.LIVE_POLICY_NAMES == ("fifo", "tiresias", "pollux")
+    assert registry.LIVE_POLICY_NAMES == ("fifo", "tiresias", "pollux", "gpuq")
     assert registry.check_live_policy("fifo") == "fifo"
 
 
@@ -193,11 +193,12 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
         (
             "gandiva",
             "policy 'gandiva' runs only in the simulator so far (gpuq sim); "
-            "the daemon runs: fifo, tiresias, pollux",
+            "the daemon runs: fifo, tiresias, pollux, gpuq",
         ),
         ("gandiva:quantum=30", "runs only in the simulator so far"),
-        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo, tiresias, pollux"),
+        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo, tiresias, pollux, gpuq"),
         ("tiresias:quantum=3", "policy 'tiresias' has no option quantum"),
+        ("gpuq:remaining_aware=true", "reads each job's remaining work, which the daemon"),
     ],
 )
 def test_a_policy_the_daemon_cannot_run_is_refused_with_the_ones_it_can(
@@ -232,8 +233,10 @@ def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
         "afs", "afs-p", "pollux", "gandiva", "ones", "gpuq",
     }  # fmt: skip
     assert {n for n, c in declared.items() if c.remaining_work} == {
-        "srtf", "srsf", "optimus", "afs", "ones", "gpuq",
+        "srtf", "srsf", "optimus", "afs", "ones",
     }  # fmt: skip
+    # gpuq reads remaining work only with the option that charges moves over it.
+    assert get_policy("gpuq:remaining_aware=true").capabilities.remaining_work
 
 
 def test_an_unknown_name_lists_the_known_ones() -> None:

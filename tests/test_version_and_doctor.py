@@ -68,7 +68,7 @@ def test_doctor_names_the_policy_and_which_policies_run_live(tmp_path: Path) -> 
     check = doctor.check_policy(load_config(str(config_file)))
     assert check.status == "ok"
     assert check.message.startswith(
-        "fifo (the daemon runs: fifo, tiresias, pollux; gpuq sim also: srtf, srsf, optimus,"
+        "fifo (the daemon runs: fifo, tiresias, pollux, gpuq; gpuq sim also: srtf, srsf, optimus,"
     )
 
 

@@ -49,7 +49,7 @@ _POLICIES: dict[str, Entry] = {
     "pollux": Entry("gpuq.policies.pollux.policy", "PolluxPolicy", live=True),
     "gandiva": Entry("gpuq.policies.gandiva.policy", "GandivaPolicy"),
     "ones": Entry("gpuq.policies.ones.policy", "OnesPolicy"),
-    "gpuq": Entry("gpuq.policies.gpuq.policy", "GpuqPolicy"),
+    "gpuq": Entry("gpuq.policies.gpuq.policy", "GpuqPolicy", live=True),
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
@@ -81,7 +81,9 @@ def check_live_policy(spec: str) -> str:
 
     The configuration calls this when it is read, so a policy the daemon
     cannot run, or an option it does not take (`tiresias:thresholds_gpu_hours=1`
-    is checked by building it), is refused then, not when the daemon starts.
+    is checked by building it), is refused then, not when the daemon starts;
+    so is a variant that reads remaining work (an oracle in the simulator),
+    until the daemon estimates it.
     """
     name = split_policy_spec(spec)[0]
     entry = _POLICIES.get(name)
@@ -95,7 +97,12 @@ def check_live_policy(spec: str) -> str:
             f"the daemon runs: {live}",
             hint=hint,
         )
-    get_policy(spec)
+    if get_policy(spec).capabilities.remaining_work:
+        raise UsageError(
+            f"policy {spec!r} reads each job's remaining work, which the daemon does not "
+            "estimate yet",
+            hint="drop the option that needs it (gpuq:remaining_aware=true), or use gpuq sim",
+        )
     return spec
 
 

@@ -55,7 +55,10 @@ Moves are charged over the remaining time (option, off by default)
     until an estimate of the time until the job's next move replaces L.
 
 With `starts="charged", remaining_aware=False` the policy makes exactly
-Pollux's decisions.
+Pollux's decisions. `restart_penalty`, `population` and `generations` are
+Pollux's options. Only `remaining_aware` reads a job's remaining work
+(`capabilities.remaining_work`); without it the policy runs live as Pollux
+does.
 
 Also measured and not adopted (means over seeds 0-2 on the workloads
 where Pollux is hardest to match): weighting the power mean towards jobs
@@ -85,16 +88,31 @@ class GpuqPolicy(PolluxPolicy):
     """Pollux's goodput-driven allocation with gpuq's restart charges (see module)."""
 
     name = "gpuq"
-    capabilities = Capabilities(
-        adaptive_jobs=True, preemption=True, remaining_work=True, remembers=True
-    )
 
-    def __init__(self, seed: int = 0, starts: str = "idle", remaining_aware: bool = False) -> None:
-        super().__init__(seed=seed)
+    def __init__(
+        self,
+        seed: int = 0,
+        starts: str = "idle",
+        remaining_aware: bool = False,
+        *,
+        restart_penalty: float | None = None,
+        population: int = 100,
+        generations: int = 100,
+    ) -> None:
+        super().__init__(
+            seed=seed,
+            restart_penalty=restart_penalty,
+            population=population,
+            generations=generations,
+        )
         if starts not in STARTS:
             raise ValueError(f"starts must be one of {', '.join(STARTS)}, not {starts!r}")
         self.starts = starts
         self.remaining_aware = remaining_aware
+        # Remaining work is read only by the option that charges moves over it.
+        self.capabilities = Capabilities(
+            adaptive_jobs=True, preemption=True, remaining_work=remaining_aware, remembers=True
+        )
 
     def problem(self, state: ClusterState, now: float) -> tuple[list[JobView], SearchProblem]:
         """Pollux's search problem for this instant, with gpuq's REALLOC_FACTOR (module)."""
