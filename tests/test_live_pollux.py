@@ -3,9 +3,9 @@
 Two fake GPUs, `pollux` (and `gpuq`, built on it) with a 1 s restart
 penalty (so a young job is worth resizing) and a decision every second. An
 adaptive gpuq.runner job (tests/control_job.py, real PyTorch on the CPU,
-`--gpus 1-2`) starts on one GPU, the most Pollux explores before the job has run; once its runner has
-reported from one GPU, two are worth more, and the daemon resizes it
-through a checkpoint: it is queued again and restarts on both GPUs, and it
+`--gpus 1-2`) starts on one GPU, the most Pollux explores before the job
+has run; once its runner has reported from one GPU, two are worth more,
+and the daemon resizes it through a checkpoint: it is queued again and restarts on both GPUs, and it
 ends with the same parameters, bit for bit, as a run never resized. A
 daemon killed between the resize's intent and its request finishes the
 resize after its restart.
