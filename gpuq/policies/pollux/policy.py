@@ -255,7 +255,8 @@ class PolluxPolicy:
             if gpus:
                 allocations[job.id] = tuple(int(count) for count in best[:, row])
                 nodes = int(np.count_nonzero(best[:, row]))
-                notes[job.id] = f"{gpus} GPUs on {nodes} nodes, speedup {speedups[row]:.2f}"
+                where = "" if len(state.nodes) == 1 else f" on {nodes} node{'s' * (nodes > 1)}"
+                notes[job.id] = f"speedup {speedups[row]:.2f} over a fair share{where}"
             elif job.min_gpus > problem.node_gpus.sum():
                 notes[job.id] = (
                     f"needs {job.min_gpus} GPUs; the cluster has {problem.node_gpus.sum()}"
