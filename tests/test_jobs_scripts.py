@@ -95,7 +95,7 @@ def test_a_script_elsewhere_runs_from_the_jobs_working_directory(daemon: DaemonH
 @pytest.mark.parametrize(
     ("directive", "message"),
     [
-        ("#GPUQ --gpus two", "--gpus needs an integer, got 'two'"),
+        ("#GPUQ --gpus two", "--gpus needs a count or a range, got 'two'"),
         ("#GPUQ --gpu 2", "unknown option '--gpu'"),
         ('#GPUQ --name "unclosed', "cannot split #GPUQ directive"),
         ("#GPUQ --gpus 0 train.py", "#GPUQ directives take options only, got 'train.py'"),

@@ -607,7 +607,13 @@ def _register_submit() -> None:
         info = typer.Option(
             *opt.flags, help=opt.help, metavar=opt.metavar or None, show_default=False
         )
-        kind: Any = {"flag": bool, "int": int | None, "str": str | None, "multi": list[str] | None}
+        kind: Any = {
+            "flag": bool,
+            "int": int | None,
+            "str": str | None,
+            "gpus": str | None,
+            "multi": list[str] | None,
+        }
         annotations[opt.dest] = Annotated[kind[opt.kind], info]
         default = False if opt.kind == "flag" else None
         params.append(

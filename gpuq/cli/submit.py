@@ -22,7 +22,7 @@ from gpuq.errors import GpuqError, UsageError
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One submit option: flags, destination, kind ("str", "int", "flag", "multi")."""
+    """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi")."""
 
     flags: tuple[str, ...]
     dest: str
@@ -35,7 +35,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     Option(
         ("--gpus", "-g"),
         "gpus",
-        "str",
+        "gpus",
         "N|MIN-MAX",
         "Number of GPUs (0: a CPU-only job). Default 1. MIN-MAX makes the job adaptive: "
         "a goodput policy gives it from MIN to MAX GPUs and resizes it through its "
@@ -168,6 +168,11 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
                 values[opt.dest] = int(value)
             except ValueError:
                 raise UsageError(f"{flag} needs an integer, got {value!r}") from None
+        elif opt.kind == "gpus":
+            from gpuq.units import parse_gpus
+
+            parse_gpus(value)  # checked here, so a #GPUQ line's error says where it is
+            values[opt.dest] = value
         elif opt.kind == "multi":
             values.setdefault(opt.dest, []).append(value)
         else:
