@@ -20,9 +20,20 @@ weights computed on different samples (McCandlish et al., App. A.1):
 
 Gradients are preconditioned first, as Pollux does, so the statistics
 describe the step the optimizer actually takes: for Adam and AdamW each
-element is divided by ``sqrt(exp_avg_sq / (1 - beta2^t)) + eps`` once the
-optimizer has taken 5 steps (identity before). The estimates are averaged with
-an exponential moving average whose factor 0.999^S gives larger batches more
+element is divided by ``sqrt(max(v, mean(v))) + eps``, where ``v =
+exp_avg_sq / (1 - beta2^t)`` and ``mean(v)`` is its mean over the element's
+parameter tensor, once the optimizer has taken 5 steps (identity before).
+The floor is what keeps the estimate finite on models with embeddings:
+an embedding row that no step has touched yet has ``v = 0`` and Pollux's
+unfloored divisor ``eps`` (1e-8) multiplies its gradient by 1e8 the first
+time a batch holds its token, so the rows seen least decide tr(Sigma) alone
+(on a small language model, grad_var / grad_sqr of about 3e7 where the
+efficiency its batch sizes measure implies a few hundred). Adam's own step
+never amplifies a rare row that way: its divisor includes the current
+gradient. With the floor a coordinate counts at most as much as a typical
+coordinate of its tensor. A tensor whose second moment is still all zero
+is left out of the statistics. The estimates are averaged with an
+exponential moving average whose factor 0.999^S gives larger batches more
 weight, with Adam-style bias correction.
 
 `GradientNoiseScale` gets the gradients from public hooks only: an optimizer
@@ -32,14 +43,23 @@ backward pass. On a micro-batch that is not the last of its step it adds the
 gradient to a flat buffer and sets ``param.grad`` to None, so the optimizer
 skips every parameter and the step is a no-op; on the last one it writes the
 sample-weighted mean gradient back into ``param.grad`` and lets the step run.
-The training loop stays the plain ``backward(); step(); zero_grad()``. The
-noise is measured on one optimizer step in `MEASURE_EVERY` (32; Pollux
-measures every step): a measurement copies the gradients twice and costs
-some Python, which a short step notices (about 100 us against a 0.3 ms step
-in bench/bench_adaptive.py), and the moving average needs many measurements,
-not every one. Each measurement is weighted as the `every` steps it stands
-for, so the average spans as many steps as Pollux's. Only one process is
-supported: with several replicas the micro-batch norms would
+The training loop stays the plain ``backward(); step(); zero_grad()``.
+
+The noise is measured on one optimizer step in `every`, counted in optimizer
+steps whatever the epochs are. Pollux measures every step; a measurement
+copies the gradients twice and costs some Python, which a short step notices
+(about 100 us against a 0.3 ms step in bench/bench_adaptive.py). So, given
+a clock, `pace` sets `every` from what measurements cost against the step
+time: the smallest interval that keeps them under `MEASURE_SHARE` of the
+training time, at most `MEASURE_EVERY`. A model whose steps take
+milliseconds is measured at every step, so the estimate follows a new batch
+size within a few steps even when an epoch is only a few steps long (a
+fixed interval of 32 steps left a language model at 8 steps an epoch with
+no new measurement for four epochs). The first measurement, and the first
+after the batch size changes, pairs two consecutive steps at once rather than
+waiting out the interval. Each measurement is weighted as the `every` steps
+it stands for, so the average spans as many steps as Pollux's. Only one
+process is supported: with several replicas the micro-batch norms would
 have to be taken by per-parameter hooks before the all-reduce, and
 `gpuq.runner.AdaptiveDataLoader` does not shard data across replicas.
 
@@ -52,7 +72,7 @@ unscales) cannot be combined with accumulation.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -65,7 +85,20 @@ SMOOTHING = 0.999
 PRECONDITION_AFTER = 5
 """Adam steps before its second moments are trusted as a preconditioner."""
 MEASURE_EVERY = 32
-"""Optimizer steps per noise measurement (Pollux measures every step; see below)."""
+"""The most optimizer steps per noise measurement (Pollux measures every step; see below)."""
+MEASURE_SHARE = 0.02
+"""The share of the training time that `pace` lets noise measurements take."""
+
+
+def measure_interval(measure_seconds: float, step_seconds: float) -> int:
+    """Optimizer steps per measurement so that measuring costs at most `MEASURE_SHARE` of them.
+
+    Between 1 (a step long enough that a measurement is negligible) and `MEASURE_EVERY`.
+    """
+    if step_seconds <= 0 or measure_seconds <= 0:
+        return 1 if measure_seconds <= 0 else MEASURE_EVERY
+    needed = math.ceil(measure_seconds / (MEASURE_SHARE * step_seconds))
+    return max(1, min(MEASURE_EVERY, needed))
 
 
 def noise_stats(
@@ -92,6 +125,7 @@ class NoiseAverage:
         self.estimator: Estimator | None = None
         self.biased_sqr = self.biased_var = self.weight = 0.0
         self.updates = 0
+        """Estimates folded into the current average (since its estimator started)."""
         self._params: GradParams | None = None
 
     def update(self, grad_sqr: float, grad_var: float, scale: float, estimator: Estimator) -> None:
@@ -101,6 +135,7 @@ class NoiseAverage:
         if estimator != self.estimator:
             self.estimator = estimator
             self.biased_sqr = self.biased_var = self.weight = 0.0
+            self.updates = 0
         theta = self.smoothing**scale
         self.biased_sqr = theta * self.biased_sqr + (1 - theta) * grad_sqr
         self.biased_var = theta * self.biased_var + (1 - theta) * grad_var
@@ -138,21 +173,31 @@ class NoiseAverage:
 def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[Any]) -> Any:
     """Adam's elementwise step divisor for `params`, flattened; None for the identity.
 
-    Identity for optimizers without second moments, and for Adam until every
-    parameter has taken `PRECONDITION_AFTER` steps.
+    Each element's bias-corrected second moment is floored at its tensor's
+    mean (see the module docstring: rows of an embedding seen rarely would
+    otherwise swamp the statistics). A tensor without a trusted second
+    moment (fewer than `PRECONDITION_AFTER` steps, or all zero) gets an
+    infinite divisor, which leaves it out. Identity for optimizers without
+    second moments, and for Adam until some tensor has a trusted one.
     """
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
     parts = []
+    trusted = False
     for param in params:
         group, state = group_of[id(param)], optimizer.state.get(param, {})
-        if "betas" not in group or "exp_avg_sq" not in state:
+        if "betas" not in group:
             return None
-        steps = float(state["step"])
-        if steps < PRECONDITION_AFTER:
-            return None
-        moment = state["exp_avg_sq"].reshape(-1) / (1 - float(group["betas"][1]) ** steps)
-        parts.append(moment.sqrt_().add_(float(group["eps"])))
-    return torch.cat(parts)
+        steps = float(state.get("step", 0))
+        floor = 0.0
+        if "exp_avg_sq" in state and steps >= PRECONDITION_AFTER:
+            moment = state["exp_avg_sq"].reshape(-1) / (1 - float(group["betas"][1]) ** steps)
+            floor = float(moment.mean())
+        if floor <= 0:
+            parts.append(torch.full((param.numel(),), math.inf, device=param.device))
+            continue
+        trusted = True
+        parts.append(moment.clamp_(min=floor).sqrt_().add_(float(group["eps"])))
+    return torch.cat(parts) if trusted else None
 
 
 def _sqr(vector: Any) -> float:
@@ -167,7 +212,8 @@ class GradientNoiseScale:
     averaged statistics. One optimizer step in `every` is measured (the
     differenced estimator also keeps the gradient of the step before it), so
     that the cost stays a small share of a short step; the others cost a few
-    Python operations.
+    Python operations. With a `clock`, the time spent measuring is kept, and
+    `pace(step_seconds)` adapts `every` to it (see the module docstring).
     """
 
     def __init__(
@@ -177,6 +223,7 @@ class GradientNoiseScale:
         every: int | None = None,
         *,
         hook: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """Watch `optimizer`; with ``hook=False`` its owner calls `before_step` from its hook."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -186,7 +233,12 @@ class GradientNoiseScale:
         self.optimizer = optimizer
         self.init_batch_size = init_batch_size
         self.every = every
-        """Optimizer steps per measurement (`MEASURE_EVERY` by default)."""
+        """Optimizer steps per measurement (`MEASURE_EVERY` until `pace` sets it)."""
+        self.clock = clock
+        self.measure_seconds = 0.0
+        """Clock time spent measuring since the last `pace` (keeping a gradient included)."""
+        self.measurements = 0
+        """Measurements since the last `pace`."""
         self.average = NoiseAverage()
         self.accumulated = False
         """True when the latest step only absorbed a micro-batch (the optimizer skipped it)."""
@@ -201,6 +253,8 @@ class GradientNoiseScale:
         self._stash_sqr = 0.0  # sum of their preconditioned squared norms
         self._previous: Any = None  # the previous step's preconditioned gradient, flat
         self._previous_size = 0  # and its samples (0: none kept)
+        self._previous_step = -1  # and the step it was kept at
+        self._next = 0  # the step to measure next
         self._params = params
         self._adam = all("betas" in group and "eps" in group for group in optimizer.param_groups)
         self._handle = optimizer.register_step_pre_hook(self.before_step) if hook else None
@@ -218,6 +272,12 @@ class GradientNoiseScale:
         """The averaged (|G|^2, tr(Sigma) / M0); None until two gradients have been seen."""
         return self.average.params()
 
+    def pace(self, step_seconds: float) -> None:
+        """Set `every` from the measurements' cost since the last call and a step's time."""
+        if self.measurements:
+            self.every = measure_interval(self.measure_seconds / self.measurements, step_seconds)
+            self.measure_seconds, self.measurements = 0.0, 0
+
     def before_step(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
         """The step pre-hook: absorb, average or measure the gradients of this micro-batch."""
         size, last = self._size, self._last
@@ -226,20 +286,26 @@ class GradientNoiseScale:
         if size is None:  # a step the data loader did not announce
             self.step_samples = 0
             return
-        phase = self.steps % self.every  # 0: measure this step
+        step = self.steps
         if last and not self._sizes:
+            if size != self.step_samples:  # a new batch size: measure it at its next step
+                self._next = min(self._next, step + 1)
             self.step_samples = size
             self.steps += 1
-            if phase == 0 or phase == self.every - 1:  # measure, or keep for the next
+            if step >= self._next - 1:  # measure, or keep for the next
                 params = [p for p in self._params if p.grad is not None]
                 if params:
-                    self._differenced(params, size, measure=phase == 0)
+                    start = self.clock() if self.clock is not None else 0.0
+                    self._differenced(params, size, step)
+                    if self.clock is not None:
+                        self.measure_seconds += self.clock() - start
             return
         params = [p for p in self._params if p.grad is not None]
         if not params:
             self.step_samples = 0
             return
-        measure = phase == 0
+        measure = step >= self._next
+        start = self.clock() if measure and self.clock is not None else 0.0
         flat = torch.cat([p.grad.detach().reshape(-1) for p in params])
         pinv = preconditioner(self.optimizer, params) if measure and self._adam else None
         sqr = _sqr(flat if pinv is None else flat / pinv) if measure else 0.0
@@ -248,7 +314,13 @@ class GradientNoiseScale:
         if last:
             self._finish_accumulation(params, flat, size, sqr, pinv, measure)
             self.steps += 1
-            return
+        else:
+            self._absorb(params, flat, size, sqr)
+        if measure and self.clock is not None:
+            self.measure_seconds += self.clock() - start
+
+    def _absorb(self, params: list[Any], flat: Any, size: int, sqr: float) -> None:
+        """Add a micro-batch that is not its step's last to the stash; the optimizer skips it."""
         self._stash = flat * size if self._stash is None else self._stash.add_(flat, alpha=size)
         self._stash_sqr += sqr
         self._sizes.append(size)
@@ -274,20 +346,31 @@ class GradientNoiseScale:
             stats = noise_stats(local, _sqr(conditioned), len(sizes), size, self.init_batch_size)
             weight = self.every * samples / self.init_batch_size  # it stands for `every` steps
             self.average.update(*stats, weight, "unbiased")
+            self.measurements += 1
+            self._next = self.steps + self.every
         self._stash, self._stash_sqr, self._sizes = None, 0.0, []
         self._previous, self._previous_size = None, 0
         self.step_samples = samples
 
-    def _differenced(self, params: list[Any], size: int, measure: bool) -> None:
-        """Keep this step's gradient; if `measure`, estimate from it and the previous step's."""
+    def _differenced(self, params: list[Any], size: int, step: int) -> None:
+        """Keep this step's gradient; when due, estimate from it and the previous step's.
+
+        Only the gradient of the step just before, of as many samples, pairs
+        with this one; without it, this one is kept and the next step measures.
+        """
         grads = [p.grad.detach().reshape(-1) for p in params]
         pinv = preconditioner(self.optimizer, params) if self._adam else None
         previous = self._previous
-        usable = previous is not None and self._previous_size == size
-        if not (measure and usable and previous.numel() == sum(g.numel() for g in grads)):
+        usable = (
+            previous is not None
+            and self._previous_size == size
+            and self._previous_step == step - 1
+            and previous.numel() == sum(g.numel() for g in grads)
+        )
+        if not (step >= self._next and usable):
             flat = torch.cat(grads)
             self._previous = flat if pinv is None else flat.div_(pinv)
-            self._previous_size = size
+            self._previous_size, self._previous_step = size, step
             return
         pair = torch.cat([previous, *grads]).view(2, -1)  # one copy, then one product
         if pinv is not None:
@@ -298,7 +381,9 @@ class GradientNoiseScale:
         stats = noise_stats(local, total, 2, size, self.init_batch_size)
         weight = self.every * 2 * size / self.init_batch_size  # it stands for `every` steps
         self.average.update(*stats, weight, "differenced")
-        self._previous, self._previous_size = pair[1], size
+        self.measurements += 1
+        self._next = step + self.every
+        self._previous, self._previous_size, self._previous_step = pair[1], size, step
 
     def state_dict(self) -> dict[str, Any]:
         """Averages and any gradients held between steps, so a resume continues bit for bit."""
@@ -310,6 +395,10 @@ class GradientNoiseScale:
             "stash_sqr": self._stash_sqr,
             "previous": None if self._previous is None else self._previous.clone(),
             "previous_size": self._previous_size,
+            "previous_step": self._previous_step,
+            "step_samples": self.step_samples,
+            "next": self._next,
+            "every": self.every,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -323,3 +412,7 @@ class GradientNoiseScale:
         self._stash_sqr = float(state["stash_sqr"])
         self._previous = None if previous is None else previous.to(device)
         self._previous_size = int(state["previous_size"])
+        self._previous_step = int(state.get("previous_step", self.steps - 1))
+        self._next = int(state.get("next", self.steps))
+        self.step_samples = int(state.get("step_samples", self._previous_size))
+        self.every = int(state.get("every", self.every))

@@ -20,8 +20,13 @@
   the memory bound: from the profiled peaks (linear in m), 90% of the
   device's memory, or no bound on the CPU. The tuner switches only when the
   prediction beats the current configuration by more than 5%
-  (`SPEEDUP_THRESHOLD`), and only at the start of an epoch, so every decision
-  depends on checkpointed numbers alone.
+  (`SPEEDUP_THRESHOLD`), only once the noise average holds `MIN_MEASUREMENTS`
+  measurements (the |G|^2 of a few small-batch measurements is mostly noise,
+  and a near-zero one reads as "every batch size is efficient"), and only at
+  the start of an epoch, so every decision depends on checkpointed numbers
+  alone. The noise measurements keep pace with the step time (`pace` in
+  `gpuq.runner.gns`: every step when steps are long), so several fall between
+  decisions however few steps an epoch has.
 - **Scale the learning rate.** Around each optimizer step the learning rate
   of every parameter group is multiplied by the rule's factor and put back
   afterwards, so the script's own scheduler never sees it: ``"adascale"``
@@ -67,6 +72,8 @@ PROFILE_WINDOW = 32
 """Step times kept per configuration; their median is what the fit sees."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
+MIN_MEASUREMENTS = 16
+"""Noise measurements the average must hold before the tuner acts on it."""
 PRIOR = GradParams(0.0, 1.0)
 """Gradient statistics before any are measured: efficiency 1 at every batch size."""
 
@@ -228,7 +235,9 @@ class BatchTuner:
         self.optimizer, self.job = optimizer, job
         self.init_batch_size, self.max_batch_size = init_batch_size, max_batch_size
         self.lr_scaling, self.accumulation = lr_scaling, accumulation
-        self.gns = GradientNoiseScale(optimizer, init_batch_size, hook=False)  # see _before_step
+        self.gns = GradientNoiseScale(  # hook=False: see _before_step
+            optimizer, init_batch_size, hook=False, clock=lambda: step_clock()
+        )
         self.config = BatchConfig(init_batch_size)
         self.profile = StepProfile()
         self.perf: PerfParams | None = None
@@ -293,6 +302,8 @@ class BatchTuner:
             window.append(now - self._group_start)
             if len(window) >= 2 * PROFILE_WINDOW:
                 del window[:PROFILE_WINDOW]
+            if self.gns.measurements:  # a measurement since the last pace: adapt the cadence
+                self.gns.pace(statistics.median(window[-PROFILE_WINDOW:]))
         self._group_start, self._group_suspends = now, suspends
 
     def epoch_target(self, epoch: int, dataset_size: int) -> float:
@@ -306,7 +317,7 @@ class BatchTuner:
     def retune(self) -> BatchConfig:
         """Refit the model and adopt the best configuration if it is worth it (epoch starts)."""
         perf = self.profile.fit()
-        if perf is None:
+        if perf is None or self.gns.average.updates < MIN_MEASUREMENTS:
             return self.config
         self.perf = perf
         goodput_fn = GoodputFunction(perf, self.gns.estimate() or PRIOR, self.init_batch_size)
