@@ -25,6 +25,7 @@ import gpuq.runner.gns
 import gpuq.runner.loop
 import gpuq.runner.tuning
 from gpuq.runner import checkpoint
+from gpuq.runner.data import split_in_halves
 from gpuq.runner.tuning import BatchTuner
 
 pytestmark = [pytest.mark.torch]
@@ -132,14 +133,20 @@ def test_without_an_lr_rule_max_batch_size_only_bounds_a_fixed_batch(clock: Fake
     assert run.passes == [1, 1, 1] and run.final["step"] == 3 * SAMPLES // M0
 
 
-def test_at_its_initial_batch_an_adaptive_loader_trains_bit_for_bit_like_a_fixed_one(
+def test_at_its_initial_batch_an_adaptive_loader_trains_like_a_fixed_one_to_rounding(
     clock: FakeClock,
 ) -> None:
     fixed = train(clock, 1, lr_scaling=None)
     gq.init(environ={}).close()
     adaptive = train(clock, 1)  # the first epoch always runs at the initial batch size
-    assert adaptive.passes == [1] and adaptive.final["step"] == fixed.final["step"]
-    assert all(torch.equal(v, adaptive.final["model"][k]) for k, v in fixed.final["model"].items())
+    tuner = gq.init().loaders["loader0"].tuner
+    assert isinstance(tuner, BatchTuner)
+    # Measured steps take their batch as two halves (one more gq.step() each), and step once
+    # on the mean of the halves' gradients: the same step, summed in another order.
+    assert adaptive.passes == [1] and tuner.steps == fixed.final["step"] == SAMPLES // M0
+    assert adaptive.final["step"] == tuner.steps + tuner.gns.average.updates
+    for key, value in fixed.final["model"].items():
+        torch.testing.assert_close(adaptive.final["model"][key], value, rtol=1e-5, atol=1e-6)
     assert set(adaptive.lrs) == {0.002}
 
 
@@ -305,3 +312,50 @@ def test_on_cuda_the_tuner_learns_peaks_and_the_device_memory(clock: FakeClock) 
     total = torch.cuda.get_device_properties(0).total_memory
     assert 0.8 * total < tuner.capacity < total
     assert tuner.profile.peaks and all(peak > 0 for peak in tuner.profile.peaks.values())
+
+
+def test_a_measured_step_takes_its_batch_as_two_halves_at_the_same_weights(
+    clock: FakeClock,
+) -> None:
+    received: list[int] = []
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(noisy_regression(), batch_size=M0, max_batch_size=256)
+    for _ in gq.epochs(1):
+        for x, y in loader:
+            received.append(len(x))
+            clock.work(len(x))
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+    tuner = loader.tuner
+    assert tuner is not None and tuner.gns.average.estimator == "unbiased"
+    halves = [i for i, size in enumerate(received) if size == M0 // 2]
+    assert halves and all(received[i + 1] == M0 // 2 for i in halves[::2])
+    assert sum(received) == SAMPLES and tuner.steps == SAMPLES // M0
+    assert tuner.gns.average.updates == len(halves) // 2
+    assert "8,1" in tuner.profile.times  # a split step is timed as two micro-batches of 8
+
+
+@pytest.mark.parametrize(
+    ("batch", "halves"),
+    [
+        (torch.arange(4), (torch.arange(2), torch.arange(2, 4))),
+        ((torch.zeros(4, 2), [torch.ones(4)]), ((torch.zeros(2, 2), [torch.ones(2)]),) * 2),
+        ({"x": torch.zeros(4, 3)}, ({"x": torch.zeros(2, 3)},) * 2),
+    ],
+    ids=["tensor", "nested", "dict"],
+)
+def test_a_collated_batch_splits_into_equal_halves(batch: Any, halves: Any) -> None:
+    assert str(split_in_halves(batch, 4)) == str(halves)
+
+
+@pytest.mark.parametrize(
+    ("batch", "size"),
+    [(torch.zeros(3, 2), 3), (torch.zeros(4), 6), ((torch.zeros(4), "text"), 4), ([], 4)],
+    ids=["odd", "other-size", "not-a-tensor", "empty"],
+)
+def test_a_batch_that_cannot_be_halved_is_left_whole(batch: Any, size: int) -> None:
+    assert split_in_halves(batch, size) is None

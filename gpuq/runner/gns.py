@@ -244,6 +244,8 @@ class GradientNoiseScale:
         """True when the latest step only absorbed a micro-batch (the optimizer skipped it)."""
         self.step_samples = 0
         """Samples in the latest real optimizer step."""
+        self.micro_samples = 0
+        """Samples in the latest micro-batch announced (a whole step's when not accumulating)."""
         self.steps = 0
         """Real optimizer steps announced so far."""
         self._size: int | None = None
@@ -255,6 +257,7 @@ class GradientNoiseScale:
         self._previous_size = 0  # and its samples (0: none kept)
         self._previous_step = -1  # and the step it was kept at
         self._next = 0  # the step to measure next
+        self._measured = -2  # the step measured last
         self._params = params
         self._adam = all("betas" in group and "eps" in group for group in optimizer.param_groups)
         self._handle = optimizer.register_step_pre_hook(self.before_step) if hook else None
@@ -272,6 +275,27 @@ class GradientNoiseScale:
         """The averaged (|G|^2, tr(Sigma) / M0); None until two gradients have been seen."""
         return self.average.params()
 
+    def due(self) -> bool:
+        """True when the next optimizer step should be measured from two micro-batches.
+
+        Never two steps in a row, so that the steps between keep being timed
+        as they are (`gpuq.runner.AdaptiveDataLoader` splits such a step in two).
+        """
+        return self.steps >= self._next and self.steps > self._measured + 1
+
+    def pending(self) -> int:
+        """Micro-batches of the current step absorbed so far (0 between steps)."""
+        return len(self._sizes)
+
+    def _interval(self) -> int:
+        """Steps to the next measurement: `every`, one more after every other measurement.
+
+        The alternation keeps measurements off a fixed parity of steps: with
+        momentum near the edge of stability |G|^2 can swing with period two,
+        and measuring every other step would see one side of the swing only.
+        """
+        return self.every + self.average.updates % 2
+
     def pace(self, step_seconds: float) -> None:
         """Set `every` from the measurements' cost since the last call and a step's time."""
         if self.measurements:
@@ -286,6 +310,7 @@ class GradientNoiseScale:
         if size is None:  # a step the data loader did not announce
             self.step_samples = 0
             return
+        self.micro_samples = size
         step = self.steps
         if last and not self._sizes:
             if size != self.step_samples:  # a new batch size: measure it at its next step
@@ -347,7 +372,7 @@ class GradientNoiseScale:
             weight = self.every * samples / self.init_batch_size  # it stands for `every` steps
             self.average.update(*stats, weight, "unbiased")
             self.measurements += 1
-            self._next = self.steps + self.every
+            self._next, self._measured = self.steps + self._interval(), self.steps
         self._stash, self._stash_sqr, self._sizes = None, 0.0, []
         self._previous, self._previous_size = None, 0
         self.step_samples = samples
@@ -382,7 +407,7 @@ class GradientNoiseScale:
         weight = self.every * 2 * size / self.init_batch_size  # it stands for `every` steps
         self.average.update(*stats, weight, "differenced")
         self.measurements += 1
-        self._next = step + self.every
+        self._next, self._measured = step + self._interval(), step
         self._previous, self._previous_size, self._previous_step = pair[1], size, step
 
     def state_dict(self) -> dict[str, Any]:
@@ -398,6 +423,7 @@ class GradientNoiseScale:
             "previous_step": self._previous_step,
             "step_samples": self.step_samples,
             "next": self._next,
+            "measured": self._measured,
             "every": self.every,
         }
 
@@ -414,5 +440,6 @@ class GradientNoiseScale:
         self._previous_size = int(state["previous_size"])
         self._previous_step = int(state.get("previous_step", self.steps - 1))
         self._next = int(state.get("next", self.steps))
+        self._measured = int(state.get("measured", -2))
         self.step_samples = int(state.get("step_samples", self._previous_size))
         self.every = int(state.get("every", self.every))

@@ -290,20 +290,29 @@ class BatchTuner:
         """The loop is about to receive a micro-batch of `size`; `last` if a step follows it."""
         self.gns.micro_batch(size, last)
 
-    def step_ended(self, timed: bool = True) -> None:
+    def step_ended(self, timed: bool = True, halves: bool = False) -> None:
         """The loop asked for the micro-batch after a step's last one: time that step.
 
         Steps cut short by the end of a pass are not `timed`: they are not
-        representative of their configuration.
+        representative of their configuration. A step the loader split in
+        `halves` to measure its noise is timed as what it was, two
+        micro-batches of half the local batch, and what it took beyond an
+        unsplit step counts as the measurement's cost.
         """
         now, suspends = step_clock(), len(self.job.suspends)
         if timed and self._group_start is not None and suspends == self._group_suspends:
-            window = self._window  # `StepProfile.record_time`, inlined: this runs every step
-            window.append(now - self._group_start)
-            if len(window) >= 2 * PROFILE_WINDOW:
-                del window[:PROFILE_WINDOW]
-            if self.gns.measurements:  # a measurement since the last pace: adapt the cadence
-                self.gns.pace(statistics.median(window[-PROFILE_WINDOW:]))
+            seconds, window = now - self._group_start, self._window
+            usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
+            if halves:
+                self.profile.record_time(BatchConfig(self.config.local_bsz // 2, 1), seconds)
+                if usual is not None:
+                    self.gns.measure_seconds += max(0.0, seconds - usual)
+            else:  # `StepProfile.record_time`, inlined: this runs every step
+                window.append(seconds)
+                if len(window) >= 2 * PROFILE_WINDOW:
+                    del window[:PROFILE_WINDOW]
+            if self.gns.measurements and usual is not None:  # adapt the cadence to its cost
+                self.gns.pace(usual)
         self._group_start, self._group_suspends = now, suspends
 
     def epoch_target(self, epoch: int, dataset_size: int) -> float:
@@ -382,8 +391,9 @@ class BatchTuner:
             self._saved_lrs = None
 
     def _on_boundary(self, info: StepInfo) -> None:
-        if info.memory_peak_bytes is not None:
-            self.profile.record_peak(self.config.local_bsz, info.memory_peak_bytes)
+        if info.memory_peak_bytes is not None:  # a measured step's halves are smaller
+            local = self.gns.micro_samples or self.config.local_bsz
+            self.profile.record_peak(local, info.memory_peak_bytes)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a decision or a step depends on, for a checkpoint."""
