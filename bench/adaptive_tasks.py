@@ -200,20 +200,21 @@ def _cnn() -> nn.Module:
     )
 
 
-def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+def mlp(hidden: int = 64) -> nn.Module:
+    """The MLP task's model: FEATURES -> `hidden` -> CLASSES with a ReLU."""
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES))
 
 
 TASKS: dict[str, Task] = {
     "mlp": Task(
         "mlp",
         mlp_data,
-        _mlp,
+        mlp,
         lambda model: torch.optim.SGD(model.parameters(), lr=0.1),
         "adascale",
         init_batch=16,
         max_batch=512,
-        lr_decay=0.9,
+        lr_decay=0.8,
     ),
     "cnn": Task(
         "cnn",
@@ -223,7 +224,7 @@ TASKS: dict[str, Task] = {
         "adascale",
         init_batch=16,
         max_batch=512,
-        lr_decay=0.9,
+        lr_decay=0.8,
     ),
     "transformer": Task(
         "transformer",
@@ -233,7 +234,7 @@ TASKS: dict[str, Task] = {
         "sqrt",
         init_batch=20,
         max_batch=320,
-        lr_decay=0.9,
+        lr_decay=0.8,
     ),
     "lstm": Task(
         "lstm",
@@ -243,7 +244,7 @@ TASKS: dict[str, Task] = {
         "sqrt",
         init_batch=16,
         max_batch=256,
-        lr_decay=0.9,
+        lr_decay=0.8,
     ),
 }
 """The four model kinds, by name."""

@@ -23,6 +23,7 @@ from gpuq.runner.gns import (
     NoiseAverage,
     measure_interval,
     noise_stats,
+    pair_stats,
     preconditioner,
 )
 
@@ -73,6 +74,24 @@ def test_the_differenced_estimator_is_within_two_percent_at_fixed_weights() -> N
     sqr, var = mean_estimates(gradients, M0)
     assert sqr == pytest.approx(TRUE_SQR, rel=0.02)
     assert var == pytest.approx(TRUE_VAR, rel=0.02)
+
+
+def test_two_micro_batches_of_different_sizes_give_unbiased_statistics_too() -> None:
+    rng = np.random.default_rng(13)
+    first, second = 7, 9  # an odd batch of 16 cut in two
+    estimates = []
+    for _ in range(20_000):
+        g1 = MEAN + rng.normal(0.0, 1.0, DIM) * SIGMA / np.sqrt(first)
+        g2 = MEAN + rng.normal(0.0, 1.0, DIM) * SIGMA / np.sqrt(second)
+        total = float(np.sum((first * g1 + second * g2) ** 2))
+        estimates.append(pair_stats(float(g1 @ g1), float(g2 @ g2), total, first, second, M0))
+    sqr, var = np.mean(np.asarray(estimates), axis=0)
+    assert sqr == pytest.approx(TRUE_SQR, rel=0.02)
+    assert var == pytest.approx(TRUE_VAR, rel=0.02)
+    g1, g2 = MEAN + 0.1, MEAN - 0.2  # equal sizes: the same as noise_stats
+    local, total = float(g1 @ g1 + g2 @ g2) / 2, float(np.sum(((g1 + g2) / 2) ** 2))
+    both = pair_stats(float(g1 @ g1), float(g2 @ g2), total * 64**2, 32, 32, M0)
+    assert both == pytest.approx(noise_stats(local, total, 2, 32, M0))
 
 
 def test_noise_stats_needs_two_micro_batches() -> None:

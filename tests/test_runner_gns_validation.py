@@ -60,8 +60,8 @@ class Case:
 CASES = {
     "mlp": Case(batch=512, warm_steps=10, steps=256, draws=1600),
     "cnn": Case(batch=256, warm_steps=20, steps=256, draws=800),
-    "transformer": Case(batch=64, warm_steps=100, steps=256, draws=480),
-    "lstm": Case(batch=128, warm_steps=100, steps=256, draws=480),
+    "transformer": Case(batch=64, warm_steps=100, steps=512, draws=640),
+    "lstm": Case(batch=256, warm_steps=50, steps=256, draws=480),
 }
 
 

@@ -88,13 +88,13 @@ def _seed_for(seed: int, epoch: int, stream: int) -> int:
 
 
 def split_in_halves(batch: Any, size: int) -> tuple[Any, Any] | None:
-    """Two equal halves of a collated batch of `size` samples; None when it cannot be split.
+    """A collated batch of `size` samples cut in two, the first `size // 2` and the rest.
 
     Tensors are cut along their first dimension, which must be `size`;
-    tuples, lists and dicts of them are split element by element. An odd
-    `size`, or anything else in the batch, cannot be.
+    tuples, lists and dicts of them are split element by element. None
+    when the batch holds anything else, or fewer than two samples.
     """
-    if size < 2 or size % 2:
+    if size < 2:
         return None
     half = size // 2
     if isinstance(batch, torch.Tensor):
@@ -264,7 +264,9 @@ class AdaptiveDataLoader:
             return
         tuner.start_pass()
         local, micro_batches = sampler.batch_size, self._accum_steps + 1
-        gns = tuner.gns
+        # Measured steps are split only once the loop is seen to step in this pass (an
+        # evaluation pass never does); a pass resumed in its middle was seen to before.
+        gns, trained = tuner.gns, tuner.steps - (self.index > 0)
         announce, target = gns.micro_batch, tuner.epoch_target(self.epoch, size)
         batches = iter(self._loader)
         while True:  # runs once a batch: kept lean (see bench/bench_adaptive.py)
@@ -279,7 +281,7 @@ class AdaptiveDataLoader:
             final = end + (local if sampler.drop_last else 1) > size
             last = position == micro_batches - 1 or final
             batch = next(batches)
-            if micro_batches == 1 and (resuming or gns.due()):
+            if micro_batches == 1 and (resuming or (gns.due() and tuner.steps > trained)):
                 halves = split_in_halves(batch, end - start)
                 if halves is not None:  # measure the noise from two halves at the same weights
                     yield from self._halves(tuner, halves, end, resuming)
@@ -302,7 +304,7 @@ class AdaptiveDataLoader:
         if not resuming:
             tuner.gns.micro_batch(half, False)
             yield halves[0]
-        tuner.gns.micro_batch(half, True)
+        tuner.gns.micro_batch(end - self.index - half, True)
         self.index = end
         yield halves[1]
         tuner.step_ended(timed=not resuming, halves=True)

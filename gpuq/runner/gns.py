@@ -57,8 +57,9 @@ size within a few steps even when an epoch is only a few steps long (a
 fixed interval of 32 steps left a language model at 8 steps an epoch with
 no new measurement for four epochs). The first measurement, and the first
 after the batch size changes, pairs two consecutive steps at once rather than
-waiting out the interval. Each measurement is weighted as the `every` steps
-it stands for, so the average spans as many steps as Pollux's. Only one
+waiting out the interval. Each measurement is weighted as the steps it
+stands for (since the previous one), so the average spans as many steps as
+Pollux's. Only one
 process is supported: with several replicas the micro-batch norms would
 have to be taken by per-parameter hooks before the all-reduce, and
 `gpuq.runner.AdaptiveDataLoader` does not shard data across replicas.
@@ -86,6 +87,8 @@ PRECONDITION_AFTER = 5
 """Adam steps before its second moments are trusted as a preconditioner."""
 MEASURE_EVERY = 32
 """The most optimizer steps per noise measurement (Pollux measures every step; see below)."""
+CAUTION = 2.0
+"""Standard errors added to |G|^2 in `NoiseAverage.cautious` (about 98% one-sided)."""
 MEASURE_SHARE = 0.02
 """The share of the training time that `pace` lets noise measurements take."""
 
@@ -117,16 +120,40 @@ def noise_stats(
     return grad_sqr, grad_var
 
 
+def pair_stats(
+    first_sqr: float, second_sqr: float, sum_sqr: float, first: int, second: int, init_batch: int
+) -> tuple[float, float]:
+    """Unbiased (|G|^2, tr(Sigma) / M0) from two micro-batch gradients of any sizes.
+
+    `first_sqr` and `second_sqr` are their squared norms and `sum_sqr` the
+    squared norm of ``first * g1 + second * g2``. Their dot product estimates
+    |G|^2, and |g1 - g2|^2 estimates tr(Sigma) (1 / first + 1 / second).
+    With equal sizes this is `noise_stats` with two micro-batches.
+    """
+    cross = (sum_sqr - first**2 * first_sqr - second**2 * second_sqr) / (2 * first * second)
+    spread = first_sqr + second_sqr - 2 * cross
+    return cross, spread / (1 / first + 1 / second) / init_batch
+
+
 class NoiseAverage:
-    """Bias-corrected moving averages of |G|^2 and tr(Sigma) / M0 from one estimator."""
+    """Bias-corrected moving averages of |G|^2 and tr(Sigma) / M0 from one estimator.
+
+    It also keeps the spread of the |G|^2 estimates, for `cautious`: from
+    batches much smaller than the noise scale, each estimate of |G|^2 is mostly
+    noise, their average can be near zero or negative, and a |G|^2 clamped at
+    zero reads as an infinite noise scale, every batch size fully efficient
+    (a small language model's first epoch did exactly that).
+    """
 
     def __init__(self, smoothing: float = SMOOTHING) -> None:
         self.smoothing = smoothing
         self.estimator: Estimator | None = None
         self.biased_sqr = self.biased_var = self.weight = 0.0
+        self.biased_sqr2 = self.weight2 = 0.0  # of the squared |G|^2 estimates, squared weights
         self.updates = 0
         """Estimates folded into the current average (since its estimator started)."""
         self._params: GradParams | None = None
+        self._cautious: GradParams | None = None
 
     def update(self, grad_sqr: float, grad_var: float, scale: float, estimator: Estimator) -> None:
         """Fold one estimate in; `scale` = samples it used / M0; another estimator starts afresh."""
@@ -135,13 +162,16 @@ class NoiseAverage:
         if estimator != self.estimator:
             self.estimator = estimator
             self.biased_sqr = self.biased_var = self.weight = 0.0
+            self.biased_sqr2 = self.weight2 = 0.0
             self.updates = 0
         theta = self.smoothing**scale
         self.biased_sqr = theta * self.biased_sqr + (1 - theta) * grad_sqr
         self.biased_var = theta * self.biased_var + (1 - theta) * grad_var
+        self.biased_sqr2 = theta * self.biased_sqr2 + (1 - theta) * grad_sqr**2
         self.weight = theta * self.weight + (1 - theta)
+        self.weight2 = theta**2 * self.weight2 + (1 - theta) ** 2
         self.updates += 1
-        self._params = None
+        self._params = self._cautious = None
 
     def params(self) -> GradParams | None:
         """The current estimate, clamped at 0; None before the first update."""
@@ -152,13 +182,33 @@ class NoiseAverage:
             self._params = GradParams(max(sqr, 0.0), max(var, 0.0))
         return self._params
 
+    def cautious(self) -> GradParams | None:
+        """The estimate with |G|^2 raised by `CAUTION` standard errors of its average.
+
+        The standard error comes from the spread of the estimates and the
+        moving average's effective number of them. What the batch size and
+        the learning rate act on: a noise scale the measurements support,
+        not one that their noise inflates. Equal to `params` when the
+        estimates agree; None before the first update.
+        """
+        params = self.params()
+        if params is None or self._cautious is not None:
+            return params if params is None else self._cautious
+        mean = self.biased_sqr / self.weight
+        spread = max(self.biased_sqr2 / self.weight - mean**2, 0.0)
+        error = math.sqrt(spread * self.weight2) / self.weight
+        self._cautious = GradParams(params.sqr + CAUTION * error, params.var)
+        return self._cautious
+
     def state_dict(self) -> dict[str, Any]:
         """The averages, for a checkpoint."""
         return {
             "estimator": self.estimator,
             "biased_sqr": self.biased_sqr,
             "biased_var": self.biased_var,
+            "biased_sqr2": self.biased_sqr2,
             "weight": self.weight,
+            "weight2": self.weight2,
             "updates": self.updates,
         }
 
@@ -167,7 +217,9 @@ class NoiseAverage:
         self.estimator = state["estimator"]
         self.biased_sqr, self.biased_var = float(state["biased_sqr"]), float(state["biased_var"])
         self.weight, self.updates = float(state["weight"]), int(state["updates"])
-        self._params = None
+        self.biased_sqr2 = float(state.get("biased_sqr2", self.biased_sqr**2))
+        self.weight2 = float(state.get("weight2", self.weight**2))
+        self._params = self._cautious = None
 
 
 def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[Any]) -> Any:
@@ -275,6 +327,10 @@ class GradientNoiseScale:
         """The averaged (|G|^2, tr(Sigma) / M0); None until two gradients have been seen."""
         return self.average.params()
 
+    def cautious_estimate(self) -> GradParams | None:
+        """`estimate` with |G|^2 raised by its uncertainty (`NoiseAverage.cautious`)."""
+        return self.average.cautious()
+
     def due(self) -> bool:
         """True when the next optimizer step should be measured from two micro-batches.
 
@@ -286,6 +342,14 @@ class GradientNoiseScale:
     def pending(self) -> int:
         """Micro-batches of the current step absorbed so far (0 between steps)."""
         return len(self._sizes)
+
+    def _gap(self, step: int) -> int:
+        """The steps a measurement at `step` stands for: those since the previous one.
+
+        At most `every` + 1, so a first measurement, or one after a long
+        stretch without, does not outweigh the rest.
+        """
+        return max(1, min(step - self._measured, self.every + 1))
 
     def _interval(self) -> int:
         """Steps to the next measurement: `every`, one more after every other measurement.
@@ -365,11 +429,18 @@ class GradientNoiseScale:
             count = param.grad.numel()
             param.grad.copy_(mean[offset : offset + count].view_as(param.grad))
             offset += count
-        if measure and len(set(sizes)) == 1:  # only groups of equal micro-batches are unbiased
+        stats = None
+        if measure and len(sizes) == 2:  # two micro-batches: any sizes (a split odd batch)
+            conditioned = mean if pinv is None else mean / pinv
+            total = _sqr(conditioned) * samples**2
+            first, second = sizes
+            stats = pair_stats(self._stash_sqr, sqr, total, first, second, self.init_batch_size)
+        elif measure and len(set(sizes)) == 1:  # more: only equal micro-batches are unbiased
             conditioned = mean if pinv is None else mean / pinv
             local = (self._stash_sqr + sqr) / len(sizes)
             stats = noise_stats(local, _sqr(conditioned), len(sizes), size, self.init_batch_size)
-            weight = self.every * samples / self.init_batch_size  # it stands for `every` steps
+        if stats is not None:
+            weight = self._gap(self.steps) * samples / self.init_batch_size
             self.average.update(*stats, weight, "unbiased")
             self.measurements += 1
             self._next, self._measured = self.steps + self._interval(), self.steps
@@ -404,7 +475,7 @@ class GradientNoiseScale:
         total = (first + second + 2 * cross) / 4
         local = (first + second) / 2
         stats = noise_stats(local, total, 2, size, self.init_batch_size)
-        weight = self.every * 2 * size / self.init_batch_size  # it stands for `every` steps
+        weight = self._gap(step) * 2 * size / self.init_batch_size
         self.average.update(*stats, weight, "differenced")
         self.measurements += 1
         self._next, self._measured = step + self._interval(), step

@@ -18,7 +18,11 @@
   `GoodputFunction.optimize` picks the (m, s) of best goodput for batch sizes
   between the initial one and the loader's ``max_batch_size``, with m under
   the memory bound: from the profiled peaks (linear in m), 90% of the
-  device's memory, or no bound on the CPU. The tuner switches only when the
+  device's memory, or no bound on the CPU, and at most twice the largest local
+  batch timed so far (`EXPLORE_FACTOR`, after Pollux's cap of twice the most
+  GPUs a job has had): the model is a line through step times, and a
+  transformer's on the CPU, measured at 10 and 20 samples, predicted a third
+  of the time a step of 123 takes. The tuner switches only when the
   prediction beats the current configuration by more than 5%
   (`SPEEDUP_THRESHOLD`), only once the noise average holds `MIN_MEASUREMENTS`
   measurements (the |G|^2 of a few small-batch measurements is mostly noise,
@@ -72,6 +76,8 @@ PROFILE_WINDOW = 32
 """Step times kept per configuration; their median is what the fit sees."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
+EXPLORE_FACTOR = 2
+"""How far beyond the largest local batch timed so far the step-time model is trusted."""
 MIN_MEASUREMENTS = 16
 """Noise measurements the average must hold before the tuner acts on it."""
 PRIOR = GradParams(0.0, 1.0)
@@ -329,13 +335,16 @@ class BatchTuner:
         if perf is None or self.gns.average.updates < MIN_MEASUREMENTS:
             return self.config
         self.perf = perf
-        goodput_fn = GoodputFunction(perf, self.gns.estimate() or PRIOR, self.init_batch_size)
+        goodput_fn = GoodputFunction(
+            perf, self.gns.cautious_estimate() or PRIOR, self.init_batch_size
+        )
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
+        explored = EXPLORE_FACTOR * max(self.profile.compute_times())
         chosen = choose_config(
             goodput_fn,
             self.config,
             max_batch_size=self.max_batch_size,
-            max_local=self.max_batch_size if bound is None else bound,
+            max_local=min(explored, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
         )
         if chosen != self.config:
@@ -363,7 +372,7 @@ class BatchTuner:
         if samples <= init:  # efficiency >= 1 and an LR factor of 1
             self.progress += samples
         else:
-            grad = self.gns.estimate()
+            grad = self.gns.cautious_estimate()
             self.progress += progress_of(grad, init, samples)
             factor = lr_factor(self.lr_scaling, grad, init, samples)
             if factor != 1.0:
@@ -373,7 +382,7 @@ class BatchTuner:
         metrics = self.job.metrics
         if metrics is None:
             return
-        grad = grad or self.gns.estimate()
+        grad = grad or self.gns.cautious_estimate()
         if grad is not None:
             batch = self.config.batch_size
             metrics.update_goodput(
