@@ -3,8 +3,8 @@
 Step times come from a deterministic clock that the loop advances by a cost
 per micro-batch (a fixed overhead plus a cost per sample), so the tuner's
 decisions are reproducible; the gradients are real. The noise scale of the
-tiny model is measured at every step, as Pollux does (by default the runner
-measures one step in 32, see `gpuq.runner.gns.MEASURE_EVERY`).
+tiny model is measured as often as the runner allows (every other step;
+by default at most one step in 32, see `gpuq.runner.gns.MEASURE_EVERY`).
 """
 
 from __future__ import annotations

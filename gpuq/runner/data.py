@@ -38,6 +38,14 @@ is training logic (only its reports to the daemon need gpuq). It runs in
 single-process jobs; under torchrun the batch size stays fixed, with a
 warning. Without the rule or ``max_batch_size`` the batch size is fixed.
 
+To measure the gradient noise from two gradients at the same weights, an
+adaptive loader hands some steps without accumulation to the loop as the
+two halves of their batch (one step in several; `gpuq.runner.gns`): the
+loop sees two smaller batches, and the optimizer steps once on their
+sample-weighted mean gradient, the same step up to rounding (batch
+normalization sees each half apart, and gradient clipping in the loop clips
+each half). A checkpoint taken between the halves resumes with the second.
+
 What the loop must do: call ``optimizer.step()`` after every batch, exactly
 as with a fixed batch size. Right::
 

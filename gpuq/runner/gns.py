@@ -13,10 +13,20 @@ weights computed on different samples (McCandlish et al., App. A.1):
       |G|^2          = (count * total - local) / (count - 1)
       tr(Sigma) / M0 = (local - total) * S / (count - 1),   S = count * m / M0
 
-- With one micro-batch per step, the same formulas are applied to the last
-  two steps' gradients (count = 2, S = 2 m / M0): Wang and Yu's differenced
-  estimator, biased while the weights move, which is why the two estimators'
-  averages are never mixed (switching resets them).
+  Two micro-batches may have different sizes n1 and n2 (`pair_stats`):
+  g1 . g2 estimates |G|^2 and |g1 - g2|^2 estimates tr(Sigma) (1/n1 + 1/n2).
+  `gpuq.runner.AdaptiveDataLoader` hands a measured step that has no
+  accumulation to the loop as two halves of its batch, so every measurement
+  compares gradients taken at the same weights.
+
+- With one micro-batch per step that cannot be split, the same formulas are
+  applied to the last two steps' gradients (count = 2, S = 2 m / M0): Wang
+  and Yu's differenced estimator. It is biased while the weights move: the
+  first step moves the weights against its own noise, so the second
+  gradient is anti-correlated with that noise, and |G|^2 comes out low (about
+  half on a CNN with momentum and on an LSTM with Adam, which doubled their
+  noise scales). The two estimators' averages are never mixed (switching
+  resets them).
 
 Gradients are preconditioned first, as Pollux does, so the statistics
 describe the step the optimizer actually takes: for Adam and AdamW each
@@ -34,7 +44,8 @@ gradient. With the floor a coordinate counts at most as much as a typical
 coordinate of its tensor. A tensor whose second moment is still all zero
 is left out of the statistics. The estimates are averaged with an
 exponential moving average whose factor 0.999^S gives larger batches more
-weight, with Adam-style bias correction.
+weight, with Adam-style bias correction; `NoiseAverage.cautious` adds the
+uncertainty of the |G|^2 average for the decisions made on it.
 
 `GradientNoiseScale` gets the gradients from public hooks only: an optimizer
 step pre-hook (``Optimizer.register_step_pre_hook``) sees each micro-batch's
@@ -47,17 +58,20 @@ The training loop stays the plain ``backward(); step(); zero_grad()``.
 
 The noise is measured on one optimizer step in `every`, counted in optimizer
 steps whatever the epochs are. Pollux measures every step; a measurement
-copies the gradients twice and costs some Python, which a short step notices
-(about 100 us against a 0.3 ms step in bench/bench_adaptive.py). So, given
-a clock, `pace` sets `every` from what measurements cost against the step
-time: the smallest interval that keeps them under `MEASURE_SHARE` of the
-training time, at most `MEASURE_EVERY`. A model whose steps take
-milliseconds is measured at every step, so the estimate follows a new batch
-size within a few steps even when an epoch is only a few steps long (a
-fixed interval of 32 steps left a language model at 8 steps an epoch with
-no new measurement for four epochs). The first measurement, and the first
-after the batch size changes, pairs two consecutive steps at once rather than
-waiting out the interval. Each measurement is weighted as the steps it
+copies the gradients and costs some Python, and a split step pays the
+per-step cost twice, which a short step notices (about 100 us against a
+0.3 ms step in bench/bench_adaptive.py). So, given a clock, `pace` sets
+`every` from what measurements cost against the step time: the smallest
+interval that keeps them under `MEASURE_SHARE` of the training time, at
+most `MEASURE_EVERY`. A model whose steps take milliseconds is measured
+every other step (`due` never asks for two in a row, so unsplit steps keep
+being timed), so the estimate follows a new batch size within a few steps
+even when an epoch is only a few steps long (a fixed interval of 32 steps
+left a language model at 8 steps an epoch with no new measurement for four
+epochs). The interval alternates between `every` and one more, so that
+measurements do not all fall on one parity of steps. The first
+measurement, and the first after the batch size changes, comes at once
+rather than after the interval. Each measurement is weighted as the steps it
 stands for (since the previous one), so the average spans as many steps as
 Pollux's. Only one
 process is supported: with several replicas the micro-batch norms would

@@ -14,7 +14,9 @@
   these times (one process: T_iter = (s + 1) T_grad(m)). It minimizes the
   RMSLE with scipy's bounded TNC solver rather than L-BFGS-B, as documented
   in `gpuq.goodput`: same objective, bounds and optimum.
-- **Choose.** With the noise scale from `gpuq.runner.gns`,
+- **Choose.** With the cautious noise estimate of `gpuq.runner.gns` (|G|^2
+  raised by two standard errors of its average, so that a |G|^2 the
+  measurements cannot yet resolve does not read as an infinite noise scale),
   `GoodputFunction.optimize` picks the (m, s) of best goodput for batch sizes
   between the initial one and the loader's ``max_batch_size``, with m under
   the memory bound: from the profiled peaks (linear in m), 90% of the
@@ -29,7 +31,7 @@
   and a near-zero one reads as "every batch size is efficient"), and only at
   the start of an epoch, so every decision depends on checkpointed numbers
   alone. The noise measurements keep pace with the step time (`pace` in
-  `gpuq.runner.gns`: every step when steps are long), so several fall between
+  `gpuq.runner.gns`: every other step when steps are long), so several fall between
   decisions however few steps an epoch has.
 - **Scale the learning rate.** Around each optimizer step the learning rate
   of every parameter group is multiplied by the rule's factor and put back
@@ -37,7 +39,8 @@
   (the gain r = (var + sqr) / (var / S + sqr), for SGD), ``"sqrt"`` (sqrt(S),
   for Adam and AdamW) or ``"linear"`` (S), with S = batch / initial batch. At
   or below the initial batch size the factor is 1.
-- **Count progress.** Each step adds its samples times min(1, efficiency):
+- **Count progress.** Each step adds its samples times min(1, efficiency)
+  (from the same cautious estimate as the gain):
   samples of the initial batch size's worth. An epoch ends when progress
   reaches (epoch + 1) x dataset size, which at the initial batch size is
   exactly one pass; with larger, less efficient batches an epoch takes more
