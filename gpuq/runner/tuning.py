@@ -133,6 +133,41 @@ def progress_of(grad: GradParams | None, init_batch: int, batch: int) -> float:
     return batch * min(1.0, gain(grad, init_batch, batch) * init_batch / batch)
 
 
+def rescale_second_moments(
+    optimizer: torch.optim.Optimizer,
+    grad: GradParams | None,
+    init_batch: int,
+    old_batch: int,
+    new_batch: int,
+) -> None:
+    """Scale Adam's second moments to the gradients of a new batch size.
+
+    Adam's ``exp_avg_sq`` averages squared gradients over about 1 / (1 -
+    beta2) steps (1,000 for 0.999), so after the batch grows it still holds
+    the larger noise of the old batch, and the steps it divides come out
+    smaller than the learning rate rule intends for as long (a transformer
+    switched from 20 to 40 and 78 samples needed 40% more samples than one
+    fixed at either). The expected squared gradient of a batch of B samples
+    is |G|^2 + tr(Sigma) / B, so the moments are multiplied by
+    (|G|^2 + tr(Sigma) / new) / (|G|^2 + tr(Sigma) / old), from the noise
+    estimate (kept per M0 samples: tr(Sigma) / B = var * M0 / B). Pollux's
+    artifact rescales Adam's state at a batch change too. Other optimizers,
+    and a job without an estimate, are left alone.
+    """
+    if grad is None or old_batch == new_batch:
+        return
+    before = grad.sqr + grad.var * init_batch / old_batch
+    after = grad.sqr + grad.var * init_batch / new_batch
+    if before <= 0 or after <= 0:
+        return
+    factor = after / before
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            moment = optimizer.state.get(param, {}).get("exp_avg_sq")
+            if isinstance(moment, torch.Tensor):
+                moment.mul_(factor)
+
+
 def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
     """The largest local batch whose predicted peak memory fits `capacity`; None without data.
 
@@ -351,6 +386,9 @@ class BatchTuner:
             accumulation=self.accumulation,
         )
         if chosen != self.config:
+            old, new = self.config.batch_size, chosen.batch_size
+            grad = self.gns.cautious_estimate()
+            rescale_second_moments(self.optimizer, grad, self.init_batch_size, old, new)
             self._use(chosen)
         metrics = self.job.metrics
         if metrics is not None:
