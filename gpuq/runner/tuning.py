@@ -346,17 +346,18 @@ class BatchTuner:
         now, suspends = step_clock(), len(self.job.suspends)
         if timed and self._group_start is not None and suspends == self._group_suspends:
             seconds, window = now - self._group_start, self._window
-            usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
-            if halves:
-                self.profile.record_time(BatchConfig(self.config.local_bsz // 2, 1), seconds)
+            if halves or self.gns.measurements:  # a measurement: its cost, and the cadence
+                usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
+                if halves:
+                    self.profile.record_time(BatchConfig(self.config.local_bsz // 2, 1), seconds)
+                    if usual is not None:
+                        self.gns.measure_seconds += max(0.0, seconds - usual)
                 if usual is not None:
-                    self.gns.measure_seconds += max(0.0, seconds - usual)
-            else:  # `StepProfile.record_time`, inlined: this runs every step
+                    self.gns.pace(usual)
+            if not halves:  # `StepProfile.record_time`, inlined: this runs every step
                 window.append(seconds)
                 if len(window) >= 2 * PROFILE_WINDOW:
                     del window[:PROFILE_WINDOW]
-            if self.gns.measurements and usual is not None:  # adapt the cadence to its cost
-                self.gns.pace(usual)
         self._group_start, self._group_suspends = now, suspends
 
     def epoch_target(self, epoch: int, dataset_size: int) -> float:
