@@ -52,7 +52,7 @@ class FakeClock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeClock]:
     fake = FakeClock()
     monkeypatch.setattr(gpuq.runner.tuning, "step_clock", fake)
-    monkeypatch.setattr(gpuq.runner.gns, "MEASURE_EVERY", 1)  # measure every step, as Pollux
+    monkeypatch.setattr(gpuq.runner.gns, "MEASURE_EVERY", 1)  # measure as often as allowed
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     gq.init(environ={}).close()

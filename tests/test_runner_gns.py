@@ -20,12 +20,10 @@ from gpuq.runner.gns import (
     MEASURE_EVERY,
     MEASURE_SHARE,
     GradientNoiseScale,
-    NoiseAverage,
     measure_interval,
-    noise_stats,
-    pair_stats,
     preconditioner,
 )
+from gpuq.runner.noise import NoiseAverage, noise_stats, pair_stats
 
 pytestmark = [pytest.mark.torch]
 

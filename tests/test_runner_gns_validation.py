@@ -40,7 +40,8 @@ import gpuq.runner as gq
 import gpuq.runner.tuning
 from bench.adaptive_tasks import TASKS, Batch, Samples, Task, keep
 from gpuq.goodput import GradParams
-from gpuq.runner.gns import NoiseAverage, preconditioner
+from gpuq.runner.gns import preconditioner
+from gpuq.runner.noise import NoiseAverage
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
