@@ -17,11 +17,13 @@ from torch import nn
 import gpuq.runner as gq
 from gpuq.goodput import GradParams
 from gpuq.runner.gns import (
+    MEASURE_EVERY,
+    MEASURE_SHARE,
     GradientNoiseScale,
-    NoiseAverage,
-    noise_stats,
+    measure_interval,
     preconditioner,
 )
+from gpuq.runner.noise import NoiseAverage, noise_stats, pair_stats
 
 pytestmark = [pytest.mark.torch]
 
@@ -70,6 +72,24 @@ def test_the_differenced_estimator_is_within_two_percent_at_fixed_weights() -> N
     sqr, var = mean_estimates(gradients, M0)
     assert sqr == pytest.approx(TRUE_SQR, rel=0.02)
     assert var == pytest.approx(TRUE_VAR, rel=0.02)
+
+
+def test_two_micro_batches_of_different_sizes_give_unbiased_statistics_too() -> None:
+    rng = np.random.default_rng(13)
+    first, second = 7, 9  # an odd batch of 16 cut in two
+    estimates = []
+    for _ in range(20_000):
+        g1 = MEAN + rng.normal(0.0, 1.0, DIM) * SIGMA / np.sqrt(first)
+        g2 = MEAN + rng.normal(0.0, 1.0, DIM) * SIGMA / np.sqrt(second)
+        total = float(np.sum((first * g1 + second * g2) ** 2))
+        estimates.append(pair_stats(float(g1 @ g1), float(g2 @ g2), total, first, second, M0))
+    sqr, var = np.mean(np.asarray(estimates), axis=0)
+    assert sqr == pytest.approx(TRUE_SQR, rel=0.02)
+    assert var == pytest.approx(TRUE_VAR, rel=0.02)
+    g1, g2 = MEAN + 0.1, MEAN - 0.2  # equal sizes: the same as noise_stats
+    local, total = float(g1 @ g1 + g2 @ g2) / 2, float(np.sum(((g1 + g2) / 2) ** 2))
+    both = pair_stats(float(g1 @ g1), float(g2 @ g2), total * 64**2, 32, 32, M0)
+    assert both == pytest.approx(noise_stats(local, total, 2, 32, M0))
 
 
 def test_noise_stats_needs_two_micro_batches() -> None:
@@ -190,20 +210,46 @@ def adam_after(steps: int) -> tuple[nn.Linear, torch.optim.Adam]:
     return model, optimizer
 
 
-def test_adam_preconditions_with_its_bias_corrected_second_moment_after_five_steps() -> None:
+def test_adam_preconditions_with_its_second_moment_floored_at_each_tensors_mean() -> None:
     model, optimizer = adam_after(4)
     params = list(model.parameters())
     assert preconditioner(optimizer, params) is None
     model, optimizer = adam_after(7)
     params = list(model.parameters())
-    expected = torch.cat(
-        [
-            (optimizer.state[p]["exp_avg_sq"] / (1 - 0.99**7)).sqrt().reshape(-1) + 1e-6
-            for p in params
-        ]
-    )
+    moments = [optimizer.state[p]["exp_avg_sq"].reshape(-1) / (1 - 0.99**7) for p in params]
+    expected = torch.cat([m.clamp(min=float(m.mean())).sqrt() + 1e-6 for m in moments])
+    assert any(bool((m < m.mean()).any()) for m in moments)  # the floor is exercised
     torch.testing.assert_close(preconditioner(optimizer, params), expected)
     assert preconditioner(torch.optim.SGD(params, lr=0.1), params) is None
+
+
+def test_embedding_rows_adam_never_updated_cannot_swamp_the_statistics() -> None:
+    # Row 0 is in every batch; row 1 first appears now: its second moment is 0.
+    embedding = nn.Embedding(2, 4)
+    optimizer = torch.optim.Adam(embedding.parameters(), lr=1e-3)
+    for _ in range(6):
+        embedding(torch.zeros(3, dtype=torch.long)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    embedding(torch.tensor([0, 1])).sum().backward()
+    pinv = preconditioner(optimizer, [embedding.weight])
+    grad = embedding.weight.grad
+    assert grad is not None
+    conditioned = (grad.reshape(-1) / pinv).view(2, 4)
+    # Unfloored, row 1 would be divided by eps (1e-8). Floored, it weighs at most as much
+    # as an average coordinate of the table: here half of row 0, whose moment is twice the mean.
+    assert float(conditioned[1].abs().max()) <= float(conditioned[0].abs().max()) * 2**0.5 + 1e-6
+    idle, late = nn.Linear(2, 2), nn.Linear(2, 2)  # gradients always 0; none until now
+    adam = torch.optim.Adam([*embedding.parameters(), *idle.parameters()], lr=1e-3)
+    adam.add_param_group({"params": list(late.parameters())})
+    for _ in range(6):
+        loss = embedding(torch.zeros(3, dtype=torch.long)).sum() + 0 * idle(torch.ones(2)).sum()
+        loss.backward()
+        adam.step()
+        adam.zero_grad(set_to_none=True)
+    divisors = preconditioner(adam, [embedding.weight, *idle.parameters(), *late.parameters()])
+    assert divisors is not None and torch.isfinite(divisors[:8]).all()
+    assert torch.isinf(divisors[8:]).all()  # no second moment to trust: left out
 
 
 def test_the_statistics_of_an_adam_step_are_those_of_the_preconditioned_gradients() -> None:
@@ -270,18 +316,56 @@ def test_one_step_in_every_few_is_measured_from_two_consecutive_gradients() -> N
     )
     gns = GradientNoiseScale(optimizer, M0, every=4)
     train(gns, model, 5, M0, 0)
-    assert gns.average.updates == 1  # step 0 has no predecessor; step 4 pairs with step 3
-    local = float(seen[3] @ seen[3] + seen[4] @ seen[4]) / 2
-    total = float(((seen[3] + seen[4]) / 2).square().sum())
+    assert gns.average.updates == 1  # step 0 has no predecessor: step 1 pairs with it at once
+    local = float(seen[0] @ seen[0] + seen[1] @ seen[1]) / 2
+    total = float(((seen[0] + seen[1]) / 2).square().sum())
     expected = noise_stats(local, total, 2, M0, M0)
     estimate = gns.estimate()
     assert estimate is not None
     assert (estimate.sqr, estimate.var) == pytest.approx(tuple(max(v, 0.0) for v in expected))
     train(gns, model, 35, M0, 0)
-    assert gns.average.updates == 9  # steps 4, 8, ..., 36
+    # Steps 1, 6, 10, 15, ..., 37: 4 and 5 steps apart in turn, so not always the same parity.
+    assert gns.average.updates == 9
     accumulating = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, every=4)
     train(accumulating, model, 40, M0 // 2, 1)
-    assert accumulating.average.updates == 10 and accumulating.steps == 40
+    assert accumulating.average.updates == 9 and accumulating.steps == 40  # 0, 5, 9, ..., 36
+
+
+def test_a_new_batch_size_is_measured_at_its_second_step_not_after_the_interval() -> None:
+    model = Linear()
+    gns = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, every=32)
+    train(gns, model, 10, M0, 0)
+    assert gns.average.updates == 1  # steps 0 and 1
+    train(gns, model, 2, 2 * M0, 0)  # steps 10 and 11, twice the samples: pair at once
+    assert gns.average.updates == 2
+
+
+@pytest.mark.parametrize(
+    ("measure_ms", "step_ms", "every"),
+    [(0.1, 0.3, 17), (0.1, 0.001, 32), (2.0, 24.0, 5), (2.0, 200.0, 1), (0.0, 0.3, 1)],
+    ids=["short-step", "tiny-step", "transformer", "long-step", "free"],
+)
+def test_the_cadence_keeps_measurements_under_their_share_of_the_step_time(
+    measure_ms: float, step_ms: float, every: int
+) -> None:
+    assert measure_interval(measure_ms, step_ms) == every
+    if 1 < every < MEASURE_EVERY:
+        assert measure_ms / every <= MEASURE_SHARE * step_ms < measure_ms / (every - 1)
+
+
+def test_pace_sets_the_interval_from_the_time_the_measurements_took() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.001  # every reading 1 ms later: a measurement takes 1 ms
+        return now[0]
+
+    model = Linear()
+    gns = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, clock=clock)
+    train(gns, model, 2, M0, 0)
+    assert gns.measurements == 1 and gns.measure_seconds == pytest.approx(0.002)
+    gns.pace(step_seconds=0.010)  # 2 ms against 10 ms steps: one step in 10 keeps it at 2%
+    assert gns.every == 10 and gns.measurements == 0
 
 
 def test_by_default_one_step_in_thirty_two_is_measured() -> None:

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from gpuq.runner.tuning import (
     lr_factor,
     memory_bound,
     progress_of,
+    rescale_second_moments,
 )
 
 pytestmark = [pytest.mark.torch]
@@ -174,3 +176,20 @@ def test_a_current_configuration_that_no_longer_fits_is_always_replaced() -> Non
         fn, BatchConfig(512), max_batch_size=1024, max_local=100, accumulation=False
     )
     assert chosen.local_bsz <= 100
+
+
+def test_a_larger_batch_scales_adams_second_moments_to_its_smaller_noise() -> None:
+    model = torch.nn.Linear(3, 1)
+    adam = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    adam.step()
+    before = [adam.state[p]["exp_avg_sq"].clone() for p in model.parameters()]
+    grad = GradParams(sqr=1.0, var=3.0)  # tr(Sigma) = 3 * M0: E|g|^2 = 1 + 3 M0 / B
+    rescale_second_moments(adam, grad, 16, 16, 64)
+    factor = (1.0 + 3.0 * 16 / 64) / (1.0 + 3.0)
+    for old, param in zip(before, model.parameters(), strict=True):
+        torch.testing.assert_close(adam.state[param]["exp_avg_sq"], old * factor)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    rescale_second_moments(sgd, grad, 16, 16, 64)  # nothing to scale: no error
+    rescale_second_moments(adam, None, 16, 16, 64)  # no estimate: left alone
+    assert adam.state[model.weight]["exp_avg_sq"] is not None

@@ -38,6 +38,14 @@ is training logic (only its reports to the daemon need gpuq). It runs in
 single-process jobs; under torchrun the batch size stays fixed, with a
 warning. Without the rule or ``max_batch_size`` the batch size is fixed.
 
+To measure the gradient noise from two gradients at the same weights, an
+adaptive loader hands some steps without accumulation to the loop as the
+two halves of their batch (one step in several; `gpuq.runner.gns`): the
+loop sees two smaller batches, and the optimizer steps once on their
+sample-weighted mean gradient, the same step up to rounding (batch
+normalization sees each half apart, and gradient clipping in the loop clips
+each half). A checkpoint taken between the halves resumes with the second.
+
 What the loop must do: call ``optimizer.step()`` after every batch, exactly
 as with a fixed batch size. Right::
 
@@ -85,6 +93,33 @@ _MIX = 0x9E3779B97F4A7C15
 def _seed_for(seed: int, epoch: int, stream: int) -> int:
     """A distinct 63-bit seed per (seed, epoch, stream)."""
     return (seed * _MIX + epoch * 1_000_003 + stream) % (1 << 63)
+
+
+def split_in_halves(batch: Any, size: int) -> tuple[Any, Any] | None:
+    """A collated batch of `size` samples cut in two, the first `size // 2` and the rest.
+
+    Tensors are cut along their first dimension, which must be `size`;
+    tuples, lists and dicts of them are split element by element. None
+    when the batch holds anything else, or fewer than two samples.
+    """
+    if size < 2:
+        return None
+    half = size // 2
+    if isinstance(batch, torch.Tensor):
+        return (batch[:half], batch[half:]) if batch.dim() and batch.shape[0] == size else None
+    if isinstance(batch, tuple | list) and type(batch) in (tuple, list):
+        parts = [split_in_halves(item, size) for item in batch]
+        if not parts or any(part is None for part in parts):
+            return None
+        pairs = [part for part in parts if part is not None]
+        return type(batch)(p[0] for p in pairs), type(batch)(p[1] for p in pairs)
+    if type(batch) is dict:
+        split = {key: split_in_halves(value, size) for key, value in batch.items()}
+        if not split or any(part is None for part in split.values()):
+            return None
+        done = {key: part for key, part in split.items() if part is not None}
+        return {k: p[0] for k, p in done.items()}, {k: p[1] for k, p in done.items()}
+    return None
 
 
 def _order_stream(pass_number: int) -> int:
@@ -201,7 +236,8 @@ class AdaptiveDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         tuner = self._tuner()
-        if self._finish_interrupted_pass:
+        resumed = self._finish_interrupted_pass
+        if resumed:
             self._finish_interrupted_pass = False
         else:
             self.epoch, self.pass_number, self.index = self.epoch + 1, 0, 0
@@ -218,8 +254,9 @@ class AdaptiveDataLoader:
                 yield from self._pass(tuner)
                 if tuner.progress >= tuner.epoch_target(self.epoch, self._sampler.size):
                     return  # enough progress for this epoch
-                if tuner.steps == steps:
+                if tuner.steps == steps and not resumed:
                     return  # a pass without training (evaluation): stop rather than loop
+                resumed = False  # (a resumed pass may have had nothing left but its end)
                 self.pass_number, self.index = self.pass_number + 1, 0
         finally:  # the loop ended, or broke out and dropped this generator
             self._in_progress = False
@@ -235,7 +272,10 @@ class AdaptiveDataLoader:
             return
         tuner.start_pass()
         local, micro_batches = sampler.batch_size, self._accum_steps + 1
-        announce, target = tuner.gns.micro_batch, tuner.epoch_target(self.epoch, size)
+        # Measured steps are split only once the loop is seen to step in this pass (an
+        # evaluation pass never does); a pass resumed in its middle was seen to before.
+        gns, trained = tuner.gns, tuner.steps - (self.index > 0)
+        announce, target = gns.micro_batch, tuner.epoch_target(self.epoch, size)
         batches = iter(self._loader)
         while True:  # runs once a batch: kept lean (see bench/bench_adaptive.py)
             start = self.index
@@ -243,16 +283,39 @@ class AdaptiveDataLoader:
             if start >= size or (sampler.drop_last and end - start < local):
                 return
             position = (start // local) % micro_batches
-            if position == 0 and tuner.progress >= target:  # the epoch is done
+            resuming = micro_batches == 1 and gns.pending() > 0  # the second half is owed
+            if position == 0 and not resuming and tuner.progress >= target:  # the epoch is done
                 return
             final = end + (local if sampler.drop_last else 1) > size
             last = position == micro_batches - 1 or final
             batch = next(batches)
+            if micro_batches == 1 and (resuming or (gns.due() and tuner.steps > trained)):
+                halves = split_in_halves(batch, end - start)
+                if halves is not None:  # measure the noise from two halves at the same weights
+                    yield from self._halves(tuner, halves, end, resuming)
+                    continue
             announce(end - start, last)
             self.index = end
             yield batch
             if last:
                 tuner.step_ended(timed=position == micro_batches - 1 and end - start == local)
+
+    def _halves(
+        self, tuner: BatchTuner, halves: tuple[Any, Any], end: int, resuming: bool
+    ) -> Iterator[Any]:
+        """Yield a batch as two micro-batches of one step; the position moves after both.
+
+        A checkpoint taken between them holds the first half's gradient, and
+        the same position: a resume loads the batch again and yields the second.
+        """
+        half = (end - self.index) // 2
+        if not resuming:
+            tuner.gns.micro_batch(half, False)
+            yield halves[0]
+        tuner.gns.micro_batch(end - self.index - half, True)
+        self.index = end
+        yield halves[1]
+        tuner.step_ended(timed=not resuming, halves=True)
 
     def _use(self, local_bsz: int, accum_steps: int) -> None:
         self._sampler.batch_size, self._accum_steps = local_bsz, accum_steps

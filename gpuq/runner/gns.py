@@ -13,17 +13,39 @@ weights computed on different samples (McCandlish et al., App. A.1):
       |G|^2          = (count * total - local) / (count - 1)
       tr(Sigma) / M0 = (local - total) * S / (count - 1),   S = count * m / M0
 
-- With one micro-batch per step, the same formulas are applied to the last
-  two steps' gradients (count = 2, S = 2 m / M0): Wang and Yu's differenced
-  estimator, biased while the weights move, which is why the two estimators'
-  averages are never mixed (switching resets them).
+  Two micro-batches may have different sizes n1 and n2 (`pair_stats`):
+  g1 . g2 estimates |G|^2 and |g1 - g2|^2 estimates tr(Sigma) (1/n1 + 1/n2).
+  `gpuq.runner.AdaptiveDataLoader` hands a measured step that has no
+  accumulation to the loop as two halves of its batch, so every measurement
+  compares gradients taken at the same weights.
+
+- With one micro-batch per step that cannot be split, the same formulas are
+  applied to the last two steps' gradients (count = 2, S = 2 m / M0): Wang
+  and Yu's differenced estimator. It is biased while the weights move: the
+  first step moves the weights against its own noise, so the second
+  gradient is anti-correlated with that noise, and |G|^2 comes out low (about
+  half on a CNN with momentum and on an LSTM with Adam, which doubled their
+  noise scales). The two estimators' averages are never mixed (switching
+  resets them).
 
 Gradients are preconditioned first, as Pollux does, so the statistics
 describe the step the optimizer actually takes: for Adam and AdamW each
-element is divided by ``sqrt(exp_avg_sq / (1 - beta2^t)) + eps`` once the
-optimizer has taken 5 steps (identity before). The estimates are averaged with
-an exponential moving average whose factor 0.999^S gives larger batches more
-weight, with Adam-style bias correction.
+element is divided by ``sqrt(max(v, mean(v))) + eps``, where ``v =
+exp_avg_sq / (1 - beta2^t)`` and ``mean(v)`` is its mean over the element's
+parameter tensor, once the optimizer has taken 5 steps (identity before).
+The floor is what keeps the estimate finite on models with embeddings:
+an embedding row that no step has touched yet has ``v = 0`` and Pollux's
+unfloored divisor ``eps`` (1e-8) multiplies its gradient by 1e8 the first
+time a batch holds its token, so the rows seen least decide tr(Sigma) alone
+(on a small language model, grad_var / grad_sqr of about 3e7 where the
+efficiency its batch sizes measure implies a few hundred). Adam's own step
+never amplifies a rare row that way: its divisor includes the current
+gradient. With the floor a coordinate counts at most as much as a typical
+coordinate of its tensor. A tensor whose second moment is still all zero
+is left out of the statistics. The estimates are averaged with an
+exponential moving average whose factor 0.999^S gives larger batches more
+weight, with Adam-style bias correction; `NoiseAverage.cautious` adds the
+uncertainty of the |G|^2 average for the decisions made on it.
 
 `GradientNoiseScale` gets the gradients from public hooks only: an optimizer
 step pre-hook (``Optimizer.register_step_pre_hook``) sees each micro-batch's
@@ -32,14 +54,27 @@ backward pass. On a micro-batch that is not the last of its step it adds the
 gradient to a flat buffer and sets ``param.grad`` to None, so the optimizer
 skips every parameter and the step is a no-op; on the last one it writes the
 sample-weighted mean gradient back into ``param.grad`` and lets the step run.
-The training loop stays the plain ``backward(); step(); zero_grad()``. The
-noise is measured on one optimizer step in `MEASURE_EVERY` (32; Pollux
-measures every step): a measurement copies the gradients twice and costs
-some Python, which a short step notices (about 100 us against a 0.3 ms step
-in bench/bench_adaptive.py), and the moving average needs many measurements,
-not every one. Each measurement is weighted as the `every` steps it stands
-for, so the average spans as many steps as Pollux's. Only one process is
-supported: with several replicas the micro-batch norms would
+The training loop stays the plain ``backward(); step(); zero_grad()``.
+
+The noise is measured on one optimizer step in `every`, counted in optimizer
+steps whatever the epochs are. Pollux measures every step; a measurement
+copies the gradients and costs some Python, and a split step pays the
+per-step cost twice, which a short step notices (about 100 us against a
+0.3 ms step in bench/bench_adaptive.py). So, given a clock, `pace` sets
+`every` from what measurements cost against the step time: the smallest
+interval that keeps them under `MEASURE_SHARE` of the training time, at
+most `MEASURE_EVERY`. A model whose steps take milliseconds is measured
+every other step (`due` never asks for two in a row, so unsplit steps keep
+being timed), so the estimate follows a new batch size within a few steps
+even when an epoch is only a few steps long (a fixed interval of 32 steps
+left a language model at 8 steps an epoch with no new measurement for four
+epochs). The interval alternates between `every` and one more, so that
+measurements do not all fall on one parity of steps. The first
+measurement, and the first after the batch size changes, comes at once
+rather than after the interval. Each measurement is weighted as the steps it
+stands for (since the previous one), so the average spans as many steps as
+Pollux's. Only one
+process is supported: with several replicas the micro-batch norms would
 have to be taken by per-parameter hooks before the all-reduce, and
 `gpuq.runner.AdaptiveDataLoader` does not shard data across replicas.
 
@@ -52,107 +87,61 @@ unscales) cannot be combined with accumulation.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from gpuq.goodput import GradParams
+from gpuq.runner.noise import NoiseAverage, noise_stats, pair_stats
 
-Estimator = Literal["unbiased", "differenced"]
-SMOOTHING = 0.999
-"""Per-M0-samples decay of the moving averages (Pollux's artifact)."""
 PRECONDITION_AFTER = 5
 """Adam steps before its second moments are trusted as a preconditioner."""
 MEASURE_EVERY = 32
-"""Optimizer steps per noise measurement (Pollux measures every step; see below)."""
+"""The most optimizer steps per noise measurement (Pollux measures every step; see below)."""
+MEASURE_SHARE = 0.02
+"""The share of the training time that `pace` lets noise measurements take."""
 
 
-def noise_stats(
-    local_sqr: float, total_sqr: float, count: int, micro_batch: int, init_batch: int
-) -> tuple[float, float]:
-    """Unbiased (|G|^2, tr(Sigma) / M0) from `count` micro-batch gradients of `micro_batch` samples.
+def measure_interval(measure_seconds: float, step_seconds: float) -> int:
+    """Optimizer steps per measurement so that measuring costs at most `MEASURE_SHARE` of them.
 
-    `local_sqr` is the mean of the micro-batch gradients' squared norms and
-    `total_sqr` the squared norm of their mean (see the module docstring).
+    Between 1 (a step long enough that a measurement is negligible) and `MEASURE_EVERY`.
     """
-    if count < 2:
-        raise ValueError(f"noise statistics need at least two micro-batches, got {count}")
-    scale = count * micro_batch / init_batch
-    grad_sqr = (count * total_sqr - local_sqr) / (count - 1)
-    grad_var = (local_sqr - total_sqr) * scale / (count - 1)
-    return grad_sqr, grad_var
-
-
-class NoiseAverage:
-    """Bias-corrected moving averages of |G|^2 and tr(Sigma) / M0 from one estimator."""
-
-    def __init__(self, smoothing: float = SMOOTHING) -> None:
-        self.smoothing = smoothing
-        self.estimator: Estimator | None = None
-        self.biased_sqr = self.biased_var = self.weight = 0.0
-        self.updates = 0
-        self._params: GradParams | None = None
-
-    def update(self, grad_sqr: float, grad_var: float, scale: float, estimator: Estimator) -> None:
-        """Fold one estimate in; `scale` = samples it used / M0; another estimator starts afresh."""
-        if not (math.isfinite(grad_sqr) and math.isfinite(grad_var)):
-            return
-        if estimator != self.estimator:
-            self.estimator = estimator
-            self.biased_sqr = self.biased_var = self.weight = 0.0
-        theta = self.smoothing**scale
-        self.biased_sqr = theta * self.biased_sqr + (1 - theta) * grad_sqr
-        self.biased_var = theta * self.biased_var + (1 - theta) * grad_var
-        self.weight = theta * self.weight + (1 - theta)
-        self.updates += 1
-        self._params = None
-
-    def params(self) -> GradParams | None:
-        """The current estimate, clamped at 0; None before the first update."""
-        if self.weight <= 0:
-            return None
-        if self._params is None:
-            sqr, var = self.biased_sqr / self.weight, self.biased_var / self.weight
-            self._params = GradParams(max(sqr, 0.0), max(var, 0.0))
-        return self._params
-
-    def state_dict(self) -> dict[str, Any]:
-        """The averages, for a checkpoint."""
-        return {
-            "estimator": self.estimator,
-            "biased_sqr": self.biased_sqr,
-            "biased_var": self.biased_var,
-            "weight": self.weight,
-            "updates": self.updates,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back what `state_dict` returned."""
-        self.estimator = state["estimator"]
-        self.biased_sqr, self.biased_var = float(state["biased_sqr"]), float(state["biased_var"])
-        self.weight, self.updates = float(state["weight"]), int(state["updates"])
-        self._params = None
+    if step_seconds <= 0 or measure_seconds <= 0:
+        return 1 if measure_seconds <= 0 else MEASURE_EVERY
+    needed = math.ceil(measure_seconds / (MEASURE_SHARE * step_seconds))
+    return max(1, min(MEASURE_EVERY, needed))
 
 
 def preconditioner(optimizer: torch.optim.Optimizer, params: Sequence[Any]) -> Any:
     """Adam's elementwise step divisor for `params`, flattened; None for the identity.
 
-    Identity for optimizers without second moments, and for Adam until every
-    parameter has taken `PRECONDITION_AFTER` steps.
+    Each element's bias-corrected second moment is floored at its tensor's
+    mean (see the module docstring: rows of an embedding seen rarely would
+    otherwise swamp the statistics). A tensor without a trusted second
+    moment (fewer than `PRECONDITION_AFTER` steps, or all zero) gets an
+    infinite divisor, which leaves it out. Identity for optimizers without
+    second moments, and for Adam until some tensor has a trusted one.
     """
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
     parts = []
+    trusted = False
     for param in params:
         group, state = group_of[id(param)], optimizer.state.get(param, {})
-        if "betas" not in group or "exp_avg_sq" not in state:
+        if "betas" not in group:
             return None
-        steps = float(state["step"])
-        if steps < PRECONDITION_AFTER:
-            return None
-        moment = state["exp_avg_sq"].reshape(-1) / (1 - float(group["betas"][1]) ** steps)
-        parts.append(moment.sqrt_().add_(float(group["eps"])))
-    return torch.cat(parts)
+        steps = float(state.get("step", 0))
+        floor = 0.0
+        if "exp_avg_sq" in state and steps >= PRECONDITION_AFTER:
+            moment = state["exp_avg_sq"].reshape(-1) / (1 - float(group["betas"][1]) ** steps)
+            floor = float(moment.mean())
+        if floor <= 0:
+            parts.append(torch.full((param.numel(),), math.inf, device=param.device))
+            continue
+        trusted = True
+        parts.append(moment.clamp_(min=floor).sqrt_().add_(float(group["eps"])))
+    return torch.cat(parts) if trusted else None
 
 
 def _sqr(vector: Any) -> float:
@@ -167,7 +156,8 @@ class GradientNoiseScale:
     averaged statistics. One optimizer step in `every` is measured (the
     differenced estimator also keeps the gradient of the step before it), so
     that the cost stays a small share of a short step; the others cost a few
-    Python operations.
+    Python operations. With a `clock`, the time spent measuring is kept, and
+    `pace(step_seconds)` adapts `every` to it (see the module docstring).
     """
 
     def __init__(
@@ -177,6 +167,7 @@ class GradientNoiseScale:
         every: int | None = None,
         *,
         hook: bool = True,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """Watch `optimizer`; with ``hook=False`` its owner calls `before_step` from its hook."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -186,12 +177,19 @@ class GradientNoiseScale:
         self.optimizer = optimizer
         self.init_batch_size = init_batch_size
         self.every = every
-        """Optimizer steps per measurement (`MEASURE_EVERY` by default)."""
+        """Optimizer steps per measurement (`MEASURE_EVERY` until `pace` sets it)."""
+        self.clock = clock
+        self.measure_seconds = 0.0
+        """Clock time spent measuring since the last `pace` (keeping a gradient included)."""
+        self.measurements = 0
+        """Measurements since the last `pace`."""
         self.average = NoiseAverage()
         self.accumulated = False
         """True when the latest step only absorbed a micro-batch (the optimizer skipped it)."""
         self.step_samples = 0
         """Samples in the latest real optimizer step."""
+        self.micro_samples = 0
+        """Samples in the latest micro-batch announced (a whole step's when not accumulating)."""
         self.steps = 0
         """Real optimizer steps announced so far."""
         self._size: int | None = None
@@ -201,6 +199,9 @@ class GradientNoiseScale:
         self._stash_sqr = 0.0  # sum of their preconditioned squared norms
         self._previous: Any = None  # the previous step's preconditioned gradient, flat
         self._previous_size = 0  # and its samples (0: none kept)
+        self._previous_step = -1  # and the step it was kept at
+        self._next = 0  # the step to measure next
+        self._measured = -2  # the step measured last
         self._params = params
         self._adam = all("betas" in group and "eps" in group for group in optimizer.param_groups)
         self._handle = optimizer.register_step_pre_hook(self.before_step) if hook else None
@@ -218,6 +219,45 @@ class GradientNoiseScale:
         """The averaged (|G|^2, tr(Sigma) / M0); None until two gradients have been seen."""
         return self.average.params()
 
+    def cautious_estimate(self) -> GradParams | None:
+        """`estimate` with |G|^2 raised by its uncertainty (`NoiseAverage.cautious`)."""
+        return self.average.cautious()
+
+    def due(self) -> bool:
+        """True when the next optimizer step should be measured from two micro-batches.
+
+        Never two steps in a row, so that the steps between keep being timed
+        as they are (`gpuq.runner.AdaptiveDataLoader` splits such a step in two).
+        """
+        return self.steps >= self._next and self.steps > self._measured + 1
+
+    def pending(self) -> int:
+        """Micro-batches of the current step absorbed so far (0 between steps)."""
+        return len(self._sizes)
+
+    def _gap(self, step: int) -> int:
+        """The steps a measurement at `step` stands for: those since the previous one.
+
+        At most `every` + 1, so a first measurement, or one after a long
+        stretch without, does not outweigh the rest.
+        """
+        return max(1, min(step - self._measured, self.every + 1))
+
+    def _interval(self) -> int:
+        """Steps to the next measurement: `every`, one more after every other measurement.
+
+        The alternation keeps measurements off a fixed parity of steps: with
+        momentum near the edge of stability |G|^2 can swing with period two,
+        and measuring every other step would see one side of the swing only.
+        """
+        return self.every + self.average.updates % 2
+
+    def pace(self, step_seconds: float) -> None:
+        """Set `every` from the measurements' cost since the last call and a step's time."""
+        if self.measurements:
+            self.every = measure_interval(self.measure_seconds / self.measurements, step_seconds)
+            self.measure_seconds, self.measurements = 0.0, 0
+
     def before_step(self, optimizer: Any = None, args: Any = None, kwargs: Any = None) -> None:
         """The step pre-hook: absorb, average or measure the gradients of this micro-batch."""
         size, last = self._size, self._last
@@ -226,20 +266,27 @@ class GradientNoiseScale:
         if size is None:  # a step the data loader did not announce
             self.step_samples = 0
             return
-        phase = self.steps % self.every  # 0: measure this step
+        self.micro_samples = size
+        step = self.steps
         if last and not self._sizes:
+            if size != self.step_samples:  # a new batch size: measure it at its next step
+                self._next = min(self._next, step + 1)
             self.step_samples = size
             self.steps += 1
-            if phase == 0 or phase == self.every - 1:  # measure, or keep for the next
+            if step >= self._next - 1:  # measure, or keep for the next
                 params = [p for p in self._params if p.grad is not None]
                 if params:
-                    self._differenced(params, size, measure=phase == 0)
+                    start = self.clock() if self.clock is not None else 0.0
+                    self._differenced(params, size, step)
+                    if self.clock is not None:
+                        self.measure_seconds += self.clock() - start
             return
         params = [p for p in self._params if p.grad is not None]
         if not params:
             self.step_samples = 0
             return
-        measure = phase == 0
+        measure = step >= self._next
+        start = self.clock() if measure and self.clock is not None else 0.0
         flat = torch.cat([p.grad.detach().reshape(-1) for p in params])
         pinv = preconditioner(self.optimizer, params) if measure and self._adam else None
         sqr = _sqr(flat if pinv is None else flat / pinv) if measure else 0.0
@@ -248,7 +295,13 @@ class GradientNoiseScale:
         if last:
             self._finish_accumulation(params, flat, size, sqr, pinv, measure)
             self.steps += 1
-            return
+        else:
+            self._absorb(params, flat, size, sqr)
+        if measure and self.clock is not None:
+            self.measure_seconds += self.clock() - start
+
+    def _absorb(self, params: list[Any], flat: Any, size: int, sqr: float) -> None:
+        """Add a micro-batch that is not its step's last to the stash; the optimizer skips it."""
         self._stash = flat * size if self._stash is None else self._stash.add_(flat, alpha=size)
         self._stash_sqr += sqr
         self._sizes.append(size)
@@ -268,26 +321,44 @@ class GradientNoiseScale:
             count = param.grad.numel()
             param.grad.copy_(mean[offset : offset + count].view_as(param.grad))
             offset += count
-        if measure and len(set(sizes)) == 1:  # only groups of equal micro-batches are unbiased
+        stats = None
+        if measure and len(sizes) == 2:  # two micro-batches: any sizes (a split odd batch)
+            conditioned = mean if pinv is None else mean / pinv
+            total = _sqr(conditioned) * samples**2
+            first, second = sizes
+            stats = pair_stats(self._stash_sqr, sqr, total, first, second, self.init_batch_size)
+        elif measure and len(set(sizes)) == 1:  # more: only equal micro-batches are unbiased
             conditioned = mean if pinv is None else mean / pinv
             local = (self._stash_sqr + sqr) / len(sizes)
             stats = noise_stats(local, _sqr(conditioned), len(sizes), size, self.init_batch_size)
-            weight = self.every * samples / self.init_batch_size  # it stands for `every` steps
+        if stats is not None:
+            weight = self._gap(self.steps) * samples / self.init_batch_size
             self.average.update(*stats, weight, "unbiased")
+            self.measurements += 1
+            self._next, self._measured = self.steps + self._interval(), self.steps
         self._stash, self._stash_sqr, self._sizes = None, 0.0, []
         self._previous, self._previous_size = None, 0
         self.step_samples = samples
 
-    def _differenced(self, params: list[Any], size: int, measure: bool) -> None:
-        """Keep this step's gradient; if `measure`, estimate from it and the previous step's."""
+    def _differenced(self, params: list[Any], size: int, step: int) -> None:
+        """Keep this step's gradient; when due, estimate from it and the previous step's.
+
+        Only the gradient of the step just before, of as many samples, pairs
+        with this one; without it, this one is kept and the next step measures.
+        """
         grads = [p.grad.detach().reshape(-1) for p in params]
         pinv = preconditioner(self.optimizer, params) if self._adam else None
         previous = self._previous
-        usable = previous is not None and self._previous_size == size
-        if not (measure and usable and previous.numel() == sum(g.numel() for g in grads)):
+        usable = (
+            previous is not None
+            and self._previous_size == size
+            and self._previous_step == step - 1
+            and previous.numel() == sum(g.numel() for g in grads)
+        )
+        if not (step >= self._next and usable):
             flat = torch.cat(grads)
             self._previous = flat if pinv is None else flat.div_(pinv)
-            self._previous_size = size
+            self._previous_size, self._previous_step = size, step
             return
         pair = torch.cat([previous, *grads]).view(2, -1)  # one copy, then one product
         if pinv is not None:
@@ -296,9 +367,11 @@ class GradientNoiseScale:
         total = (first + second + 2 * cross) / 4
         local = (first + second) / 2
         stats = noise_stats(local, total, 2, size, self.init_batch_size)
-        weight = self.every * 2 * size / self.init_batch_size  # it stands for `every` steps
+        weight = self._gap(step) * 2 * size / self.init_batch_size
         self.average.update(*stats, weight, "differenced")
-        self._previous, self._previous_size = pair[1], size
+        self.measurements += 1
+        self._next, self._measured = step + self._interval(), step
+        self._previous, self._previous_size, self._previous_step = pair[1], size, step
 
     def state_dict(self) -> dict[str, Any]:
         """Averages and any gradients held between steps, so a resume continues bit for bit."""
@@ -310,6 +383,11 @@ class GradientNoiseScale:
             "stash_sqr": self._stash_sqr,
             "previous": None if self._previous is None else self._previous.clone(),
             "previous_size": self._previous_size,
+            "previous_step": self._previous_step,
+            "step_samples": self.step_samples,
+            "next": self._next,
+            "measured": self._measured,
+            "every": self.every,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -323,3 +401,8 @@ class GradientNoiseScale:
         self._stash_sqr = float(state["stash_sqr"])
         self._previous = None if previous is None else previous.to(device)
         self._previous_size = int(state["previous_size"])
+        self._previous_step = int(state.get("previous_step", self.steps - 1))
+        self._next = int(state.get("next", self.steps))
+        self._measured = int(state.get("measured", -2))
+        self.step_samples = int(state.get("step_samples", self._previous_size))
+        self.every = int(state.get("every", self.every))

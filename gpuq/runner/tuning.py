@@ -14,21 +14,33 @@
   these times (one process: T_iter = (s + 1) T_grad(m)). It minimizes the
   RMSLE with scipy's bounded TNC solver rather than L-BFGS-B, as documented
   in `gpuq.goodput`: same objective, bounds and optimum.
-- **Choose.** With the noise scale from `gpuq.runner.gns`,
+- **Choose.** With the cautious noise estimate of `gpuq.runner.gns` (|G|^2
+  raised by two standard errors of its average, so that a |G|^2 the
+  measurements cannot yet resolve does not read as an infinite noise scale),
   `GoodputFunction.optimize` picks the (m, s) of best goodput for batch sizes
   between the initial one and the loader's ``max_batch_size``, with m under
   the memory bound: from the profiled peaks (linear in m), 90% of the
-  device's memory, or no bound on the CPU. The tuner switches only when the
+  device's memory, or no bound on the CPU, and at most twice the largest local
+  batch timed so far (`EXPLORE_FACTOR`, after Pollux's cap of twice the most
+  GPUs a job has had): the model is a line through step times, and a
+  transformer's on the CPU, measured at 10 and 20 samples, predicted a third
+  of the time a step of 123 takes. The tuner switches only when the
   prediction beats the current configuration by more than 5%
-  (`SPEEDUP_THRESHOLD`), and only at the start of an epoch, so every decision
-  depends on checkpointed numbers alone.
+  (`SPEEDUP_THRESHOLD`), only once the noise average holds `MIN_MEASUREMENTS`
+  measurements (the |G|^2 of a few small-batch measurements is mostly noise,
+  and a near-zero one reads as "every batch size is efficient"), and only at
+  the start of an epoch, so every decision depends on checkpointed numbers
+  alone. The noise measurements keep pace with the step time (`pace` in
+  `gpuq.runner.gns`: every other step when steps are long), so several fall between
+  decisions however few steps an epoch has.
 - **Scale the learning rate.** Around each optimizer step the learning rate
   of every parameter group is multiplied by the rule's factor and put back
   afterwards, so the script's own scheduler never sees it: ``"adascale"``
   (the gain r = (var + sqr) / (var / S + sqr), for SGD), ``"sqrt"`` (sqrt(S),
   for Adam and AdamW) or ``"linear"`` (S), with S = batch / initial batch. At
   or below the initial batch size the factor is 1.
-- **Count progress.** Each step adds its samples times min(1, efficiency):
+- **Count progress.** Each step adds its samples times min(1, efficiency)
+  (from the same cautious estimate as the gain):
   samples of the initial batch size's worth. An epoch ends when progress
   reaches (epoch + 1) x dataset size, which at the initial batch size is
   exactly one pass; with larger, less efficient batches an epoch takes more
@@ -67,6 +79,10 @@ PROFILE_WINDOW = 32
 """Step times kept per configuration; their median is what the fit sees."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
+EXPLORE_FACTOR = 2
+"""How far beyond the largest local batch timed so far the step-time model is trusted."""
+MIN_MEASUREMENTS = 16
+"""Noise measurements the average must hold before the tuner acts on it."""
 PRIOR = GradParams(0.0, 1.0)
 """Gradient statistics before any are measured: efficiency 1 at every batch size."""
 
@@ -115,6 +131,41 @@ def progress_of(grad: GradParams | None, init_batch: int, batch: int) -> float:
     if batch <= init_batch:
         return float(batch)
     return batch * min(1.0, gain(grad, init_batch, batch) * init_batch / batch)
+
+
+def rescale_second_moments(
+    optimizer: torch.optim.Optimizer,
+    grad: GradParams | None,
+    init_batch: int,
+    old_batch: int,
+    new_batch: int,
+) -> None:
+    """Scale Adam's second moments to the gradients of a new batch size.
+
+    Adam's ``exp_avg_sq`` averages squared gradients over about 1 / (1 -
+    beta2) steps (1,000 for 0.999), so after the batch grows it still holds
+    the larger noise of the old batch, and the steps it divides come out
+    smaller than the learning rate rule intends for as long (a transformer
+    switched from 20 to 40 and 78 samples needed 40% more samples than one
+    fixed at either). The expected squared gradient of a batch of B samples
+    is |G|^2 + tr(Sigma) / B, so the moments are multiplied by
+    (|G|^2 + tr(Sigma) / new) / (|G|^2 + tr(Sigma) / old), from the noise
+    estimate (kept per M0 samples: tr(Sigma) / B = var * M0 / B). Pollux's
+    artifact rescales Adam's state at a batch change too. Other optimizers,
+    and a job without an estimate, are left alone.
+    """
+    if grad is None or old_batch == new_batch:
+        return
+    before = grad.sqr + grad.var * init_batch / old_batch
+    after = grad.sqr + grad.var * init_batch / new_batch
+    if before <= 0 or after <= 0:
+        return
+    factor = after / before
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            moment = optimizer.state.get(param, {}).get("exp_avg_sq")
+            if isinstance(moment, torch.Tensor):
+                moment.mul_(factor)
 
 
 def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
@@ -228,7 +279,9 @@ class BatchTuner:
         self.optimizer, self.job = optimizer, job
         self.init_batch_size, self.max_batch_size = init_batch_size, max_batch_size
         self.lr_scaling, self.accumulation = lr_scaling, accumulation
-        self.gns = GradientNoiseScale(optimizer, init_batch_size, hook=False)  # see _before_step
+        self.gns = GradientNoiseScale(  # hook=False: see _before_step
+            optimizer, init_batch_size, hook=False, clock=lambda: step_clock()
+        )
         self.config = BatchConfig(init_batch_size)
         self.profile = StepProfile()
         self.perf: PerfParams | None = None
@@ -281,18 +334,30 @@ class BatchTuner:
         """The loop is about to receive a micro-batch of `size`; `last` if a step follows it."""
         self.gns.micro_batch(size, last)
 
-    def step_ended(self, timed: bool = True) -> None:
+    def step_ended(self, timed: bool = True, halves: bool = False) -> None:
         """The loop asked for the micro-batch after a step's last one: time that step.
 
         Steps cut short by the end of a pass are not `timed`: they are not
-        representative of their configuration.
+        representative of their configuration. A step the loader split in
+        `halves` to measure its noise is timed as what it was, two
+        micro-batches of half the local batch, and what it took beyond an
+        unsplit step counts as the measurement's cost.
         """
         now, suspends = step_clock(), len(self.job.suspends)
         if timed and self._group_start is not None and suspends == self._group_suspends:
-            window = self._window  # `StepProfile.record_time`, inlined: this runs every step
-            window.append(now - self._group_start)
-            if len(window) >= 2 * PROFILE_WINDOW:
-                del window[:PROFILE_WINDOW]
+            seconds, window = now - self._group_start, self._window
+            if halves or self.gns.measurements:  # a measurement: its cost, and the cadence
+                usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
+                if halves:
+                    self.profile.record_time(BatchConfig(self.config.local_bsz // 2, 1), seconds)
+                    if usual is not None:
+                        self.gns.measure_seconds += max(0.0, seconds - usual)
+                if usual is not None:
+                    self.gns.pace(usual)
+            if not halves:  # `StepProfile.record_time`, inlined: this runs every step
+                window.append(seconds)
+                if len(window) >= 2 * PROFILE_WINDOW:
+                    del window[:PROFILE_WINDOW]
         self._group_start, self._group_suspends = now, suspends
 
     def epoch_target(self, epoch: int, dataset_size: int) -> float:
@@ -306,19 +371,25 @@ class BatchTuner:
     def retune(self) -> BatchConfig:
         """Refit the model and adopt the best configuration if it is worth it (epoch starts)."""
         perf = self.profile.fit()
-        if perf is None:
+        if perf is None or self.gns.average.updates < MIN_MEASUREMENTS:
             return self.config
         self.perf = perf
-        goodput_fn = GoodputFunction(perf, self.gns.estimate() or PRIOR, self.init_batch_size)
+        goodput_fn = GoodputFunction(
+            perf, self.gns.cautious_estimate() or PRIOR, self.init_batch_size
+        )
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
+        explored = EXPLORE_FACTOR * max(self.profile.compute_times())
         chosen = choose_config(
             goodput_fn,
             self.config,
             max_batch_size=self.max_batch_size,
-            max_local=self.max_batch_size if bound is None else bound,
+            max_local=min(explored, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
         )
         if chosen != self.config:
+            old, new = self.config.batch_size, chosen.batch_size
+            grad = self.gns.cautious_estimate()
+            rescale_second_moments(self.optimizer, grad, self.init_batch_size, old, new)
             self._use(chosen)
         metrics = self.job.metrics
         if metrics is not None:
@@ -343,7 +414,7 @@ class BatchTuner:
         if samples <= init:  # efficiency >= 1 and an LR factor of 1
             self.progress += samples
         else:
-            grad = self.gns.estimate()
+            grad = self.gns.cautious_estimate()
             self.progress += progress_of(grad, init, samples)
             factor = lr_factor(self.lr_scaling, grad, init, samples)
             if factor != 1.0:
@@ -353,7 +424,7 @@ class BatchTuner:
         metrics = self.job.metrics
         if metrics is None:
             return
-        grad = grad or self.gns.estimate()
+        grad = grad or self.gns.cautious_estimate()
         if grad is not None:
             batch = self.config.batch_size
             metrics.update_goodput(
@@ -371,8 +442,9 @@ class BatchTuner:
             self._saved_lrs = None
 
     def _on_boundary(self, info: StepInfo) -> None:
-        if info.memory_peak_bytes is not None:
-            self.profile.record_peak(self.config.local_bsz, info.memory_peak_bytes)
+        if info.memory_peak_bytes is not None:  # a measured step's halves are smaller
+            local = self.gns.micro_samples or self.config.local_bsz
+            self.profile.record_peak(local, info.memory_peak_bytes)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a decision or a step depends on, for a checkpoint."""

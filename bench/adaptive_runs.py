@@ -1,0 +1,175 @@
+"""One training run of bench/bench_adaptive.py: a task trained to a validation loss.
+
+A run trains one of the tasks of bench/adaptive_tasks.py through
+`gq.AdaptiveDataLoader` in one of three ways:
+
+- at the initial batch size, fixed: no tuner, the learning rate as given
+  (what a script without goodput tuning does);
+- at a larger batch size, fixed ("pinned"): the tuner runs, so the learning
+  rate follows the task's scaling rule (AdaScale's gain or sqrt(B / M0)) and
+  epochs are counted in progress, exactly as in an adaptive run, but it
+  never changes the batch size (`pinned`);
+- adaptive: the tuner picks the batch size for goodput.
+
+The validation loss is measured every `eval_every` training samples (the
+same points for every run, whatever its epochs), and the run stops at the
+first measurement at or below the target; the time it reached the target is
+interpolated linearly between that measurement and the one before, so that
+the spacing of the measurements does not round the figure. Training time is this thread's
+CPU time with the evaluations left out: the bench runs on shared machines,
+where another process's load would move wall-clock times by more than the
+differences being measured. Wall time is kept too. For the same reason the
+tuner times its steps on this CPU clock too (`gpuq.runner.tuning.step_clock`),
+which is right for CPU training, the only kind this bench does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+import gpuq.runner as gq
+import gpuq.runner.tuning
+from bench.adaptive_tasks import Samples, Task, keep
+
+
+@dataclass
+class Outcome:
+    """One run to the target loss."""
+
+    task: str
+    batch: int | None
+    """The fixed batch size; None for the adaptive run."""
+    reached: bool
+    seconds: float
+    """Training CPU time (this thread, evaluations excluded) to the target, or to the end."""
+    wall_seconds: float
+    samples: int
+    steps: int
+    loss: float
+    batches: list[int] = field(default_factory=list)
+    """The batch size (samples per optimizer step) at each evaluation."""
+    losses: list[float] = field(default_factory=list)
+    """The validation loss at each evaluation."""
+    times: list[float] = field(default_factory=list)
+    """The training CPU time at each evaluation."""
+
+    @property
+    def label(self) -> str:
+        """Adaptive, or fixed and its batch size."""
+        return "adaptive" if self.batch is None else f"fixed {self.batch}"
+
+
+@contextlib.contextmanager
+def cpu_clock() -> Iterator[None]:
+    """While inside, tuners time steps on this thread's CPU clock."""
+    saved = gpuq.runner.tuning.step_clock
+    gpuq.runner.tuning.step_clock = time.thread_time
+    try:
+        yield
+    finally:
+        gpuq.runner.tuning.step_clock = saved
+
+
+@contextlib.contextmanager
+def pinned() -> Iterator[None]:
+    """While inside, tuners keep their configuration (they never have enough measurements)."""
+    saved = gpuq.runner.tuning.MIN_MEASUREMENTS
+    gpuq.runner.tuning.MIN_MEASUREMENTS = 2**62
+    try:
+        yield
+    finally:
+        gpuq.runner.tuning.MIN_MEASUREMENTS = saved
+
+
+def _loader(task: Task, data: Samples, batch: int | None) -> gq.AdaptiveDataLoader:
+    """The run's loader: fixed at M0, pinned at `batch` with the tuner on, or adaptive."""
+    if batch == task.init_batch:
+        return gq.AdaptiveDataLoader(data, batch_size=batch, collate_fn=keep)
+    top = task.max_batch if batch is None else batch
+    loader = gq.AdaptiveDataLoader(
+        data, batch_size=task.init_batch, max_batch_size=top, collate_fn=keep
+    )
+    tuner = loader.tuner if loader.adaptive else None
+    if tuner is None:
+        raise RuntimeError("the loader should tune its batch size")
+    if batch is not None:  # start at `batch` through the public checkpoint interface
+        state = tuner.state_dict() | {"config": [batch, 0]}
+        loader.load_state_dict({"epoch": -1, "index": 0, "in_progress": False, "tuner": state})
+    return loader
+
+
+def train(
+    task: Task,
+    data: Samples,
+    validation: tuple[torch.Tensor, torch.Tensor],
+    *,
+    batch: int | None,
+    target: float,
+    eval_every: int,
+    max_samples: int,
+) -> Outcome:
+    """Train until the validation loss, measured every `eval_every` samples, reaches `target`."""
+    gq.init(environ={}).close()
+    torch.manual_seed(0)
+    model = task.make_model()
+    optimizer = task.make_optimizer(model)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=task.lr_decay)
+    job = gq.init(environ={})
+    rule = None if batch == task.init_batch else task.lr_scaling
+    gq.State(model=model, optimizer=optimizer, lr_scaling=rule)
+    outcome = Outcome(task.name, batch, False, 0.0, 0.0, 0, 0, float("inf"))
+    next_eval = eval_every
+    with cpu_clock(), contextlib.closing(job):
+        loader = _loader(task, data, batch)
+        cpu, wall = time.thread_time(), time.perf_counter()
+        for _ in gq.epochs(10**6):
+            for x, y in loader:
+                torch.autograd.backward(task.loss(model, (x, y)))
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                gq.step()
+                outcome.samples += len(x)
+                if outcome.samples < next_eval:
+                    continue
+                outcome.seconds += time.thread_time() - cpu
+                outcome.wall_seconds += time.perf_counter() - wall
+                next_eval += eval_every
+                outcome.loss = _validation_loss(task, model, validation)
+                outcome.batches.append(loader.batch_size * (loader.accumulation_steps + 1))
+                outcome.losses.append(outcome.loss)
+                outcome.times.append(outcome.seconds)
+                outcome.reached = outcome.loss <= target
+                if outcome.reached and len(outcome.losses) > 1:
+                    outcome.seconds = _crossing(outcome.times, outcome.losses, target)
+                if outcome.reached or outcome.samples >= max_samples:
+                    outcome.steps = loader.tuner.steps if loader.tuner else job.step
+                    return outcome
+                cpu, wall = time.thread_time(), time.perf_counter()
+            schedule.step()
+    return outcome
+
+
+def _crossing(times: list[float], losses: list[float], target: float) -> float:
+    """When the loss crossed `target`, linear between the last two measurements."""
+    (before, now), (above, below) = times[-2:], losses[-2:]
+    if above <= below:
+        return now
+    return before + (now - before) * (above - target) / (above - below)
+
+
+@torch.no_grad()
+def _validation_loss(
+    task: Task, model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]
+) -> float:
+    """The mean loss over the validation set, in chunks of 1,024 samples."""
+    x, y = data
+    total = sum(
+        float(task.loss(model, (x[i : i + 1024], y[i : i + 1024]))) * len(x[i : i + 1024])
+        for i in range(0, len(x), 1024)
+    )
+    return total / len(x)

@@ -1,0 +1,250 @@
+"""Four small training tasks for goodput tuning, each a different kind of model.
+
+Used by bench/bench_adaptive.py (time to a validation loss, adaptive against
+fixed batch sizes) and by tests/test_runner_gns_validation.py (the runner's
+gradient-noise estimate against a brute-force one). All data is generated
+here from a seed; nothing is downloaded. Each task has noisy targets, so its
+gradient noise grows as the loss falls and large batches stay useful:
+
+- ``mlp``: a 32-64-10 MLP, plain SGD, labels drawn from a random teacher's softmax;
+- ``cnn``: two 3x3 convolutions on 12x12 images of noisy class templates, SGD
+  with momentum 0.9;
+- ``transformer``: a causal transformer language model with token embeddings
+  over a 1,000-token vocabulary of Zipf-distributed frequencies (most rows
+  of the embedding are seen rarely), AdamW, on sequences from a random
+  Markov chain;
+- ``lstm``: an LSTM language model over 32 tokens, Adam, on sequences from
+  another random Markov chain.
+
+The SGD tasks scale their learning rate with AdaScale, the Adam ones with
+the square root of the batch-size ratio, as `gpuq.runner.tuning` recommends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Samples(Dataset[Any]):
+    """Tensors fetched a whole batch at a time (``__getitems__``), as a fast loader would."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        index = torch.tensor(indices)
+        return self.x[index], self.y[index]
+
+
+def keep(batch: Any) -> Any:
+    """The identity collate function: `Samples.__getitems__` already returns a batch."""
+    return batch
+
+
+@dataclass(frozen=True)
+class Task:
+    """A model kind with its data, optimizer and batch sizes."""
+
+    name: str
+    make_data: Callable[[int, int], Samples]
+    """(samples, seed) -> a dataset; the validation set uses another seed."""
+    make_model: Callable[[], nn.Module]
+    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    lr_scaling: str
+    init_batch: int
+    max_batch: int
+    lr_decay: float
+    """Per-epoch factor of the learning rate (StepLR)."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """The mean cross-entropy of a batch: per sample, or per token for the language models."""
+        x, y = batch
+        logits: torch.Tensor = model(x)
+        return nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten())
+
+
+FEATURES, CLASSES = 32, 10
+
+
+def _teacher_labels(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator).squeeze(1)
+
+
+def mlp_data(samples: int, seed: int) -> Samples:
+    """Gaussian features labelled by a fixed random linear teacher's softmax (noisy labels)."""
+    teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(1)) * 0.5
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, FEATURES, generator=generator)
+    return Samples(x, _teacher_labels(x @ teacher, generator))
+
+
+SIDE = 12
+
+
+def cnn_data(samples: int, seed: int) -> Samples:
+    """12x12 images: a class's smooth template, shifted up to 2 pixels, in noise; noisy labels."""
+    fixed = torch.Generator().manual_seed(2)
+    coarse = torch.randn(CLASSES, 1, 4, 4, generator=fixed)
+    templates = nn.functional.interpolate(coarse, size=(SIDE, SIDE), mode="bilinear")
+    generator = torch.Generator().manual_seed(seed)
+    classes = torch.randint(0, CLASSES, (samples,), generator=generator)
+    shifts = torch.randint(-2, 3, (samples, 2), generator=generator)
+    images = torch.stack(
+        [
+            torch.roll(templates[c], (int(dy), int(dx)), dims=(1, 2))
+            for c, (dy, dx) in zip(classes.tolist(), shifts.tolist(), strict=True)
+        ]
+    )
+    images = images + 1.2 * torch.randn(images.shape, generator=generator)
+    flipped = torch.rand(samples, generator=generator) < 0.25  # a quarter of labels are wrong
+    wrong = torch.randint(0, CLASSES, (samples,), generator=generator)
+    return Samples(images, torch.where(flipped, wrong, classes))
+
+
+def _markov_sequences(
+    samples: int, seed: int, vocab: int, length: int, zipf: bool, follow: float
+) -> Samples:
+    """Sequences whose next token is a fixed successor with probability `follow`, else fresh.
+
+    Fresh tokens are uniform, or Zipf-distributed (frequency 1 / rank) with `zipf`.
+    """
+    fixed = torch.Generator().manual_seed(vocab)
+    successor = torch.randint(0, vocab, (vocab,), generator=fixed)
+    weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float) if zipf else torch.ones(vocab)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.empty(samples, length + 1, dtype=torch.long)
+    tokens[:, 0] = torch.multinomial(weights, samples, replacement=True, generator=generator)
+    for t in range(1, length + 1):
+        fresh = torch.multinomial(weights, samples, replacement=True, generator=generator)
+        keep_chain = torch.rand(samples, generator=generator) < follow
+        tokens[:, t] = torch.where(keep_chain, successor[tokens[:, t - 1]], fresh)
+    return Samples(tokens[:, :-1], tokens[:, 1:])
+
+
+LM_VOCAB, LM_LENGTH, LM_WIDTH = 1000, 16, 32
+
+
+def lm_data(samples: int, seed: int) -> Samples:
+    """Zipf-distributed token sequences from a random Markov chain, shifted by one as targets."""
+    return _markov_sequences(samples, seed, LM_VOCAB, LM_LENGTH, zipf=True, follow=0.5)
+
+
+class CausalLM(nn.Module):
+    """Token and position embeddings, a causal transformer encoder, a per-token head."""
+
+    def __init__(self, vocab: int = LM_VOCAB, width: int = LM_WIDTH, layers: int = 1) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(0.02 * torch.randn(LM_LENGTH, width))
+        layer = nn.TransformerEncoderLayer(
+            width, 2, dim_feedforward=2 * width, dropout=0.0, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(LM_LENGTH))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (batch, length, vocab)."""
+        embedded = self.tokens(tokens) + self.positions
+        mask = self.get_buffer("mask")
+        hidden = self.encoder(embedded, mask=mask, is_causal=True)
+        logits: torch.Tensor = self.head(hidden)
+        return logits
+
+
+RNN_VOCAB, RNN_LENGTH, RNN_HIDDEN = 32, 24, 64
+
+
+def rnn_data(samples: int, seed: int) -> Samples:
+    """Uniform token sequences from a random Markov chain, shifted by one as targets."""
+    return _markov_sequences(samples, seed, RNN_VOCAB, RNN_LENGTH, zipf=False, follow=0.6)
+
+
+class RecurrentLM(nn.Module):
+    """A token embedding, one LSTM layer and a per-token head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(RNN_VOCAB, 16)
+        self.lstm = nn.LSTM(16, RNN_HIDDEN, batch_first=True)
+        self.head = nn.Linear(RNN_HIDDEN, RNN_VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (batch, length, vocab)."""
+        hidden, _ = self.lstm(self.tokens(tokens))
+        logits: torch.Tensor = self.head(hidden)
+        return logits
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64, CLASSES),
+    )
+
+
+def mlp(hidden: int = 64) -> nn.Module:
+    """The MLP task's model: FEATURES -> `hidden` -> CLASSES with a ReLU."""
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES))
+
+
+TASKS: dict[str, Task] = {
+    "mlp": Task(
+        "mlp",
+        mlp_data,
+        mlp,
+        lambda model: torch.optim.SGD(model.parameters(), lr=0.1),
+        "adascale",
+        init_batch=16,
+        max_batch=512,
+        lr_decay=0.8,
+    ),
+    "cnn": Task(
+        "cnn",
+        cnn_data,
+        _cnn,
+        lambda model: torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+        "adascale",
+        init_batch=16,
+        max_batch=512,
+        lr_decay=0.8,
+    ),
+    "transformer": Task(
+        "transformer",
+        lm_data,
+        CausalLM,
+        lambda model: torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01),
+        "sqrt",
+        init_batch=20,
+        max_batch=320,
+        lr_decay=0.8,
+    ),
+    "lstm": Task(
+        "lstm",
+        rnn_data,
+        RecurrentLM,
+        lambda model: torch.optim.Adam(model.parameters(), lr=3e-3),
+        "sqrt",
+        init_batch=16,
+        max_batch=256,
+        lr_decay=0.8,
+    ),
+}
+"""The four model kinds, by name."""
