@@ -238,6 +238,9 @@ def test_the_tuner_reports_its_batch_and_goodput_to_the_job_metrics(clock: FakeC
     assert any(b["local_batch_size"] * b["accumulation_steps"] > M0 for b in recorded["batch"])
     perf = [g["perf_params"] for g in recorded["goodput"] if "perf_params" in g]
     assert perf and all(len(p) == 7 for p in perf)
+    # With each model, the limits a policy needs to predict other GPU counts.
+    limits = [g["batch_limits"] for g in recorded["goodput"] if "perf_params" in g]
+    assert all(len(b) == 4 and b[0] == M0 and b[1] >= b[0] and 1 <= b[2] <= b[3] for b in limits)
     progress = [g["progress"] for g in recorded["goodput"] if "progress" in g]
     assert progress == sorted(progress) and progress[-1] > 2 * SAMPLES
     assert all(1.0 <= g["gain"] for g in recorded["goodput"] if "gain" in g)

@@ -228,6 +228,11 @@ def test_goodput_figures_persist_and_a_none_keeps_the_previous_value(
     assert first.perf_params == (1.0, 2.5, 3.0)
     assert (second.grad_sqr, second.gain, second.efficiency) == (4.0, 1.5, 0.8)
     assert (second.goodput, second.progress) == (120.0, 5_000.0)
+    assert first.batch_limits is None
+    recorder.update_goodput(batch_limits=(64, 1024, 1, 256))
+    third = recorder.sample()
+    assert third is not None and third.batch_limits == (64, 1024, 1, 256)
+    assert third.perf_params == (1.0, 2.5, 3.0)  # kept
 
 
 def test_figures_the_daemon_would_refuse_are_reported_as_none(

@@ -78,6 +78,7 @@ class MetricsRecorder:
         self._boundary_per_micro_batch = False
         self._goodput: dict[str, float | None] = dict.fromkeys(GOODPUT_FIELDS)
         self._perf_params: tuple[float, ...] | None = None
+        self._batch_limits: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         return f"<gpuq.runner.MetricsRecorder step {self._step}>"
@@ -148,6 +149,7 @@ class MetricsRecorder:
         goodput: float | None = None,
         progress: float | None = None,
         perf_params: tuple[float, ...] | None = None,
+        batch_limits: tuple[int, int, int, int] | None = None,
     ) -> None:
         """Update the goodput figures given; a figure left as None keeps its previous value."""
         given = {
@@ -164,6 +166,8 @@ class MetricsRecorder:
                     self._goodput[name] = float(value)
             if perf_params is not None:
                 self._perf_params = tuple(float(p) for p in perf_params)
+            if batch_limits is not None:
+                self._batch_limits = tuple(int(v) for v in batch_limits)
 
     def sample(self) -> MetricsSample | None:
         """Summarise the interval since the previous call and start the next; None before a step."""
@@ -182,6 +186,7 @@ class MetricsRecorder:
                 "replicas": self._replicas,
                 **{name: _valid(value) for name, value in self._goodput.items()},
                 "perf_params": self._valid_perf_params(),
+                "batch_limits": self._batch_limits,
             }
         if pending:  # outside the lock: may wait for the device (see the module docstring)
             value = _loss_to_float(loss)

@@ -49,7 +49,9 @@
   configuration goes to ``update_batch`` (accumulation steps counted as
   micro-batches per step, and each ``gq.step()`` marked as one micro-batch) and each step's
   statistics, gain, efficiency and progress to ``update_goodput``, with the
-  fitted model and predicted goodput at each epoch start. ``grad_var`` is
+  fitted model, the batch limits the daemon's policy needs to use it for
+  other GPU counts (M0, the largest batch, samples per GPU from 1 to what
+  memory allows) and predicted goodput at each epoch start. ``grad_var`` is
   reported as tr(Sigma), the recorder's unit, not tr(Sigma) / M0.
 
 Timing uses `step_clock` (``time.perf_counter``); tests replace it with a
@@ -394,7 +396,12 @@ class BatchTuner:
         metrics = self.job.metrics
         if metrics is not None:
             predicted = goodput_fn.evaluate(1, 1, chosen.local_bsz, chosen.accum_steps)
-            metrics.update_goodput(goodput=predicted, perf_params=dataclasses.astuple(perf))
+            per_gpu = self.max_batch_size if bound is None else bound  # what memory allows
+            metrics.update_goodput(
+                goodput=predicted,
+                perf_params=dataclasses.astuple(perf),
+                batch_limits=(self.init_batch_size, self.max_batch_size, 1, per_gpu),
+            )
         return self.config
 
     # Hooks.
