@@ -44,26 +44,32 @@ def daemon(tmp_path: Path) -> Any:
         yield harness
 
 
+LONG_ARGS = ["--epochs", "6", "--step-delay", "0.05"]
+
+
+def start_long_job(daemon: DaemonHarness, out: Path) -> int:
+    """Submit the long runner job and wait until it has run past the queue threshold."""
+    job_id = daemon.submit(
+        [sys.executable, str(JOB), *LONG_ARGS, "--out", str(out)], gpus=1, env=job_env()
+    )
+    wait_for(
+        lambda: (
+            daemon.job(job_id)["state"] == "running"
+            and run_time(daemon, job_id) > THRESHOLD_SECONDS + 1
+        ),
+        timeout=120,
+        what="the long job past the threshold",
+    )
+    return job_id
+
+
 def test_a_newcomer_preempts_a_long_runner_job_which_resumes_bit_for_bit(
     daemon: DaemonHarness, tmp_path: Path
 ) -> None:
-    long_args = ["--epochs", "6", "--step-delay", "0.05"]
     reference = tmp_path / "reference.pt"
-    command = [sys.executable, str(JOB), *long_args, "--out", str(reference)]
+    command = [sys.executable, str(JOB), *LONG_ARGS, "--out", str(reference)]
     with subprocess.Popen(command, env=job_env(), stdout=subprocess.DEVNULL) as plain:
-        long_job = daemon.submit(
-            [sys.executable, str(JOB), *long_args, "--out", str(tmp_path / "long.pt")],
-            gpus=1,
-            env=job_env(),
-        )
-        wait_for(
-            lambda: (
-                daemon.job(long_job)["state"] == "running"
-                and run_time(daemon, long_job) > THRESHOLD_SECONDS + 1
-            ),
-            timeout=120,
-            what="the long job past the threshold",
-        )
+        long_job = start_long_job(daemon, tmp_path / "long.pt")
         newcomer = daemon.submit(
             [sys.executable, str(JOB), "--epochs", "1", "--out", str(tmp_path / "new.pt")],
             gpus=1,
@@ -123,20 +129,7 @@ def test_a_daemon_killed_between_a_preemptions_intent_and_its_request_finishes_i
     harness = DaemonHarness(tmp_path, gpus_toml=ONE_GPU, extra_toml=TIRESIAS)
     try:
         first = harness.start(extra_env={"GPUQ_CRASH_POINT": "preempt-committed"})
-        long_args = ["--epochs", "6", "--step-delay", "0.05"]
-        long_job = harness.submit(
-            [sys.executable, str(JOB), *long_args, "--out", str(tmp_path / "long.pt")],
-            gpus=1,
-            env=job_env(),
-        )
-        wait_for(
-            lambda: (
-                harness.job(long_job)["state"] == "running"
-                and run_time(harness, long_job) > THRESHOLD_SECONDS + 1
-            ),
-            timeout=120,
-            what="the long job past the threshold",
-        )
+        long_job = start_long_job(harness, tmp_path / "long.pt")
         newcomer = harness.submit(
             [sys.executable, str(JOB), "--epochs", "1"], gpus=1, env=job_env()
         )
