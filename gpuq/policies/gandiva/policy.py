@@ -66,6 +66,7 @@ decisions; a call with an earlier `now` than the last starts afresh.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from gpuq.policies.gandiva.book import Book, overloaded, queue_key
 from gpuq.policies.gandiva.migration import defragment, dissolve_packs, lower_height
@@ -105,6 +106,7 @@ class GandivaPolicy:
         if not 0 < defrag_threshold <= 1:
             raise ValueError(f"defrag_threshold must be in (0, 1], got {defrag_threshold}")
         self.quantum = quantum
+        self.capabilities = replace(GandivaPolicy.capabilities, quantum=quantum)
         self.packing = packing
         self.migration = migration
         self.grow_shrink = grow_shrink
