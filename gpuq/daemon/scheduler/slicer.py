@@ -245,7 +245,9 @@ class Slicer:
                 or not waiting.get(job.id, Waiting()).resumable
                 or (
                     _computing(job, waiting)
-                    and (not self._turn_over(job.id, now) or not _can_wait(job, waiting))
+                    and (
+                        not self._turn_over(job.id, now) or not self._can_leave(node, job, waiting)
+                    )
                 )
             )
         ]
@@ -256,7 +258,7 @@ class Slicer:
             reserved += node.size[job.id]
             if _computing(job, waiting):
                 runs[job.id] = job.gpu_uuids
-                if not _can_wait(job, waiting):
+                if not self._can_leave(node, job, waiting):
                     notes[job.id] = "not time-sliced: it can neither park, stop nor checkpoint"
 
         def rank(job: JobView) -> tuple[bool, float, bool, int]:
@@ -302,9 +304,7 @@ class Slicer:
                 continue
             for uuid in other.gpu_uuids:
                 pinned[uuid] = pinned.get(uuid, 0) + 1
-                resident[uuid] = resident.get(uuid, 0) + waiting.get(other.id, Waiting()).resident(
-                    "park" if "park" in waiting.get(other.id, Waiting()).modes else "stop"
-                )
+                resident[uuid] = resident.get(uuid, 0) + _resident(other, waiting)
         needs = waiting.get(job.id, Waiting()).needs or 0
         candidates = [
             u
@@ -336,7 +336,7 @@ class Slicer:
                 stuck = [
                     other.id
                     for other in node.members
-                    if _computing(other, waiting) and not _can_wait(other, waiting)
+                    if _computing(other, waiting) and not self._can_leave(node, other, waiting)
                 ]
                 notes[job.id] = "time-sliced: waiting for its turn"
                 if stuck:
@@ -374,18 +374,32 @@ class Slicer:
                 continue
             fits = True
             for uuid in job.gpu_uuids:
-                kept = sum(
-                    waiting.get(m.id, Waiting()).resident(
-                        "park" if "park" in waiting.get(m.id, Waiting()).modes else "stop"
-                    )
-                    for m in others
-                    if uuid in m.gpu_uuids
-                )
+                kept = sum(_resident(m, waiting) for m in others if uuid in m.gpu_uuids)
                 if kept + info.resident(mode) + incoming > node.usable.get(uuid, 0):
                     fits = False
             if fits:
                 return mode
         return "checkpoint"
+
+    @staticmethod
+    def _can_leave(node: _Node, job: JobView, waiting: Mapping[int, Waiting]) -> bool:
+        """True if the job can leave its GPUs for a turn in some mode (module docstring).
+
+        A stop keeps all of the job's memory: it must fit beside the largest
+        job of the node and what waiting jobs keep on the same GPUs.
+        """
+        info = waiting.get(job.id, Waiting())
+        if info.modes & {"park", "checkpoint"}:
+            return True
+        if "stop" not in info.modes or info.needs is None:
+            return False
+        others = [m for m in node.members if m.id != job.id]
+        incoming = max((waiting.get(m.id, Waiting()).needs or 0 for m in others), default=0)
+        for uuid in job.gpu_uuids:
+            kept = sum(_resident(m, waiting) for m in others if m.suspended and uuid in m.gpu_uuids)
+            if kept + info.needs + incoming > node.usable.get(uuid, 0):
+                return False
+        return True
 
     def _owed(self, job_id: int) -> float:
         return self.credit.get(job_id, 0.0)
@@ -425,15 +439,14 @@ def _computing(job: JobView, waiting: Mapping[int, Waiting]) -> bool:
     return bool(job.gpu_uuids) and not job.suspended and not waiting.get(job.id, Waiting()).leaving
 
 
-def _can_wait(job: JobView, waiting: Mapping[int, Waiting]) -> bool:
-    info = waiting.get(job.id, Waiting())
-    return bool(info.modes & {"park", "checkpoint"}) or (
-        "stop" in info.modes and info.needs is not None
-    )
-
-
 def slicer_for(policy: Policy) -> Slicer | None:
     """A slicer for a time-slicing policy, with its quantum; None for any other policy."""
     if not policy.capabilities.time_slicing:
         return None
     return Slicer(quantum=policy.capabilities.quantum)
+
+
+def _resident(job: JobView, waiting: Mapping[int, Waiting]) -> int:
+    """Bytes per GPU a waiting job keeps: a parked runner's context, a stopped job's all."""
+    info = waiting.get(job.id, Waiting())
+    return info.resident("park" if "park" in info.modes else "stop")
