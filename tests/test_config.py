@@ -308,15 +308,15 @@ BAD_VALUES: list[tuple[str, str, str, str]] = [
     (
         "scheduler",
         "policy",
-        '"gandiva"',
+        '"ones"',
         "runs only in the simulator so far (gpuq sim); "
-        "the daemon runs: fifo, tiresias, pollux, gpuq",
+        "the daemon runs: fifo, tiresias, pollux, gandiva, gpuq",
     ),
     (
         "scheduler",
         "policy",
         '"nope"',
-        "unknown policy 'nope'; the daemon runs: fifo, tiresias, pollux, gpuq",
+        "unknown policy 'nope'; the daemon runs: fifo, tiresias, pollux, gandiva, gpuq",
     ),
     ("scheduler", "memory_margin", "0.5", "0.5"),
     ("scheduler", "memory_margin", "-0.1", "0.5"),

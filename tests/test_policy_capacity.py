@@ -183,7 +183,7 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
     # One name, one class: the daemon's fifo (GPUs one by one, memory shares,
     # backfill) is the simulator's.
     assert type(get_policy("fifo")) is FifoBackfill
-    assert registry.LIVE_POLICY_NAMES == ("fifo", "tiresias", "pollux", "gpuq")
+    assert registry.LIVE_POLICY_NAMES == ("fifo", "tiresias", "pollux", "gandiva", "gpuq")
     assert registry.check_live_policy("fifo") == "fifo"
 
 
@@ -191,12 +191,15 @@ def test_the_daemon_and_the_simulator_get_the_same_fifo() -> None:
     ("name", "message"),
     [
         (
-            "gandiva",
-            "policy 'gandiva' runs only in the simulator so far (gpuq sim); "
-            "the daemon runs: fifo, tiresias, pollux, gpuq",
+            "ones",
+            "policy 'ones' runs only in the simulator so far (gpuq sim); "
+            "the daemon runs: fifo, tiresias, pollux, gandiva, gpuq",
         ),
-        ("gandiva:quantum=30", "runs only in the simulator so far"),
-        ("lottery", "unknown policy 'lottery'; the daemon runs: fifo, tiresias, pollux, gpuq"),
+        ("ones:population=8", "runs only in the simulator so far"),
+        (
+            "lottery",
+            "unknown policy 'lottery'; the daemon runs: fifo, tiresias, pollux, gandiva, gpuq",
+        ),
         ("tiresias:quantum=3", "policy 'tiresias' has no option quantum"),
         ("gpuq:remaining_aware=true", "reads each job's remaining work, which the daemon"),
     ],

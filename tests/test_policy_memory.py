@@ -56,7 +56,7 @@ def states(count: int) -> list[ClusterState]:
     return result
 
 
-@pytest.mark.parametrize("spec", ["pollux:population=12:generations=6", "gpuq"])
+@pytest.mark.parametrize("spec", ["pollux:population=12:generations=6", "gpuq", "gandiva"])
 def test_a_restored_policy_decides_as_the_one_that_never_stopped(spec: str) -> None:
     steady = registry.get_policy(spec, seed=3)
     restarted = registry.get_policy(spec, seed=3)
@@ -76,10 +76,11 @@ def test_a_restored_policy_decides_as_the_one_that_never_stopped(spec: str) -> N
     "saved",
     [{}, {"version": 2}, {"version": 1, "rng": "x"}, {"version": 1, "rng": None, "previous": {}}],
 )
-def test_memory_that_is_not_a_saved_policy_is_refused(saved: dict[str, Any]) -> None:
-    policy = registry.get_policy("pollux")
+@pytest.mark.parametrize("name", ["pollux", "gandiva"])
+def test_memory_that_is_not_a_saved_policy_is_refused(name: str, saved: dict[str, Any]) -> None:
+    policy = registry.get_policy(name)
     assert isinstance(policy, Remembers)
-    with pytest.raises(ValueError, match="pollux"):
+    with pytest.raises(ValueError, match=name):
         policy.restore(saved)
 
 

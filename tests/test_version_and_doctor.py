@@ -68,14 +68,15 @@ def test_doctor_names_the_policy_and_which_policies_run_live(tmp_path: Path) -> 
     check = doctor.check_policy(load_config(str(config_file)))
     assert check.status == "ok"
     assert check.message.startswith(
-        "fifo (the daemon runs: fifo, tiresias, pollux, gpuq; gpuq sim also: srtf, srsf, optimus,"
+        "fifo (the daemon runs: fifo, tiresias, pollux, gandiva, gpuq; "
+        "gpuq sim also: srtf, srsf, optimus,"
     )
 
 
 def test_doctor_fails_the_config_check_on_a_simulator_only_policy(tmp_path: Path) -> None:
     config_file = tmp_path / "config.toml"
-    config_file.write_text('[scheduler]\npolicy = "gandiva"\n')
+    config_file.write_text('[scheduler]\npolicy = "ones"\n')
     [check] = doctor.run_checks(str(config_file))
     assert (check.name, check.status) == ("config", "fail")
-    assert "invalid scheduler.policy = 'gandiva'" in check.message
+    assert "invalid scheduler.policy = 'ones'" in check.message
     assert "runs only in the simulator so far" in check.hint

@@ -20,6 +20,8 @@ POINTS = (
 """The points every job passes, each tested with a stream of jobs (tests/test_crash_recovery.py)."""
 SCHEDULER_POINTS = (
     "preempt-committed",  # a preemption's intent written, request not yet sent
+    "turn-committed",  # a turn's end (park or stop) written, not yet asked of the job
+    "resume-committed",  # a turn's start written, the job not yet resumed
 )
 """The points of the scheduler's actions, each tested with its action (tests/test_live_*.py)."""
 _counts: dict[str, int] = {}

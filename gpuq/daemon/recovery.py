@@ -57,6 +57,8 @@ def recover(state: DaemonState) -> dict[str, int]:
                 state.store.transition(
                     job, job.state, "re-adopted after daemon restart", time.time()
                 )
+                if job.state is JobState.RUNNING:
+                    suspend.continue_readopted(state, job)
             state.node.control.open(job.id)
             lifecycle.watch(state, job.id, pid)
             if lifecycle.cancel_requested(state, job):

@@ -147,6 +147,7 @@ class Server:
         node.control.listener = suspend.ChannelListener(state)
         state.load()
         memory.restore(state)
+        memory.restore_turns(state)
         await monitor.sample_once(state)
         counts = recovery.recover(state)
         log.info("recovered jobs: %s", counts)

@@ -25,6 +25,7 @@ from gpuq.daemon.executor import Outcome
 from gpuq.daemon.node.interface import Node
 from gpuq.daemon.reload import ConfigWatch
 from gpuq.daemon.scheduler import memory
+from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.errors import ConflictError, NotFoundError, StateError
@@ -76,6 +77,9 @@ class DaemonState:
         self.node = node
         """The server jobs run on: launch, signals, GPU samples, control channels."""
         self.policy = policy
+        self.slicer: Slicer | None = slicer_for(policy)
+        """Turns on GPUs a time-slicing policy over-subscribes (`scheduler.slicer`)."""
+        self.slicer_saved: str | None = None
         self.started = time.time()
         self.active: dict[int, Job] = {}
         self.waiting_reasons: dict[int, str] = {}
@@ -234,9 +238,11 @@ class DaemonState:
         changed = running.scheduler.policy != self.config.scheduler.policy
         if changed:
             self.policy = get_policy(running.scheduler.policy)
+            self.slicer = slicer_for(self.policy)
         self.config = running
         if changed:
             memory.restore(self)
+            memory.restore_turns(self)
         self.config_watch.loaded(running.source)
         self.config_watch.restart_needed = sorted(
             set(self.config_watch.restart_needed) | set(restart)

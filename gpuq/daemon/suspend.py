@@ -23,6 +23,14 @@ job whose runner can checkpoint is preempted; a crash in between is finished
 (the exit is collected as any other) or undone (no boundary in time: the
 request is withdrawn and the job keeps running), each with its reason.
 
+**Turns** (time-slicing, `gpuq.daemon.scheduler.slicer`): `take_turn`
+parks a runner job or stops a plain one, with purpose "slice" and the
+reason ("quantum ended, job 12's turn") committed first; `give_turn`
+commits the job running again, then resumes it on the GPUs it kept. A
+daemon killed between the two halves of a `give_turn` resumes the job
+when it re-adopts it (SIGCONT, and the runner's `ResumeRequest` when it
+says hello again), so a job the store calls running never stays parked.
+
 `auto` is checkpoint when a runner is connected, else stop. A checkpoint or
 park request that no iteration boundary honours within `BOUNDARY_GRACE`
 seconds is withdrawn (a `ResumeRequest`) and the job is left running, with
@@ -52,6 +60,7 @@ from gpuq.control import (
 from gpuq.daemon import faults, jobfiles
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.state import DaemonState
+from gpuq.daemon.store import SuspendRecord
 from gpuq.errors import ConflictError, UsageError
 from gpuq.models import Job, JobState
 from gpuq.protocol import SUSPEND_MODES
@@ -108,6 +117,46 @@ def preempt(state: DaemonState, job: Job, reason: str) -> Job:
     state.node.control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job
+
+
+def take_turn(state: DaemonState, job: Job, mode: str, reason: str) -> Job:
+    """Park (runner) or stop a running job so another takes its turn (module docstring)."""
+    if mode not in ("park", "stop"):
+        raise UsageError(f"a turn ends by park or stop, not {mode!r}")
+    now = time.time()
+    state.store.record_suspend(job.id, job.attempts, mode, now, "slice", reason)
+    job = state.transition(job, JobState.SUSPENDING, f"{reason} ({mode} requested)")
+    faults.crash_point("turn-committed")
+    if mode == "stop":
+        return complete_stop(state, job.id) or job
+    state.node.control.send(job.id, SuspendRequest("park"))
+    _arm_grace(state, job, now)
+    return job
+
+
+def give_turn(state: DaemonState, job: Job, reason: str) -> Job:
+    """Resume a job parked or stopped for another's turn, on the GPUs it kept."""
+    mode = mode_of(state, job)
+    job = state.transition(job, JobState.RUNNING, reason)
+    faults.crash_point("resume-committed")
+    if mode == "park":
+        state.node.control.send(job.id, ResumeRequest())
+    state.node.signal(job.id, signal.SIGCONT)
+    return job
+
+
+def continue_readopted(state: DaemonState, job: Job) -> None:
+    """Make sure a re-adopted running job computes: its resume may have died with a daemon."""
+    record = state.store.suspend_of(job.id, job.attempts)
+    if record is not None and record.completed is not None and record.mode in ("park", "stop"):
+        state.node.signal(job.id, signal.SIGCONT)  # the park's ResumeRequest follows its hello
+
+
+def _turn_reason(record: SuspendRecord | None) -> str:
+    """The turn's reason, to open the suspended job's event ("quantum ended, ...: ")."""
+    if record is not None and record.purpose == "slice" and record.reason:
+        return f"{record.reason}: "
+    return ""
 
 
 def _arm_grace(state: DaemonState, job: Job, requested: float) -> None:
@@ -168,7 +217,8 @@ def complete_stop(state: DaemonState, job_id: int) -> Job | None:
         asyncio.get_running_loop().call_later(CHILD_POLL_SECONDS, complete_stop, state, job_id)
         return None
     state.store.complete_suspend(job_id, job.attempts, time.time())
-    return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
+    why = _turn_reason(state.store.suspend_of(job_id, job.attempts))
+    return state.transition(job, JobState.SUSPENDED, f"{why}suspended (stop mode)")
 
 
 def mode_of(state: DaemonState, job: Job) -> str:
@@ -289,6 +339,9 @@ class ChannelListener:
                 "job %d: runner of attempt %d, expected %d", job_id, hello.attempt, job.attempts
             )
         record = self.state.store.suspend_of(job_id, job.attempts)
+        if record is not None and record.mode == "park" and job.state is JobState.RUNNING:
+            self.state.node.control.send(job_id, ResumeRequest())  # a resume lost in a crash
+            return
         if record is None or record.completed is not None or record.mode not in RUNNER_MODES:
             return
         if job.state is JobState.SUSPENDING:
@@ -329,7 +382,7 @@ class ChannelListener:
                 state.transition(
                     job,
                     JobState.SUSPENDED,
-                    f"suspended (park mode) at step {detail.get('step')}: "
+                    f"{_turn_reason(record)}suspended (park mode) at step {detail.get('step')}: "
                     f"{_cost(detail)} moved to host memory; GPUs kept",
                 )
             elif job.state is JobState.RUNNING:

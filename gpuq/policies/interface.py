@@ -224,7 +224,8 @@ class Capabilities:
       exact in the simulator (an oracle) and an estimate where it runs live;
     - `remembers`: the policy keeps state between decisions that changes its
       choices (a search's last population, a packing book, service clocks);
-      where it runs in the daemon it implements `Remembers`.
+      where it runs in the daemon it implements `Remembers`;
+    - `quantum`: with `time_slicing`, the seconds of each turn on a shared GPU.
     """
 
     adaptive_jobs: bool = False
@@ -233,6 +234,7 @@ class Capabilities:
     preemption: bool = False
     remaining_work: bool = False
     remembers: bool = False
+    quantum: float = 60.0
 
 
 class Policy(Protocol):

@@ -54,6 +54,46 @@ def restore(state: DaemonState) -> bool:
     return True
 
 
+TURNS_SUFFIX = "#turns"
+"""The time-slicer's turns are kept under the policy's key with this suffix."""
+
+
+def restore_turns(state: DaemonState) -> bool:
+    """Give the time-slicer its turns as last kept; True if it took them up."""
+    state.slicer_saved = None
+    if state.slicer is None:
+        return False
+    key = state.config.scheduler.policy + TURNS_SUFFIX
+    text = state.store.policy_state(key)
+    if text is None:
+        return False
+    try:
+        saved = json.loads(text)
+        state.slicer.restore(saved if isinstance(saved, dict) else {})
+    except ValueError as exc:
+        log.warning("time-slicing turns dropped (%s); starting afresh", exc)
+        return False
+    state.slicer_saved = text
+    return True
+
+
+def persist_turns(state: DaemonState) -> None:
+    """Keep the time-slicer's turns, if they changed since they were last kept."""
+    if state.slicer is None:
+        return
+    text = json.dumps(state.slicer.save(), sort_keys=True, separators=(",", ":"))
+    if text == state.slicer_saved:
+        return
+    try:
+        state.store.save_policy_state(
+            state.config.scheduler.policy + TURNS_SUFFIX, text, time.time()
+        )
+    except StateError as exc:
+        log.warning("time-slicing turns not kept: %s", exc)
+        return
+    state.slicer_saved = text
+
+
 def persist(state: DaemonState) -> None:
     """Keep what the policy remembers now, if it changed since it was last kept."""
     policy = _remembering(state)

@@ -3,9 +3,10 @@
 It runs explicit, ordered steps on the event loop: decide which pending jobs
 are ready (`readiness`), cancel those whose dependencies can never be met,
 build the policy's state (`view`), call the policy in a worker thread with a
-deadline (`DECIDE_DEADLINE`), carry out its preemptions (`actuator`), bind
-its decision to GPUs (`binding`), and start what it placed, in slices with
-yields between them.
+deadline (`DECIDE_DEADLINE`), share the GPUs it over-subscribes in turns
+(`slicer`, time-slicing policies only), carry out its preemptions and turns
+(`actuator`), bind its decision to GPUs (`binding`), and start what it
+placed, in slices with yields between them.
 
 The decision runs off the event loop so a slow policy never delays a
 client's request (the state is an immutable snapshot). A decision still
@@ -53,6 +54,26 @@ async def decide(state: DaemonState, cluster: ClusterState, now: float) -> Decis
         return f"the policy did not decide within {DECIDE_DEADLINE:g}s; waiting for it"
 
 
+def _after_turns(
+    state: DaemonState, starts: list[Placement], sliced: frozenset[int], waiting: dict[int, str]
+) -> list[Placement]:
+    """The starts to make now: a job's turn begins once the job before it left its GPUs."""
+    kept = []
+    for placement in starts:
+        busy = (
+            actuator.computing_on(state, placement.gpu_uuids, placement.job_id)
+            if placement.job_id in sliced
+            else []
+        )
+        if busy:
+            waiting[placement.job_id] = (
+                f"its turn: waiting for job {', '.join(map(str, busy))} to leave"
+            )
+        else:
+            kept.append(placement)
+    return kept
+
+
 async def schedule_pass(state: DaemonState) -> list[Placement]:
     """Run one pass: settle, decide and launch. Returns the placements acted on.
 
@@ -96,6 +117,9 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.latest_samples,
         state.profiled_gpus,
     )
+    slicer = state.slicer
+    if slicer is not None:
+        cluster = slicer.present(cluster)
     decision = await decide(state, cluster, now)
     if isinstance(decision, str):
         late: dict[int, str] = dict(ready.waiting)
@@ -103,15 +127,26 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.waiting_reasons = late
         return []
     memory.persist(state)
-    preemptions = actuator.preempt(state, plan(cluster, decision))
+    turn_end: float | None = None
+    sliced: frozenset[int] = frozenset()
+    if slicer is not None:
+        info = actuator.turn_info(state, cluster, now, slicer.quantum)
+        slices = slicer.slice(cluster, decision, info, now)
+        decision, turn_end, sliced = slices.decision, slices.wake, slices.sliced
+        memory.persist_turns(state)
+    actions = plan(cluster, decision)
+    preemptions = actuator.preempt(state, actions)
+    turns = actuator.resume_turns(state, actions)
     starts, waiting = placements(cluster, decision)
     release = preemptions.release_reason()
     if release is not None:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
+    starts = _after_turns(state, starts, sliced, waiting)
     reasons = dict(ready.waiting)
     reasons.update(waiting)
+    reasons.update(turns)
     state.waiting_reasons = reasons
-    state.next_begin = ready.next_begin
+    state.next_begin = min((t for t in (ready.next_begin, turn_end) if t is not None), default=None)
     starts = [*cpu_only, *starts]
     slice_start = time.perf_counter()
     for placement in starts:

@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpuq.daemon.state import GpuSnapshot
-from gpuq.models import Job
+from gpuq.models import Job, JobState
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 
@@ -95,6 +95,7 @@ def build_state(
                     run_time=job.run_time(now),
                     attained_service=job.run_time(now) * job.spec.gpus,
                     preemptible=preemptible(job),
+                    suspended=job.state is JobState.SUSPENDED,
                 )
             )
     if measured:

@@ -46,7 +46,9 @@ not; a failed pair is never tried again, and the guest tries the next GPU.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuq.policies.gandiva.book import Book
 from gpuq.policies.interface import ClusterState, JobView
@@ -80,6 +82,41 @@ class Tracker:
         """Each job's latest measured exclusive rate, iterations per second."""
         self.packed: dict[int, tuple[int, float]] = {}
         """Partner and packed rate measured at this decision, per packed job."""
+
+    def save(self) -> dict[str, Any]:
+        """What it measured, JSON-ready (the policy's `save`)."""
+        return {
+            "seen": {
+                str(job_id): [
+                    seen.time,
+                    seen.remaining,
+                    list(seen.allocation),
+                    seen.partner,
+                    seen.share,
+                    seen.restarted,
+                ]
+                for job_id, seen in self._seen.items()
+            },
+            "solo": {str(job_id): rate for job_id, rate in self.solo.items()},
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take up what `save` returned (KeyError, TypeError or ValueError if it cannot)."""
+        self._seen = {
+            int(job_id): _Seen(
+                float(time),
+                None if remaining is None else float(remaining),
+                tuple(int(n) for n in allocation),
+                None if partner is None else int(partner),
+                float(share),
+                bool(restarted),
+            )
+            for job_id, (time, remaining, allocation, partner, share, restarted) in saved[
+                "seen"
+            ].items()
+        }
+        self.solo = {int(job_id): float(rate) for job_id, rate in saved["solo"].items()}
+        self.packed = {}
 
     def observe(self, state: ClusterState, now: float) -> None:
         """Measure every job's rate over the interval that ends now."""

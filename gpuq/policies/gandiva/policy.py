@@ -60,12 +60,17 @@ gives a server's idle GPUs to its oldest growable job first.
 The seed is accepted for the common interface; every tie is broken by node
 order and job id, so decisions are deterministic. The policy remembers
 affinities, packs, failed pairs, measurements and idle timers between
-decisions; a call with an earlier `now` than the last starts afresh.
+decisions (saved and restored across daemon restarts: `Remembers`); a call
+with an earlier `now` than the last starts afresh. Live, the daemon takes
+the turns on over-subscribed servers (`gpuq.daemon.scheduler.slicer`) in
+quanta of `quantum` seconds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from gpuq.policies.gandiva.book import Book, overloaded, queue_key
 from gpuq.policies.gandiva.migration import defragment, dissolve_packs, lower_height
@@ -105,6 +110,7 @@ class GandivaPolicy:
         if not 0 < defrag_threshold <= 1:
             raise ValueError(f"defrag_threshold must be in (0, 1], got {defrag_threshold}")
         self.quantum = quantum
+        self.capabilities = replace(GandivaPolicy.capabilities, quantum=quantum)
         self.packing = packing
         self.migration = migration
         self.grow_shrink = grow_shrink
@@ -133,6 +139,60 @@ class GandivaPolicy:
     def affinity(self) -> dict[str, int]:
         """Each busy server's affinity after the last decision (empty servers omitted)."""
         return dict(self._affinity)
+
+    def save(self) -> dict[str, Any]:
+        """Its memory (`Remembers`): affinities, packs, failed pairs, idle timers, measurements."""
+        return {
+            "version": 1,
+            "last_now": self._last_now,
+            "affinity": dict(self._affinity),
+            "packs": {
+                str(guest): {
+                    "host": p.host,
+                    "since": p.since,
+                    "rates": {str(j): r for j, r in p.rates.items()},
+                }
+                for guest, p in self._packs.items()
+            },
+            "failed": sorted(sorted(pair) for pair in self._failed),
+            "idle_since": dict(self._idle_since),
+            "tracker": self._tracker.save(),
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take up what `save` returned; ValueError if it is not that."""
+        version = saved.get("version")
+        if version != 1:
+            raise ValueError(f"not a saved {self.name} policy: unknown version {version!r}")
+        fresh = GandivaPolicy.__new__(GandivaPolicy)
+        fresh._reset()
+        try:
+            last = saved["last_now"]
+            fresh._last_now = None if last is None else float(last)
+            fresh._affinity = {str(n): int(a) for n, a in saved["affinity"].items()}
+            fresh._packs = {
+                int(guest): Pack(
+                    int(pack["host"]),
+                    float(pack["since"]),
+                    {int(j): float(r) for j, r in pack["rates"].items()},
+                )
+                for guest, pack in saved["packs"].items()
+            }
+            fresh._failed = {frozenset(int(j) for j in pair) for pair in saved["failed"]}
+            fresh._idle_since = {str(n): float(t) for n, t in saved["idle_since"].items()}
+            fresh._tracker.restore(saved["tracker"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a saved {self.name} policy: {exc}") from None
+        self._last_now, self._affinity, self._packs = (
+            fresh._last_now,
+            fresh._affinity,
+            fresh._packs,
+        )
+        self._failed, self._idle_since, self._tracker = (
+            fresh._failed,
+            fresh._idle_since,
+            fresh._tracker,
+        )
 
     def opts_in(self, job: JobView) -> bool:
         """True if the job may grow and shrink."""

@@ -1,0 +1,204 @@
+"""`gandiva` run live: jobs take turns on the GPUs it over-subscribes.
+
+Four fake GPUs and six single-GPU jobs: Gandiva places all six at once,
+over-subscribing the server, and the daemon's slicer shares the GPUs in
+quanta of one second. A gpuq.runner job waits its turn parked on its GPU (or
+checkpointed, to take another GPU), a plain job with known memory stopped;
+each says whose turn it is. No GPU ever has two jobs computing on it at once;
+runner jobs end bit for bit as runs never interrupted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq.replay.run import ReplaySettings, trace_command
+from gpuq.sim.workload import WorkloadJob
+from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
+from tests.test_control_runner import JOB, job_env, same_state
+
+FOUR_GPUS = '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 4\n'
+TWO_GPUS = FOUR_GPUS.replace("count = 4", "count = 2")
+GANDIVA = '[scheduler]\npolicy = "gandiva:quantum=1"\ninterval = 0.5\n'
+
+STARTED = re.compile(r"starting on (\S+)")
+
+
+def events(daemon: DaemonHarness, job_id: int) -> list[dict[str, Any]]:
+    """The job's event log, oldest first."""
+    return list(daemon.call("show", id=job_id)["events"])
+
+
+def computing_spans(log: list[dict[str, Any]]) -> Iterator[tuple[str, float, float]]:
+    """(GPU, from, to) for every stretch the job was running, from its event log."""
+    gpu = ""
+    since: float | None = None
+    for event in log:
+        started = STARTED.search(event["reason"])
+        if started:
+            gpu = started.group(1)
+        if event["state"] == "running" and since is None:
+            since = float(event["time"])
+        elif event["state"] != "running" and since is not None:
+            yield gpu, since, float(event["time"])
+            since = None
+
+
+def assert_one_job_computes_per_gpu(daemon: DaemonHarness, ids: list[int]) -> None:
+    spans = sorted(
+        (gpu, start, end, job_id)
+        for job_id in ids
+        for gpu, start, end in computing_spans(events(daemon, job_id))
+    )
+    for (gpu, _, end, job_a), (other, start, _, job_b) in zip(spans, spans[1:], strict=False):
+        if gpu == other:
+            assert start >= end, f"jobs {job_a} and {job_b} computed on {gpu} at once"
+
+
+def wait_all(daemon: DaemonHarness, ids: list[int], timeout: float) -> list[dict[str, Any]]:
+    ended = ("succeeded", "failed", "cancelled", "lost")
+    wait_for(
+        lambda: all(daemon.job(i)["state"] in ended for i in ids),
+        timeout=timeout,
+        interval=0.2,
+        what="every job to end",
+    )
+    return [daemon.job(i) for i in ids]
+
+
+pytestmark = [pytest.mark.torch]
+
+
+def test_six_trace_jobs_take_turns_on_four_gpus(tmp_path: Path) -> None:
+    settings = ReplaySettings(speedup=400)
+    command = trace_command(WorkloadJob("t", 0.0, "cifar10", 1, 128), settings)
+    with running_daemon(tmp_path, gpus_toml=FOUR_GPUS, extra_toml=GANDIVA) as daemon:
+        ids = [daemon.submit(command, gpus=1, env=job_env()) for _ in range(6)]
+        jobs = wait_all(daemon, ids, timeout=180)
+        assert [job["state"] for job in jobs] == ["succeeded"] * 6
+        logs = {job_id: [e["reason"] for e in events(daemon, job_id)] for job_id in ids}
+        turns = [r for reasons in logs.values() for r in reasons if "quantum ended" in r]
+        assert any(re.search(r"quantum ended, job \d+'s turn", r) for r in turns)
+        assert any("park" in r for r in turns), turns
+        for job_id in ids:  # everyone waited at least once, and computed again after
+            assert any("time-sliced" in r or "quantum ended" in r for r in logs[job_id])
+        assert_one_job_computes_per_gpu(daemon, ids)
+
+
+def test_runner_jobs_waiting_their_turn_end_bit_for_bit(tmp_path: Path) -> None:
+    args = ["--epochs", "3", "--step-delay", "0.02"]
+    alone = tmp_path / "alone.pt"
+    subprocess.run(
+        [sys.executable, str(JOB), *args, "--out", str(alone)], check=True, env=job_env()
+    )
+    with running_daemon(tmp_path, gpus_toml=TWO_GPUS, extra_toml=GANDIVA) as daemon:
+        outs = [tmp_path / f"job{i}.pt" for i in range(3)]
+        ids = [
+            daemon.submit(
+                [sys.executable, str(JOB), *args, "--out", str(out)], gpus=1, env=job_env()
+            )
+            for out in outs
+        ]
+        jobs = wait_all(daemon, ids, timeout=240)
+        assert [job["state"] for job in jobs] == ["succeeded"] * 3
+        reasons = [e["reason"] for i in ids for e in events(daemon, i)]
+        assert any("quantum ended" in r for r in reasons)
+        for out in outs:
+            same_state(alone, out)
+        assert_one_job_computes_per_gpu(daemon, ids)
+
+
+def test_plain_jobs_are_stopped_for_a_turn_only_when_their_memory_is_known(
+    tmp_path: Path,
+) -> None:
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    with running_daemon(tmp_path, gpus_toml=TWO_GPUS, extra_toml=GANDIVA) as daemon:
+        known = [daemon.submit(sleep, gpus=1, gpu_mem=1 << 30) for _ in range(3)]
+
+        def turns_taken() -> bool:
+            log = [e["reason"] for i in known for e in events(daemon, i)]
+            stopped = [r for r in log if "quantum ended" in r and "suspended (stop mode)" in r]
+            return bool(stopped) and any("its turn" in r for r in log if "resumed" in r)
+
+        wait_for(turns_taken, timeout=60, what="a plain job stopped, then resumed, in turns")
+        daemon.call("cancel", ids=known)
+        for job_id in known:
+            daemon.wait_state(job_id, "cancelled", timeout=30)
+
+        unknown = [daemon.submit(sleep, gpus=1) for _ in range(3)]
+        waiting = wait_for(
+            lambda: next(
+                (
+                    job
+                    for i in unknown
+                    if (job := daemon.job(i))["state"] == "queued"
+                    and "cannot take turns" in str(job.get("reason"))
+                ),
+                None,
+            ),
+            timeout=30,
+            what="the third plain job to say why it gets no turn",
+        )
+        assert "GPU memory unknown" in waiting["reason"]
+        running = [i for i in unknown if daemon.job(i)["state"] == "running"]
+        assert len(running) == 2
+        assert all("suspending" not in [e["state"] for e in events(daemon, i)] for i in running)
+
+
+PARKED_AT = re.compile(r"suspended \(park mode\) at step (\d+)")
+
+
+def steps_around_restart(log: list[str]) -> tuple[str, int, int | None]:
+    """Where a re-adopted job was: the reason before its re-adoption, and parks around it.
+
+    The step of its last park before the restart, and of its first park after
+    (None: it parked no more).
+    """
+    index = next(i for i, r in enumerate(log) if r.startswith("re-adopted"))
+    before = [int(m.group(1)) for r in log[:index] if (m := PARKED_AT.search(r))]
+    after = [int(m.group(1)) for r in log[index:] if (m := PARKED_AT.search(r))]
+    return log[index - 1], before[-1] if before else 0, after[0] if after else None
+
+
+@pytest.mark.parametrize("point", ["turn-committed", "resume-committed"])
+def test_a_daemon_killed_in_the_middle_of_a_turn_finishes_it(tmp_path: Path, point: str) -> None:
+    """Killed between a turn's intent and the job hearing of it, the daemon finishes the turn.
+
+    After the restart the park is carried out, or the job whose resume was cut
+    off computes at once; every job ends once, and no GPU ever has two jobs
+    computing at once.
+    """
+    command = trace_command(WorkloadJob("t", 0.0, "cifar10", 1, 128), ReplaySettings(speedup=600))
+    harness = DaemonHarness(tmp_path, gpus_toml=TWO_GPUS, extra_toml=GANDIVA)
+    try:
+        first = harness.start(extra_env={"GPUQ_CRASH_POINT": point})
+        ids = [harness.submit(command, gpus=1, env=job_env()) for _ in range(3)]
+        assert first.wait(timeout=120) == -9
+        harness.start()
+        jobs = wait_all(harness, ids, timeout=180)
+        assert [job["state"] for job in jobs] == ["succeeded"] * 3
+        assert [job["attempts"] for job in jobs] == [
+            1 + sum("checkpoint saved" in e["reason"] for e in events(harness, i)) for i in ids
+        ]
+        history = [e["reason"] for i in ids for e in events(harness, i)]
+        assert any("re-adopted after daemon restart" in r for r in history)
+        assert_one_job_computes_per_gpu(harness, ids)
+        if point == "resume-committed":  # the job whose resume was cut off computed at once
+            around = [
+                steps_around_restart([e["reason"] for e in events(harness, i)])
+                for i in ids
+                if any(e["reason"].startswith("re-adopted") for e in events(harness, i))
+            ]
+            cut = [(was, then) for before, was, then in around if before.startswith("resumed")]
+            assert len(cut) == 1
+            was, then = cut[0]
+            assert then is None or then > was, "it stayed parked after the restart"
+    finally:
+        harness.close()

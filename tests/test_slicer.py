@@ -1,0 +1,214 @@
+"""The time-slicer: how the daemon shares the GPUs a time-slicing policy over-subscribes.
+
+Pure tests of `gpuq.daemon.scheduler.slicer` against a small model of a
+server: jobs compute, park, stop or checkpoint exactly as the slicer says, a
+checkpoint costs a restart penalty, and time moves in passes of a few
+seconds. The live daemon runs the same object (tests/test_live_timeslice.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from gpuq.daemon.scheduler.slicer import PARK_RESIDENT_BYTES, Slicer, Waiting
+from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
+
+GIB = 1024**3
+RUNNER = Waiting(frozenset({"park", "checkpoint", "stop"}), 2 * GIB)
+PLAIN_KNOWN = Waiting(frozenset({"stop"}), 2 * GIB)
+PLAIN_UNKNOWN = Waiting(frozenset({"stop"}), None)
+
+
+@dataclass
+class Server:
+    """One node of `gpus` GPUs running single-GPU jobs as the slicer says."""
+
+    gpus: int
+    jobs: dict[int, JobView]
+    waiting: dict[int, Waiting]
+    memory: int = 16 * GIB
+    penalty: float = 30.0
+    slicer: Slicer = field(default_factory=lambda: Slicer(quantum=60.0))
+    progress: dict[int, float] = field(default_factory=dict)
+    computed: dict[int, float] = field(default_factory=dict)
+    blocked_until: dict[int, float] = field(default_factory=dict)
+    moves: int = 0
+    parks: int = 0
+    notes: dict[int, str] = field(default_factory=dict)
+    modes: list[str] = field(default_factory=list)
+    now: float = 0.0
+
+    @classmethod
+    def of(cls, gpus: int, jobs: int, waiting: Waiting = RUNNER, **kwargs: object) -> Server:
+        views = {i: JobView(id=i, submit_time=0.0) for i in range(1, jobs + 1)}
+        return cls(gpus, views, {i: waiting for i in views}, **kwargs)  # type: ignore[arg-type]
+
+    def state(self) -> ClusterState:
+        gpus = tuple(GpuView(f"g{i}", "n", self.memory) for i in range(self.gpus))
+        cluster = ClusterState(
+            nodes=(NodeView("n", self.gpus),), jobs=tuple(self.jobs.values()), gpus=gpus
+        )
+        return self.slicer.present(cluster)
+
+    def step(self, now: float, dt: float) -> None:
+        """One pass at `now`, then `dt` seconds of computing as decided."""
+        decision = Decision(allocations={i: (1,) for i in self.jobs})
+        out = self.slicer.slice(self.state(), decision, self.waiting, now)
+        self.notes = dict(out.decision.notes)
+        for job_id, job in list(self.jobs.items()):
+            if job_id in out.decision.allocations:
+                if not job.gpu_uuids:
+                    self.blocked_until[job_id] = now + self.penalty
+                bound = out.decision.bindings.get(job_id) or job.gpu_uuids or self.free_gpu()
+                assert not job.gpu_uuids or bound == job.gpu_uuids, "a held job moved"
+                self.jobs[job_id] = replace(job, gpu_uuids=bound, suspended=False, allocation=(1,))
+            elif job.gpu_uuids and not job.suspended:
+                mode = out.decision.suspend_modes[job_id]
+                self.modes.append(mode)
+                if mode in ("park", "stop"):
+                    self.parks += 1
+                    self.jobs[job_id] = replace(job, suspended=True)
+                else:
+                    self.moves += 1
+                    self.jobs[job_id] = replace(job, gpu_uuids=(), allocation=())
+        computing = [i for i, j in self.jobs.items() if j.gpu_uuids and not j.suspended]
+        on_gpu = [uuid for i in computing for uuid in self.jobs[i].gpu_uuids]
+        assert len(on_gpu) == len(set(on_gpu)), "two jobs computed on one GPU"
+        for job_id in computing:
+            self.computed[job_id] = self.computed.get(job_id, 0.0) + dt
+            useful = min(dt, max(0.0, now + dt - self.blocked_until.get(job_id, 0.0)))
+            self.progress[job_id] = self.progress.get(job_id, 0.0) + useful
+
+    def free_gpu(self) -> tuple[str, ...]:
+        """A GPU no job holds (where the slicer no longer binds, the daemon's binding picks)."""
+        held = {uuid for job in self.jobs.values() for uuid in job.gpu_uuids}
+        return (next(f"g{i}" for i in range(self.gpus) if f"g{i}" not in held),)
+
+    def run(self, seconds: float, dt: float = 5.0) -> None:
+        """Passes every `dt` seconds for `seconds` more."""
+        end = self.now + seconds
+        while self.now < end:
+            self.step(self.now, dt)
+            self.now += dt
+
+
+def test_six_jobs_on_four_gpus_each_get_two_thirds_with_little_lost_to_switching() -> None:
+    server = Server.of(4, 6)
+    hours = 4 * 3600.0
+    server.run(hours)
+    shares = [server.computed[i] / hours for i in server.jobs]
+    assert shares == pytest.approx([4 / 6] * 6, rel=0.05)
+    lost = 1 - sum(server.progress.values()) / (4 * hours)
+    assert lost < 0.03
+    assert server.parks > server.moves > 0  # mostly parks; a few moves balance the pins
+
+
+def test_without_moves_pins_would_fix_each_gpus_share() -> None:
+    """The reason for rebalancing: never moving, two GPUs hold two jobs and two hold one."""
+    server = Server.of(4, 6, slicer=Slicer(quantum=60.0, rebalance=float("inf")))
+    server.waiting = {i: Waiting(frozenset({"park"}), 2 * GIB) for i in server.jobs}
+    server.run(4 * 3600.0)
+    shares = sorted(round(server.computed[i] / (4 * 3600.0), 2) for i in server.jobs)
+    assert shares == [0.5, 0.5, 0.5, 0.5, 1.0, 1.0]
+
+
+def test_a_turn_lasts_a_quantum_and_the_next_pass_is_at_its_end() -> None:
+    server = Server.of(1, 2, slicer=Slicer(quantum=60.0))
+    first = server.slicer.slice(
+        server.state(), Decision(allocations={1: (1,), 2: (1,)}), server.waiting, 0.0
+    )
+    assert list(first.decision.allocations) == [1]
+    assert first.wake == 60.0
+    server.run(60.0, dt=20.0)
+    assert set(server.computed) == {1}
+    server.step(60.0, 20.0)
+    assert server.notes[1] == "quantum ended, job 2's turn"
+    assert server.modes == ["park"]
+
+
+def test_a_job_parked_on_a_gpu_only_computes_there_again() -> None:
+    server = Server.of(2, 3)
+    server.run(3600.0)  # the step asserts that a held job never changes GPUs
+    assert all(server.computed[i] > 0 for i in server.jobs)
+
+
+def test_a_job_is_checkpointed_when_the_next_ones_memory_does_not_fit_beside_it() -> None:
+    big = Waiting(frozenset({"park", "checkpoint"}), 15 * GIB)
+    server = Server.of(1, 2, waiting=big)
+    server.run(125.0)
+    assert server.modes[0] == "checkpoint"
+    small = Server.of(1, 2, waiting=Waiting(frozenset({"park", "checkpoint"}), 14 * GIB))
+    small.run(125.0)
+    assert small.modes[0] == "park"  # 14 GiB beside a parked job's context fits in 15.2
+
+
+def test_a_plain_job_is_stopped_only_when_its_memory_is_known_and_fits() -> None:
+    server = Server.of(1, 2, waiting=PLAIN_KNOWN)
+    server.run(125.0)
+    assert server.modes[0] == "stop"
+    too_big = Server.of(1, 2, waiting=Waiting(frozenset({"stop"}), 10 * GIB))
+    too_big.run(300.0)
+    assert too_big.modes == [] and set(too_big.computed) == {1}
+    unknown = Server.of(1, 2, waiting=PLAIN_UNKNOWN)
+    unknown.run(300.0)
+    assert unknown.modes == [] and set(unknown.computed) == {1}
+    assert "job 1 cannot take turns" in unknown.notes[2]
+    assert unknown.notes[1] == "not time-sliced: it can neither park, stop nor checkpoint"
+
+
+def test_a_job_its_user_suspended_is_never_given_a_turn() -> None:
+    server = Server.of(1, 2)
+    server.jobs[1] = replace(server.jobs[1], gpu_uuids=("g0",), suspended=True, allocation=(1,))
+    server.waiting[1] = Waiting(frozenset(), 2 * GIB, resumable=False)
+    server.run(600.0)
+    assert 1 not in server.computed
+
+
+def test_a_job_leaving_its_gpus_holds_them_until_it_has_left() -> None:
+    slicer = Slicer(quantum=60.0)
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    leaving = {1: Waiting(RUNNER.modes, GIB, leaving=True), 2: RUNNER}
+    out = slicer.slice(state, Decision(allocations={1: (1,), 2: (1,)}), leaving, 100.0)
+    assert dict(out.decision.allocations) == {}
+
+
+def test_a_node_no_longer_over_subscribed_brings_its_waiting_jobs_back() -> None:
+    server = Server.of(2, 3)
+    server.run(600.0)
+    del server.jobs[next(i for i, j in server.jobs.items() if j.gpu_uuids and not j.suspended)]
+    server.run(300.0)
+    computing = [i for i, j in server.jobs.items() if j.gpu_uuids and not j.suspended]
+    assert len(computing) == 2
+    assert not server.slicer.shares
+
+
+def test_the_turns_survive_a_save_and_restore() -> None:
+    server = Server.of(4, 6)
+    server.run(1800.0)
+    copy = Slicer(quantum=60.0)
+    copy.restore(server.slicer.save())
+    decision = Decision(allocations={i: (1,) for i in server.jobs})
+    expected = server.slicer.slice(server.state(), decision, server.waiting, 1800.0)
+    assert copy.slice(server.state(), decision, server.waiting, 1800.0) == expected
+
+
+@pytest.mark.parametrize("saved", [{}, {"version": 2}, {"version": 1, "credit": 3}])
+def test_memory_it_cannot_read_is_refused(saved: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Slicer().restore(saved)
+
+
+def test_a_non_positive_quantum_is_refused() -> None:
+    with pytest.raises(ValueError, match="quantum"):
+        Slicer(quantum=0)
+
+
+def test_a_parked_jobs_resident_memory_is_its_context() -> None:
+    assert RUNNER.resident("park") == PARK_RESIDENT_BYTES
+    assert RUNNER.resident("stop") == 2 * GIB
