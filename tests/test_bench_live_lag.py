@@ -28,6 +28,7 @@ def test_a_policy_on_a_live_daemon_reports_decisions_lag_and_latency(tmp_path: P
     assert figures.decisions >= 1 and figures.requests >= 1
     assert 0 < figures.decide_median <= figures.decide_max
     assert 0 <= figures.lag_p99 <= figures.lag_max
+    assert figures.idle_lag_max >= 0
     assert 0 < figures.request_p50 <= figures.request_p99 <= figures.request_max
     ratios = [figures.decide_max, figures.lag_max, figures.request_max]
     assert row(figures).split()[-3:] == [f"{seconds / TARGET_S:.2f}" for seconds in ratios]
