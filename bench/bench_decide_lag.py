@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from gpuq.daemon.scheduler import tick
+from gpuq.daemon.timings import DecisionTimes
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.interface import ClusterState, JobView, NodeView
 from gpuq.policies.registry import get_policy
@@ -82,7 +83,9 @@ async def probe_lateness(stop: asyncio.Event, lateness: list[float]) -> None:
 
 async def measure(policy: Any, state: ClusterState, runs: int, off_loop: bool) -> dict[str, float]:
     """Decide `runs` times with a probe on the loop; decision times and lateness."""
-    daemon = SimpleNamespace(policy=policy, decision_in_flight=None, wake=asyncio.Event())
+    daemon = SimpleNamespace(
+        policy=policy, decision_in_flight=None, wake=asyncio.Event(), decision_times=DecisionTimes()
+    )
     lateness: list[float] = []
     stop = asyncio.Event()
     probe = asyncio.create_task(probe_lateness(stop, lateness))

@@ -427,10 +427,18 @@ def test_daemon_status(daemon: DaemonHarness) -> None:
     assert status["highest_job_id"] == held
     assert status["state_dir"] == str(daemon.state_dir)
     assert status["runtime_dir"] == str(daemon.runtime_dir)
+    assert set(status["decisions"]) == {"fifo"}  # the job was placed by a decision
+    fifo = status["decisions"]["fifo"]
+    assert fifo["count"] >= 1 and 0 < fifo["median"] <= fifo["max"]
+    lag = status["loop_lag"]
+    assert (lag["window"], lag["interval"]) == (60.0, 0.02)
+    assert lag["wakeups"] > 0 and 0 <= lag["p99"] <= lag["max"]
 
     text = daemon.cli("daemon", "status").stdout
     assert text.startswith(f"gpuq daemon running: pid {daemon.process.pid}")
     assert "1 held, 1 running" in text
+    assert "  Decisions: fifo: last " in text
+    assert "  Loop lag:  max " in text
 
     daemon.cli("cancel", str(running))
     daemon.wait_state(running, "cancelled")

@@ -555,7 +555,7 @@ def daemon_run(
 
 @daemon_app.command("status")
 def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
-    """Show whether the daemon runs, and its pid, paths and job counts (exit 5 if down)."""
+    """Show whether the daemon runs: pid, paths, jobs, decision times, loop lag (exit 5 if down)."""
 
     def body() -> None:
         with _client(config, autostart=False) as client:
@@ -569,6 +569,8 @@ def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         print(f"gpuq daemon running: pid {status['pid']}, up {format_duration(status['uptime'])}")
         print(f"  GPUs:      {status['gpus']} ({status['backend']})")
         print(f"  Policy:    {status['policy']}")
+        for line in _responsiveness_lines(status):
+            print(line)
         print(f"  Jobs:      {counts}")
         print(visible(f"  State dir: {status['state_dir']}"))
         print(visible(f"  Socket:    {status['runtime_dir']}/gpuq.sock"))
@@ -576,6 +578,28 @@ def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
             print(visible(f"  Warning:   {warning}"))
 
     _run(json_out, body)
+
+
+def _responsiveness_lines(status: dict[str, Any]) -> list[str]:
+    """Decision times per policy and the loop's worst lag, from a status reply."""
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1000:.0f} ms" if seconds >= 0.0095 else f"{seconds * 1000:.1f} ms"
+
+    lines: list[str] = []
+    for policy, times in (status.get("decisions") or {}).items():
+        label = "Decisions:" if not lines else ""
+        lines.append(
+            f"  {label:<10} {policy}: last {ms(times['last'])}, median {ms(times['median'])}, "
+            f"max {ms(times['max'])} ({times['count']} in all)"
+        )
+    lag = status.get("loop_lag")
+    if lag and lag["wakeups"]:
+        lines.append(
+            f"  Loop lag:  max {ms(lag['max'])}, p99 {ms(lag['p99'])} "
+            f"over the last {lag['window']:.0f} s"
+        )
+    return lines
 
 
 @app.command()

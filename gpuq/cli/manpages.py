@@ -230,6 +230,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     "daemon status": (
         ("The daemon's pid, paths and job counts.", "gpuq daemon status"),
         ("Only the pid, for a script.", "gpuq daemon status --json | jq .pid"),
+        (
+            "The event loop's worst lag over the last minute, in seconds.",
+            "gpuq daemon status --json | jq .loop_lag.max",
+        ),
     ),
 }
 """Examples per command (key: the words after `gpuq`): a description and shell lines."""

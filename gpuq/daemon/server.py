@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from gpuq.config import Config
-from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend
+from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.control import CONTROL_DIR, ControlHub
 from gpuq.daemon.executor import Executor
@@ -190,13 +190,14 @@ class Server:
         self._lock_fd = fd
 
     async def main_loop(self) -> None:
-        """Schedule and sample until asked to exit."""
+        """Schedule, sample and watch the loop's lag until asked to exit."""
         state = self.state
         assert state is not None
         self._tasks = [
             asyncio.create_task(monitor.run_monitor(state)),
             asyncio.create_task(self._schedule_forever(state)),
             asyncio.create_task(self._housekeeping(state)),
+            asyncio.create_task(timings.watch_loop(state.loop_lag, state.should_exit)),
         ]
         await state.should_exit.wait()
 

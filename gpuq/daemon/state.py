@@ -28,6 +28,7 @@ from gpuq.daemon.scheduler import memory
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
+from gpuq.daemon.timings import DecisionTimes, LoopLag
 from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.models import GpuInfo, Job, JobState
 from gpuq.policies.interface import Decision, Policy
@@ -95,6 +96,10 @@ class DaemonState:
         """The policy's memory as last kept in the store (`scheduler.memory`)."""
         self.decision_in_flight: asyncio.Future[Decision] | None = None
         """The policy's decision being made in a worker thread (`scheduler.tick.decide`)."""
+        self.decision_times = DecisionTimes()
+        """How long each policy's decisions took (`gpuq.daemon.timings`)."""
+        self.loop_lag = LoopLag()
+        """How late the event loop ran lately (`gpuq.daemon.timings.watch_loop`)."""
         self.unrecorded: dict[int, Outcome] = {}
         """Outcomes seen but not yet committed (a full disk); retried every second."""
         self.state_dir_watch: StateDirWatch | None = None
@@ -287,4 +292,6 @@ class DaemonState:
             "jobs": counts,
             "highest_job_id": self.store.max_job_id(),
             "warnings": self.warnings(),
+            "loop_lag": self.loop_lag.summary(),
+            "decisions": self.decision_times.summary(),
         }

@@ -46,6 +46,7 @@ async def decide(state: DaemonState, cluster: ClusterState, now: float) -> Decis
         return "the policy is still deciding (slow decision); waiting for it"
     task = asyncio.ensure_future(asyncio.to_thread(state.policy.decide, cluster, now))
     state.decision_in_flight = task
+    state.decision_times.time(task, state.policy.name)
     try:
         return await asyncio.wait_for(asyncio.shield(task), DECIDE_DEADLINE)
     except TimeoutError:
