@@ -312,7 +312,7 @@ class _Samples:
     retrogression: FloatArray  # max(K - 2, 1e-8)
     across: FloatArray  # 1.0 where the job spans nodes
     within: FloatArray  # 1.0 where K >= 2 replicas share one node
-    log_accum: FloatArray
+    log_accum: FloatArray  # NaN where T_grad was not measured apart
     log_optim: FloatArray
 
 
@@ -332,12 +332,14 @@ def _objective(x: FloatArray, data: _Samples) -> tuple[float, FloatArray]:
     log_optim = np.log(high) + np.log1p(q) / gamma
     weight_low = q / (1.0 + q)  # d log T_iter / d log(low term)
     weight_compute = np.where(compute >= sync, 1.0 - weight_low, weight_low)
-    err_accum = np.log(compute) - data.log_accum
+    measured = ~np.isnan(data.log_accum)
+    err_accum = np.where(measured, np.log(compute) - data.log_accum, 0.0)
     err_optim = log_optim - data.log_optim
-    rmse_accum = math.sqrt(float(np.mean(err_accum**2)))
+    accum_count = max(int(np.count_nonzero(measured)), 1)
+    rmse_accum = math.sqrt(float(np.sum(err_accum**2)) / accum_count)
     rmse_optim = math.sqrt(float(np.mean(err_optim**2)))
-    count = err_accum.size
-    d_accum = err_accum / (count * max(rmse_accum, 1e-150))  # d RMSE / d log T_grad
+    count = err_optim.size
+    d_accum = err_accum / (accum_count * max(rmse_accum, 1e-150))  # d RMSE / d log T_grad
     d_optim = err_optim / (count * max(rmse_optim, 1e-150))  # d RMSE / d log T_iter
     d_compute = (d_accum + d_optim * weight_compute) / compute
     d_sync = np.divide(
@@ -372,7 +374,9 @@ def fit_perf_params(
 
     One entry per configuration seen: `accum_step_time` is the compute time of a
     step (T_grad), `optim_step_time` a synchronizing step without accumulation
-    (T_iter with s = 0). Parameters without supporting data stay at their
+    (T_iter with s = 0). A NaN `accum_step_time` leaves that entry out of the
+    T_grad term: a step on several replicas whose compute was not timed apart
+    from its synchronization. Parameters without supporting data stay at their
     lower bound, which makes a new job look perfectly scalable (Pollux §4.3).
     """
     # Imported here, not at the top, to keep `import gpuq.goodput` light in training jobs.
@@ -386,8 +390,8 @@ def fit_perf_params(
         raise ValueError("fit_perf_params needs equally long, non-empty measurements")
     if np.any(n < 1) or np.any(k < n) or np.any(m < 1):
         raise ValueError("fit_perf_params needs 1 <= nodes <= replicas and local_bsz >= 1")
-    if not (np.all(np.isfinite(accum)) and np.all(np.isfinite(optim))):
-        raise ValueError("step times must be finite")
+    if not (np.all(np.isfinite(accum) | np.isnan(accum)) and np.all(np.isfinite(optim))):
+        raise ValueError("step times must be finite (or NaN: a T_grad not measured)")
     if np.any(accum <= 0) or np.any(optim <= 0):
         raise ValueError("step times must be positive")
     lower = np.array([_LOWER] * 6 + [1.0])
@@ -407,7 +411,8 @@ def fit_perf_params(
     )
     initial[pinned] = lower[pinned]
     if pinned[0]:
-        initial[0] = float(np.mean(accum)) / 2  # the artifact's even split of T_grad
+        compute = accum[~np.isnan(accum)] if np.any(~np.isnan(accum)) else optim
+        initial[0] = float(np.mean(compute)) / 2  # the artifact's even split of T_grad
     data = _Samples(
         local_bsz=m,
         retrogression=np.maximum(k - 2, _EPS),

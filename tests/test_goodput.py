@@ -358,6 +358,18 @@ def test_a_job_seen_on_two_gpus_of_one_node_has_no_retrogression_and_dearer_node
     assert fitted.beta_n >= 1.1 * fitted.beta_r
 
 
+def test_steps_on_several_gpus_timed_only_whole_still_teach_the_sync_cost() -> None:
+    # A DDP job's runner cannot time T_grad apart on two GPUs: NaN leaves it out.
+    two_gpus = np.array([(1, k, m) for k in (1, 2) for m in (32, 64, 128)]).T
+    nodes, replicas, local_bsz, accum, optim = measure(PERF, two_gpus, seed=2)
+    accum = np.where(replicas > 1, np.nan, accum)
+    fitted = GoodputFunction(fit_perf_params(nodes, replicas, local_bsz, accum, optim), NOISY, M0)
+    actual = GoodputFunction(PERF, NOISY, M0)
+    for m in (32, 64, 128):
+        assert fitted.step_time(1, 2, m, 0) == pytest.approx(actual.step_time(1, 2, m, 0), rel=0.1)
+    assert fitted.perf.alpha_r > 1e-3
+
+
 def test_retrogression_is_learned_only_where_more_than_two_gpus_were_seen() -> None:
     grid = np.array([(n, k, m) for n, k in [(1, 1), (1, 2), (2, 4), (2, 8)] for m in (32, 64)]).T
     fitted = fit_perf_params(*measure(PERF, grid, seed=4))
@@ -398,6 +410,7 @@ def test_the_fit_objective_has_an_exact_gradient() -> None:
         ([1, 1], [1, 2], [32], [0.1, 0.1], [0.1, 0.2]),  # lengths differ
         ([], [], [], [], []),
         ([1], [1], [32], [0.0], [0.1]),  # a step cannot take no time
+        ([1], [1], [32], [0.1], [math.nan]),  # only T_grad may be unmeasured
         ([2], [1], [32], [0.1], [0.1]),  # more nodes than replicas
     ],
 )

@@ -24,7 +24,7 @@ import gpuq.runner as gq
 import gpuq.runner.gns
 import gpuq.runner.loop
 import gpuq.runner.tuning
-from gpuq.runner import checkpoint
+from gpuq.runner import checkpoint, distributed
 from gpuq.runner.data import split_in_halves
 from gpuq.runner.tuning import BatchTuner
 
@@ -90,6 +90,7 @@ def train(
     suspend_at: frozenset[int] = frozenset(),
     run: Run | None = None,
     signal: float = 0.1,
+    sharded: bool = False,
 ) -> Run:
     """Train for `epochs`; may exit with SystemExit at a step in `suspend_at` (inside gpuq)."""
     model = nn.Linear(8, 1)
@@ -103,8 +104,9 @@ def train(
     job.add_step_hook(lambda info: job.request_suspend() if info.step in suspend_at else None)
     state = gq.State(model=model, optimizer=opt, lr_scheduler=sched, lr_scaling=lr_scaling)
     state.restore()
+    data = noisy_regression(signal)
     loader = gq.AdaptiveDataLoader(
-        noisy_regression(signal),
+        distributed.shard(data) if sharded else data,
         batch_size=M0,
         max_batch_size=max_batch_size,
         gradient_accumulation=accumulation,
@@ -233,6 +235,7 @@ def test_the_tuner_reports_its_batch_and_goodput_to_the_job_metrics(clock: FakeC
     assert recorded["batch"][0] == {
         "local_batch_size": M0,
         "accumulation_steps": 1,
+        "replicas": 1,
         "boundary_per_micro_batch": True,  # its loop marks every micro-batch with gq.step()
     }
     assert any(b["local_batch_size"] * b["accumulation_steps"] > M0 for b in recorded["batch"])
@@ -246,12 +249,12 @@ def test_the_tuner_reports_its_batch_and_goodput_to_the_job_metrics(clock: FakeC
     assert all(1.0 <= g["gain"] for g in recorded["goodput"] if "gain" in g)
 
 
-def test_under_torchrun_the_batch_stays_fixed_with_a_warning(
+def test_on_one_ranks_shard_under_torchrun_the_batch_stays_fixed_with_a_warning(
     clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")  # each rank would tune on its own timings
-    with pytest.warns(RuntimeWarning, match="single-process"):
-        run = train(clock, 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the ranks would tune on different data
+    with pytest.warns(RuntimeWarning, match="not a shard"):
+        run = train(clock, 2, sharded=True)
     assert [size for _, size, _ in run.batches] == [M0, M0] and run.passes == [1, 1]
 
 

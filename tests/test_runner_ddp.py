@@ -30,8 +30,10 @@ import pytest
 import torch
 
 from gpuq.runner import distributed
+from gpuq.runner.data import AdaptiveDataLoader, _PositionedBatchSampler
 from gpuq.runner.integrations import torchrun as torchrun_launcher
 from gpuq.runner.job import Job, RunnerError
+from gpuq.runner.tuning import BatchConfig, BatchTuner
 from tests.daemon_harness import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "runner_ddp" / "train.py"
@@ -97,6 +99,67 @@ def test_shards_are_equal_strided_slices(size: int, ranks: int) -> None:
         shard = distributed.shard(dataset, {"RANK": str(rank), "WORLD_SIZE": str(ranks)})
         items = [shard[i] for i in range(len(shard))]
         assert items == list(range(rank, (size // ranks) * ranks, ranks))
+
+
+@pytest.mark.parametrize(("count", "replicas"), [(32, 4), (33, 4), (7, 2), (5, 1)])
+def test_a_batch_is_split_into_contiguous_near_equal_parts(count: int, replicas: int) -> None:
+    parts = [distributed.replica_share(count, replicas, r) for r in range(replicas)]
+    assert parts[0][0] == 0 and parts[-1][1] == count
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+    assert max(e - s for s, e in parts) - min(e - s for s, e in parts) <= 1
+
+
+@pytest.mark.parametrize(("before", "after"), [(1, 2), (2, 4), (4, 1), (3, 2)])
+def test_a_pass_resumed_on_another_number_of_ranks_takes_each_sample_once(
+    before: int, after: int
+) -> None:
+    size, batch = 96, 24
+
+    def ranks_from(start: int, replicas: int) -> list[list[int]]:
+        samplers = []
+        for rank in range(replicas):
+            sampler = _PositionedBatchSampler(size, batch, True, 7, False, replicas, rank)
+            sampler.start = start
+            samplers.append(list(sampler))
+        return [[i for part in parts for i in part] for parts in zip(*samplers, strict=True)]
+
+    whole = ranks_from(0, 1)
+    first, rest = ranks_from(0, before)[:2], ranks_from(2 * batch, after)
+    assert [sorted(b) for b in first + rest] == [sorted(b) for b in whole]  # the same steps
+    assert sorted(i for b in first + rest for i in b) == list(range(size))
+
+
+def test_a_position_in_one_ranks_shard_cannot_resume_on_another_number_of_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    position = {"epoch": 0, "index": 8, "in_progress": True, "batch_size": 4}
+    sharded = position | {"world": 2, "sharded": True}
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loader = AdaptiveDataLoader(list(range(16)), batch_size=4)
+    loader.load_state_dict(position)  # a whole-dataset position fits any number
+    with pytest.raises(RunnerError) as refused:
+        loader.load_state_dict(sharded)
+    assert "shard" in (refused.value.hint or "")
+
+
+def test_a_resized_tuner_keeps_its_global_batch_until_it_can_choose(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tuner = BatchTuner(
+        opt, Job(environ={}), init_batch_size=32, max_batch_size=128, lr_scaling="adascale"
+    )
+    assert tuner.config == BatchConfig(32, 0, 1)
+    assert tuner.use_replicas(4) == 0  # no model yet: the same 32 samples a step
+    assert (tuner.config, tuner.config.batch_size) == (BatchConfig(8, 0, 4), 32)
+    state = tuner.state_dict()
+    again = BatchTuner(
+        opt, Job(environ={}), init_batch_size=32, max_batch_size=128, lr_scaling="adascale",
+        replicas=3,
+    )  # fmt: skip
+    again.load_state_dict(state)
+    assert again.config == BatchConfig(8, 0, 4)
+    again.use_replicas(3)
+    assert again.config == BatchConfig(11, 0, 3)  # at least the 32 samples: ceil(32 / 3)
 
 
 def test_launcher_sees_a_suspend_only_in_this_attempts_acknowledgement(tmp_path: Path) -> None:

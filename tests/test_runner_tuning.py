@@ -105,7 +105,7 @@ def test_the_profile_keeps_a_window_and_uses_the_median() -> None:
     for seconds in [1.0] * 40 + [50.0]:  # one step with a checkpoint written in it
         profile.record_time(BatchConfig(32, 1), seconds)
     assert 32 <= len(profile.times["32,1"]) < 64
-    assert profile.compute_times() == {32: 0.5}
+    assert profile.compute_times() == {(1, 32): 0.5}
 
 
 def test_without_timed_steps_there_is_nothing_to_fit() -> None:

@@ -166,7 +166,7 @@ def test_what_a_runner_reported_becomes_the_jobs_model() -> None:
     assert (measured.local_bsz_bounds, measured.max_profiled_gpus) == ((16, 512), 2)
     assert measured.goodput is not None
     assert measured.goodput.init_batch_size == 128
-    assert measured.goodput.grad.var == 50.0
+    assert measured.goodput.grad.var == 50.0 / 128  # tr(Sigma) reported; the model's is per M0
     assert unmeasured.goodput is None and unmeasured.batch_size == 0
 
 

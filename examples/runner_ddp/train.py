@@ -6,7 +6,9 @@ gpuq asked for a suspend, so they all stop at the same step. Rank 0 writes
 the checkpoint, every rank exits with code 75, and a new ``torchrun`` of the
 same command continues from the next step on every rank. Outside gpuq the
 runner does nothing and this is a plain DDP script. Its data is generated
-from a fixed seed, so nothing is downloaded.
+from a fixed seed, so nothing is downloaded. The loader splits each global
+batch across the ranks, so the job may also resume on another number of
+ranks (``gpuq submit --gpus 1-4`` with ``--nproc-per-node=gpuq``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line; see --help."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--batch-size", type=int, default=64, help="global: split across ranks")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
@@ -82,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     state = gq.State(model=model, optimizer=opt, lr_scheduler=sched)  # model, not ddp
     if state.restore():  # every rank loads the same checkpoint
         print(f"rank {rank} resumed from step {job.step} (epoch {job.epoch})", flush=True)
-    data = gq_dist.shard(make_data(args.samples, 32, 10, args.seed))  # this rank's share
+    data = make_data(args.samples, 32, 10, args.seed)  # the whole dataset, on every rank
+    # Each rank gets its part of every batch; on another number of ranks it resumes alike.
     loader = gq.AdaptiveDataLoader(data, batch_size=args.batch_size, seed=args.seed)
 
     for _epoch in gq.epochs(args.epochs):

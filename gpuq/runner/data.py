@@ -14,6 +14,22 @@ restore the first ``iter()`` finishes a pass that was in progress (even if only
 the loop's last look for another batch is left) and otherwise starts the next
 one. So a validation loader that had finished its pass starts a fresh one.
 
+**Several ranks** (torchrun, DistributedDataParallel). Under a process group
+of several ranks the loader takes the whole dataset on every rank and hands
+each rank its part of every batch: ``batch_size`` is then the global batch
+(all ranks' samples in one step), each pass's order is the same permutation
+whatever the number of ranks, and the position counts samples of the whole
+pass. A batch of B samples on K ranks gives the first B mod K ranks one
+sample more than the rest (only a batch whose size is not a multiple of K);
+a pass's last batch with fewer samples than ranks is left out, since every
+rank must take part in each step. So a checkpoint written with one number of
+ranks resumes with another (a resize) at the next sample of the pass, with
+the same global batch, or the one the goodput tuner picks for the new
+number (below): no sample is skipped or seen twice. A dataset cut with
+`gpuq.runner.distributed.shard` is one rank's share: the loader then runs
+on it as in a single process (a per-rank batch and position), and refuses to
+resume with another number of ranks.
+
 Loaders are told apart in checkpoints by name, ``loader0``, ``loader1``... in
 order of creation; give ``name=`` when a script creates several in an order
 that may change.
@@ -34,9 +50,12 @@ learning rate scaled by the rule. An epoch ends when the scale-invariant
 progress reaches a dataset's worth of samples at M0: exactly one pass at M0,
 more than one (each a new permutation) with larger, less efficient batches,
 so epoch-keyed schedules keep their meaning. This runs outside gpuq too: it
-is training logic (only its reports to the daemon need gpuq). It runs in
-single-process jobs; under torchrun the batch size stays fixed, with a
-warning. Without the rule or ``max_batch_size`` the batch size is fixed.
+is training logic (only its reports to the daemon need gpuq). Under
+torchrun the tuner picks the per-rank batch for the number of ranks (the
+batch sizes are global), and a resumed job whose number of ranks changed
+first keeps its global batch, then lets the tuner choose for the new number
+(`gpuq.runner.tuning`). On a shard (above) the batch size stays fixed, with
+a warning. Without the rule or ``max_batch_size`` the batch size is fixed.
 
 To measure the gradient noise from two gradients at the same weights, an
 adaptive loader hands some steps without accumulation to the loop as the
@@ -84,8 +103,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from gpuq.runner import distributed
+from gpuq.runner.distributed import replica_share
 from gpuq.runner.job import RunnerError, current_job
-from gpuq.runner.tuning import BatchTuner
+from gpuq.runner.tuning import BatchConfig, BatchTuner
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -128,14 +148,30 @@ def _order_stream(pass_number: int) -> int:
 
 
 class _PositionedBatchSampler(Sampler[list[int]]):
-    """Batches of one pass over a permutation fixed by (seed, epoch), from a sample offset."""
+    """Batches of one pass over a permutation fixed by (seed, epoch), from a sample offset.
+
+    `batch_size` and the offset count all replicas' samples; each batch
+    yielded is replica `rank`'s part of a global batch (`replica_share`).
+    """
 
     def __init__(
-        self, size: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool
+        self,
+        size: int,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        replicas: int = 1,
+        rank: int = 0,
     ) -> None:
         self.size, self.batch_size, self.shuffle = size, batch_size, shuffle
         self.seed, self.drop_last = seed, drop_last
+        self.replicas, self.rank = replicas, rank
         self.epoch, self.pass_number, self.start = 0, 0, 0
+
+    def takes(self, count: int) -> bool:
+        """True when a batch of `count` samples is trained on (every replica gets some)."""
+        return count >= self.replicas and not (self.drop_last and count < self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         if self.shuffle:
@@ -146,14 +182,16 @@ class _PositionedBatchSampler(Sampler[list[int]]):
             order = list(range(self.size))
         for begin in range(self.start, self.size, self.batch_size):
             batch = order[begin : begin + self.batch_size]
-            if self.drop_last and len(batch) < self.batch_size:
+            if not self.takes(len(batch)):
                 return
+            if self.replicas > 1:
+                start, end = replica_share(len(batch), self.replicas, self.rank)
+                batch = batch[start:end]
             yield batch
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return self.size // self.batch_size
-        return -(-self.size // self.batch_size)
+        full, rest = divmod(self.size, self.batch_size)
+        return full + (rest > 0 and self.takes(rest))
 
 
 class AdaptiveDataLoader:
@@ -188,7 +226,14 @@ class AdaptiveDataLoader:
         self.max_batch_size = max_batch_size
         self.gradient_accumulation = gradient_accumulation
         self.seed = seed
-        self._sampler = _PositionedBatchSampler(len(dataset), batch_size, shuffle, seed, drop_last)
+        self.world = distributed.replicas_and_rank()[0]
+        """Ranks training together (1 outside torchrun)."""
+        sharded = distributed.is_shard(dataset)
+        self.replicas, rank = (1, 0) if sharded else distributed.replicas_and_rank()
+        """Ranks this loader splits each batch across: `world`, or 1 on a shard."""
+        self._sampler = _PositionedBatchSampler(
+            len(dataset), batch_size, shuffle, seed, drop_last, self.replicas, rank
+        )
         self._generator = torch.Generator()
         self._loader: DataLoader[Any] = DataLoader(
             dataset, batch_sampler=self._sampler, generator=self._generator, **loader_kwargs
@@ -217,7 +262,7 @@ class AdaptiveDataLoader:
 
     @property
     def batch_size(self) -> int:
-        """Samples per batch the loop receives now (a micro-batch when accumulating)."""
+        """Samples per batch now, all ranks together (a micro-batch when accumulating)."""
         return self._sampler.batch_size
 
     @property
@@ -242,7 +287,7 @@ class AdaptiveDataLoader:
         else:
             self.epoch, self.pass_number, self.index = self.epoch + 1, 0, 0
             if tuner is not None:
-                self._use(tuner.retune().local_bsz, tuner.config.accum_steps)
+                self._use(tuner.retune())
         self._generator.manual_seed(_seed_for(self.seed, self.epoch, 1))
         self._in_progress = True
         try:
@@ -280,7 +325,7 @@ class AdaptiveDataLoader:
         while True:  # runs once a batch: kept lean (see bench/bench_adaptive.py)
             start = self.index
             end = min(start + local, size)
-            if start >= size or (sampler.drop_last and end - start < local):
+            if start >= size or not sampler.takes(end - start):
                 return
             position = (start // local) % micro_batches
             resuming = micro_batches == 1 and gns.pending() > 0  # the second half is owed
@@ -290,7 +335,7 @@ class AdaptiveDataLoader:
             last = position == micro_batches - 1 or final
             batch = next(batches)
             if micro_batches == 1 and (resuming or (gns.due() and tuner.steps > trained)):
-                halves = split_in_halves(batch, end - start)
+                halves = self._split(batch, end - start)
                 if halves is not None:  # measure the noise from two halves at the same weights
                     yield from self._halves(tuner, halves, end, resuming)
                     continue
@@ -308,7 +353,7 @@ class AdaptiveDataLoader:
         A checkpoint taken between them holds the first half's gradient, and
         the same position: a resume loads the batch again and yields the second.
         """
-        half = (end - self.index) // 2
+        half = self._first_half(end - self.index)
         if not resuming:
             tuner.gns.micro_batch(half, False)
             yield halves[0]
@@ -317,8 +362,27 @@ class AdaptiveDataLoader:
         yield halves[1]
         tuner.step_ended(timed=not resuming, halves=True)
 
-    def _use(self, local_bsz: int, accum_steps: int) -> None:
-        self._sampler.batch_size, self._accum_steps = local_bsz, accum_steps
+    def _split(self, batch: Any, count: int) -> tuple[Any, Any] | None:
+        """This rank's part of a global batch of `count` samples, in halves; None if unsplittable.
+
+        Every rank's part must have two samples or more, or no rank splits:
+        all ranks must run the same number of backward passes.
+        """
+        replicas, rank = self.replicas, self._sampler.rank
+        if count < 2 * replicas:
+            return None
+        start, end = replica_share(count, replicas, rank)
+        return split_in_halves(batch, end - start)
+
+    def _first_half(self, count: int) -> int:
+        """Samples in the first halves of all ranks' parts of a batch of `count` (`_split`)."""
+        shares = (replica_share(count, self.replicas, r) for r in range(self.replicas))
+        return sum((end - start) // 2 for start, end in shares)
+
+    def _use(self, config: BatchConfig) -> None:
+        """Run with the tuner's configuration: its per-rank batch on each of the replicas."""
+        self._sampler.batch_size = config.local_bsz * config.replicas
+        self._accum_steps = config.accum_steps
 
     def _tuner(self) -> BatchTuner | None:
         """The goodput tuner, created on first need if this loader is adaptive."""
@@ -332,11 +396,11 @@ class AdaptiveDataLoader:
             return None
         if optimizer is None:
             return None
-        if distributed.world_size() > 1:
+        if self.replicas != self.world:
             self._fixed = True
             warnings.warn(
-                "goodput batch tuning runs in single-process jobs only: under torchrun "
-                f"the batch size stays at {self.init_batch_size}",
+                "goodput batch tuning needs the whole dataset under torchrun, not a shard: "
+                f"the batch size stays at {self.init_batch_size} per rank",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -348,11 +412,14 @@ class AdaptiveDataLoader:
             max_batch_size=max_batch,
             lr_scaling=rule,
             accumulation=self.gradient_accumulation,
+            replicas=self.replicas,
         )
         if self._pending_tuner is not None:
             self.tuner.load_state_dict(self._pending_tuner)
             self._pending_tuner = None
-        self._use(self.tuner.config.local_bsz, self.tuner.config.accum_steps)
+            # A resize re-picks the batch; micro-batches absorbed before it are taken again.
+            self.index = max(0, self.index - self.tuner.use_replicas(self.replicas))
+        self._use(self.tuner.config)
         return self.tuner
 
     def state_dict(self) -> dict[str, Any]:
@@ -366,6 +433,8 @@ class AdaptiveDataLoader:
             "in_progress": self._in_progress or self._finish_interrupted_pass,
             "batch_size": self.batch_size,
         }
+        if self.replicas != self.world:  # positions within one rank's shard
+            position |= {"world": self.world, "sharded": True}
         tuner = self.tuner.state_dict() if self.tuner is not None else self._pending_tuner
         if tuner is None:  # a fixed batch size: the position alone
             return position
@@ -373,7 +442,18 @@ class AdaptiveDataLoader:
         return position | extra
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """On the next ``iter()``, finish the saved pass if it was in progress, else go on."""
+        """On the next ``iter()``, finish the saved pass if it was in progress, else go on.
+
+        A position within one rank's shard holds only for as many ranks as wrote it.
+        """
+        saved_world = int(state.get("world", 1))
+        if state.get("sharded") and saved_world != self.world:
+            raise RunnerError(
+                f"loader {self.name!r} was checkpointed on {saved_world} ranks, each on its "
+                f"own shard, and cannot resume on {self.world}",
+                hint="give gq.AdaptiveDataLoader the whole dataset, not gq_dist.shard(...): "
+                "it then splits every batch across however many ranks there are",
+            )
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
         self.pass_number = int(state.get("pass", 0))
         self._finish_interrupted_pass = bool(state["in_progress"])
@@ -382,6 +462,7 @@ class AdaptiveDataLoader:
             return
         if self.tuner is not None:
             self.tuner.load_state_dict(tuner)
-            self._use(self.tuner.config.local_bsz, self.tuner.config.accum_steps)
+            self.index = max(0, self.index - self.tuner.use_replicas(self.replicas))
+            self._use(self.tuner.config)
         else:
             self._pending_tuner = tuner  # applied when the tuner is created (first iter())

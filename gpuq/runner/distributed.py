@@ -52,9 +52,15 @@ What scripts must keep the same on every rank:
   from an uninterrupted one. Python's `random` and NumPy's global generator
   start from OS entropy in every process: a script that draws from them on
   several ranks must seed them per rank and epoch itself.
-- The data position: give each rank its own equal share with `shard` and
-  wrap it in ``gq.AdaptiveDataLoader``; all ranks then consume the same
-  number of batches, and the one position rank 0 saves is right for all.
+- The data position: give ``gq.AdaptiveDataLoader`` the whole dataset. Under
+  a process group of several ranks it splits each global batch (its
+  ``batch_size`` counts all ranks' samples) into one share per rank, and its
+  position counts samples of the whole pass, so the one position rank 0
+  saves is right for every rank, and for any number of ranks: a job resized
+  from 2 to 4 GPUs goes on at the next sample of the pass, with nothing
+  skipped or seen twice, and the same global batch (or the one the goodput
+  tuner picks for 4). A dataset already cut with `shard` keeps the older
+  behaviour (a per-rank batch and position), which cannot change world size.
 
 Right::
 
@@ -66,7 +72,7 @@ Right::
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     state = gq.State(model=model, optimizer=opt)   # the module, not the DDP wrapper
     state.restore()
-    loader = gq.AdaptiveDataLoader(gq_dist.shard(dataset), batch_size=32)
+    loader = gq.AdaptiveDataLoader(dataset, batch_size=64)   # global: 64 / world per rank
     for epoch in gq.epochs(10):
         for x, y in loader:
             loss = loss_fn(ddp(x), y); loss.backward()
@@ -252,6 +258,19 @@ def destroy_process_groups() -> None:
         dist.destroy_process_group()
 
 
+def from_rank0(values: list[int]) -> list[int]:
+    """Rank 0's `values` on every rank; `values` itself without a group."""
+    group = coordination_group()
+    if group is None:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.broadcast(tensor, src=0, group=group)
+    return [int(v) for v in tensor.tolist()]
+
+
 def _leave_together() -> None:
     """Wait until every rank is here (rank 0 has saved), then destroy gpuq's group."""
     import torch.distributed as dist
@@ -264,15 +283,59 @@ def shard(dataset: Any, environ: Mapping[str, str] | None = None) -> Subset[Any]
     """This rank's share of a map-style dataset: items rank, rank + world, ... (equal sizes).
 
     Every share has ``len(dataset) // world`` items (the few left over are
-    dropped), so all ranks run the same number of steps per epoch.
+    dropped), so all ranks run the same number of steps per epoch. For data
+    the script iterates itself (validation, a framework's loader):
+    ``gq.AdaptiveDataLoader`` splits a whole dataset across ranks on its own,
+    and only that way can a job change its number of ranks (module docstring).
     """
     from torch.utils.data import Subset
 
-    ranks, me = _distributed_world(), _distributed_rank()
-    if ranks <= 1:
-        ranks, me = world_size(environ), rank(environ)
+    ranks, me = replicas_and_rank(environ)
     per_rank = len(dataset) // ranks
-    return Subset(dataset, list(range(me, per_rank * ranks, ranks)))
+    indices = list(range(me, per_rank * ranks, ranks))
+    share: Subset[Any] = Subset(dataset, indices)
+    share.gpuq_shard = (me, ranks)  # type: ignore[attr-defined]
+    return share
+
+
+def is_shard(dataset: Any) -> bool:
+    """True for a dataset `shard` made: one rank's share, not the whole."""
+    return hasattr(dataset, "gpuq_shard")
+
+
+def replicas_and_rank(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(world size, rank): of the process group if one is initialised, else torchrun's."""
+    ranks = _distributed_world()
+    if ranks > 1:
+        return ranks, _distributed_rank()
+    return world_size(environ), rank(environ)
+
+
+def replica_share(count: int, replicas: int, index: int) -> tuple[int, int]:
+    """The [start, end) of replica `index`'s part of `count` samples: contiguous, near-equal.
+
+    The first ``count % replicas`` replicas get one sample more than the others.
+    """
+    base, extra = divmod(count, replicas)
+    start = index * base + min(index, extra)
+    return start, start + base + (index < extra)
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """The element-wise maximum of `values` over all ranks; `values` itself without a group.
+
+    What a decision made on every rank from measured times reads, so that
+    every rank makes the same one (the goodput tuner's step times).
+    """
+    group = coordination_group()
+    if group is None:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return [float(v) for v in tensor.tolist()]
 
 
 def _distributed_world() -> int:

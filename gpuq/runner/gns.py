@@ -73,10 +73,10 @@ measurements do not all fall on one parity of steps. The first
 measurement, and the first after the batch size changes, comes at once
 rather than after the interval. Each measurement is weighted as the steps it
 stands for (since the previous one), so the average spans as many steps as
-Pollux's. Only one
-process is supported: with several replicas the micro-batch norms would
-have to be taken by per-parameter hooks before the all-reduce, and
-`gpuq.runner.AdaptiveDataLoader` does not shard data across replicas.
+Pollux's. Under
+DistributedDataParallel every gradient it sees is already the mean over
+all ranks (the all-reduce runs in the backward pass), so each micro-batch
+counts the samples of all ranks, and every rank computes the same statistics.
 
 Limits: accumulation hands the optimizer nothing on the micro-batches it
 absorbs, so gradient clipping before ``step()`` clips micro-batches rather
@@ -234,6 +234,17 @@ class GradientNoiseScale:
     def pending(self) -> int:
         """Micro-batches of the current step absorbed so far (0 between steps)."""
         return len(self._sizes)
+
+    def discard_pending(self) -> int:
+        """Drop the micro-batches of the current step absorbed so far; returns their samples.
+
+        For a step that cannot go on as it began (a job resumed with another
+        number of ranks): the optimizer has not stepped on them, so taking
+        their samples again loses nothing.
+        """
+        samples = sum(self._sizes)
+        self._stash, self._stash_sqr, self._sizes = None, 0.0, []
+        return samples
 
     def _gap(self, step: int) -> int:
         """The steps a measurement at `step` stands for: those since the previous one.

@@ -54,6 +54,19 @@
   memory allows) and predicted goodput at each epoch start. ``grad_var`` is
   reported as tr(Sigma), the recorder's unit, not tr(Sigma) / M0.
 
+- **Several ranks** (torchrun). Batch sizes are global; a configuration is
+  (m, s) on K replicas, M = K m (s + 1). Steps are profiled per K, and the fit
+  sees each K's step times as T_iter on K replicas (T_grad only where K = 1:
+  on more, the all-reduce runs inside the backward pass and cannot be timed
+  apart), so the model learns the synchronization cost once the job has run
+  on two or more. Every rank must make the same choice, or they would run
+  different batches into the same all-reduce: each timed step's seconds are
+  the maximum over the ranks (one all-reduce of two numbers per step), and
+  rank 0's choice is broadcast at each decision. When a checkpoint written
+  on K ranks resumes on another number (a resize), `use_replicas` keeps the
+  global batch (per-rank batch ceil(M / K')) and chooses again for K' at once,
+  with the same threshold against keeping it.
+
 Timing uses `step_clock` (``time.perf_counter``); tests replace it with a
 deterministic clock to make decisions reproducible.
 """
@@ -70,6 +83,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
+from gpuq.runner import distributed
 from gpuq.runner.gns import GradientNoiseScale
 from gpuq.runner.job import Job, StepInfo
 
@@ -94,15 +108,19 @@ step_clock: Callable[[], float] = time.perf_counter
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BatchConfig:
-    """Local (per-GPU) batch size and accumulation steps: (accum_steps + 1) micro-batches a step."""
+    """Local (per-GPU) batch size and accumulation steps: (accum_steps + 1) micro-batches a step.
+
+    On `replicas` ranks, each with its own local batch.
+    """
 
     local_bsz: int
     accum_steps: int = 0
+    replicas: int = 1
 
     @property
     def batch_size(self) -> int:
-        """Samples per optimizer step."""
-        return self.local_bsz * (self.accum_steps + 1)
+        """Samples per optimizer step, all replicas together."""
+        return self.local_bsz * (self.accum_steps + 1) * self.replicas
 
 
 def gain(grad: GradParams | None, init_batch: int, batch: int) -> float:
@@ -201,16 +219,17 @@ def choose_config(
     accumulation: bool,
     threshold: float = SPEEDUP_THRESHOLD,
 ) -> BatchConfig:
-    """The configuration of best predicted goodput on one GPU, if `threshold` x `current`'s."""
+    """The configuration of best predicted goodput on `current`'s GPUs, if `threshold` x its."""
+    k = current.replicas
     max_local = max(1, min(max_local, max_batch_size))
     best, local, accum = goodput_fn.optimize(
-        1, 1, max_batch_size, (1, max_local), accumulation=accumulation
+        1, k, max_batch_size, (1, max_local), accumulation=accumulation
     )
     if best <= 0:
         return current
     fits = current.local_bsz <= max_local
-    now = goodput_fn.evaluate(1, 1, current.local_bsz, current.accum_steps) if fits else 0.0
-    return BatchConfig(local, accum) if best > threshold * now else current
+    now = goodput_fn.evaluate(1, k, current.local_bsz, current.accum_steps) if fits else 0.0
+    return BatchConfig(local, accum, k) if best > threshold * now else current
 
 
 class StepProfile:
@@ -218,12 +237,15 @@ class StepProfile:
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {}
-        """Step times by "local,accum"; the latest `PROFILE_WINDOW` of each count."""
+        """Step times by "local,accum" (",replicas" added above one); the latest
+        `PROFILE_WINDOW` of each count."""
         self.peaks: dict[int, int] = {}
 
     def window(self, config: BatchConfig) -> list[float]:
         """The list of `config`'s step times (created empty), which `record_time` appends to."""
         key = f"{config.local_bsz},{config.accum_steps}"
+        if config.replicas > 1:
+            key += f",{config.replicas}"
         return self.times.setdefault(key, [])
 
     def record_time(self, config: BatchConfig, seconds: float) -> None:
@@ -237,22 +259,27 @@ class StepProfile:
         """Keep the largest per-iteration memory peak seen at `local_bsz`."""
         self.peaks[local_bsz] = max(self.peaks.get(local_bsz, 0), peak_bytes)
 
-    def compute_times(self) -> dict[int, float]:
-        """Median time of one micro-batch (T_grad) per local batch size."""
-        pooled: dict[int, list[float]] = {}
+    def compute_times(self) -> dict[tuple[int, int], float]:
+        """Median time of one micro-batch per (replicas, local batch size): T_grad on one."""
+        pooled: dict[tuple[int, int], list[float]] = {}
         for key, window in self.times.items():
-            local, accum = (int(v) for v in key.split(","))
-            pooled.setdefault(local, []).extend(t / (accum + 1) for t in window[-PROFILE_WINDOW:])
-        return {m: statistics.median(v) for m, v in sorted(pooled.items()) if v}
+            local, accum, replicas = (*(int(v) for v in key.split(",")), 1)[:3]
+            times = (t / (accum + 1) for t in window[-PROFILE_WINDOW:])
+            pooled.setdefault((replicas, local), []).extend(times)
+        return {km: statistics.median(v) for km, v in sorted(pooled.items()) if v}
 
     def fit(self) -> PerfParams | None:
-        """Pollux's step-time model fitted to the medians; None before any step was timed."""
+        """Pollux's step-time model fitted to the medians; None before any step was timed.
+
+        A median on several replicas is a step's T_iter only (module docstring).
+        """
         times = self.compute_times()
         if not times or min(times.values()) <= 0:
             return None
-        sizes, seconds = list(times), list(times.values())
-        ones = [1] * len(sizes)
-        return fit_perf_params(ones, ones, sizes, seconds, seconds)
+        replicas, sizes = [k for k, _ in times], [m for _, m in times]
+        seconds = list(times.values())
+        compute = [t if k == 1 else math.nan for k, t in zip(replicas, seconds, strict=True)]
+        return fit_perf_params([1] * len(sizes), replicas, sizes, compute, seconds)
 
     def state_dict(self) -> dict[str, Any]:
         """The measurements, for a checkpoint."""
@@ -277,6 +304,7 @@ class BatchTuner:
         max_batch_size: int,
         lr_scaling: LrScaling,
         accumulation: bool = False,
+        replicas: int = 1,
     ) -> None:
         self.optimizer, self.job = optimizer, job
         self.init_batch_size, self.max_batch_size = init_batch_size, max_batch_size
@@ -284,7 +312,7 @@ class BatchTuner:
         self.gns = GradientNoiseScale(  # hook=False: see _before_step
             optimizer, init_batch_size, hook=False, clock=lambda: step_clock()
         )
-        self.config = BatchConfig(init_batch_size)
+        self.config = BatchConfig(-(-init_batch_size // replicas), 0, replicas)
         self.profile = StepProfile()
         self.perf: PerfParams | None = None
         self.progress = 0.0
@@ -323,6 +351,7 @@ class BatchTuner:
             metrics.update_batch(
                 local_batch_size=config.local_bsz,
                 accumulation_steps=config.accum_steps + 1,
+                replicas=config.replicas,
                 boundary_per_micro_batch=True,
             )
 
@@ -348,10 +377,15 @@ class BatchTuner:
         now, suspends = step_clock(), len(self.job.suspends)
         if timed and self._group_start is not None and suspends == self._group_suspends:
             seconds, window = now - self._group_start, self._window
+            if self.config.replicas > 1:  # every rank decides alike (module docstring)
+                seconds, self.gns.measure_seconds = distributed.max_over_ranks(
+                    [seconds, self.gns.measure_seconds]
+                )
             if halves or self.gns.measurements:  # a measurement: its cost, and the cadence
                 usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
                 if halves:
-                    self.profile.record_time(BatchConfig(self.config.local_bsz // 2, 1), seconds)
+                    halved = BatchConfig(self.config.local_bsz // 2, 1, self.config.replicas)
+                    self.profile.record_time(halved, seconds)
                     if usual is not None:
                         self.gns.measure_seconds += max(0.0, seconds - usual)
                 if usual is not None:
@@ -380,7 +414,7 @@ class BatchTuner:
             perf, self.gns.cautious_estimate() or PRIOR, self.init_batch_size
         )
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
-        explored = EXPLORE_FACTOR * max(self.profile.compute_times())
+        explored = EXPLORE_FACTOR * max(m for _, m in self.profile.compute_times())
         chosen = choose_config(
             goodput_fn,
             self.config,
@@ -388,6 +422,9 @@ class BatchTuner:
             max_local=min(explored, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
         )
+        if chosen.replicas > 1:  # rank 0's choice, lest the ranks differ by a rounding
+            local, accum = distributed.from_rank0([chosen.local_bsz, chosen.accum_steps])
+            chosen = BatchConfig(local, accum, chosen.replicas)
         if chosen != self.config:
             old, new = self.config.batch_size, chosen.batch_size
             grad = self.gns.cautious_estimate()
@@ -395,7 +432,8 @@ class BatchTuner:
             self._use(chosen)
         metrics = self.job.metrics
         if metrics is not None:
-            predicted = goodput_fn.evaluate(1, 1, chosen.local_bsz, chosen.accum_steps)
+            k = chosen.replicas
+            predicted = goodput_fn.evaluate(1, k, chosen.local_bsz, chosen.accum_steps)
             per_gpu = self.max_batch_size if bound is None else bound  # what memory allows
             metrics.update_goodput(
                 goodput=predicted,
@@ -403,6 +441,23 @@ class BatchTuner:
                 batch_limits=(self.init_batch_size, self.max_batch_size, 1, per_gpu),
             )
         return self.config
+
+    def use_replicas(self, replicas: int) -> int:
+        """Run on `replicas` ranks from now on: a resumed job was resized (module docstring).
+
+        Returns the samples of the step's micro-batches absorbed before the
+        checkpoint, which the loader must hand out again (with accumulation;
+        0 otherwise): the optimizer has not stepped on them, and the step
+        cannot go on with parts from another number of ranks.
+        """
+        old = self.config
+        if old.replicas == replicas:
+            return 0
+        redo = self.gns.discard_pending()
+        per_step = replicas * (old.accum_steps + 1)
+        self._use(BatchConfig(-(-old.batch_size // per_step), old.accum_steps, replicas))
+        self.retune()
+        return redo if old.accum_steps else 0
 
     # Hooks.
 
@@ -450,13 +505,13 @@ class BatchTuner:
 
     def _on_boundary(self, info: StepInfo) -> None:
         if info.memory_peak_bytes is not None:  # a measured step's halves are smaller
-            local = self.gns.micro_samples or self.config.local_bsz
+            local = self.gns.micro_samples // self.config.replicas or self.config.local_bsz
             self.profile.record_peak(local, info.memory_peak_bytes)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything a decision or a step depends on, for a checkpoint."""
         return {
-            "config": [self.config.local_bsz, self.config.accum_steps],
+            "config": [self.config.local_bsz, self.config.accum_steps, self.config.replicas],
             "progress": self.progress,
             "steps": self.steps,
             "profile": self.profile.state_dict(),
@@ -465,11 +520,11 @@ class BatchTuner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put back what `state_dict` returned."""
-        local, accum = (int(v) for v in state["config"])
+        local, accum, replicas = (*(int(v) for v in state["config"]), 1)[:3]
         self.progress, self.steps = float(state["progress"]), int(state["steps"])
         self.profile.load_state_dict(state["profile"])
         self.gns.load_state_dict(state["gns"])
-        self._use(BatchConfig(local, accum))
+        self._use(BatchConfig(local, accum, replicas))
 
 
 def _device_memory(optimizer: torch.optim.Optimizer) -> int | None:

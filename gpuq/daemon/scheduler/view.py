@@ -148,5 +148,6 @@ def with_measurements(
             from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 
             model = PerfParams(*(float(v) for v in perf))
-            changes["goodput"] = GoodputFunction(model, GradParams(float(sqr), float(var)), init)
+            grad = GradParams(float(sqr), float(var) / init)  # the sample's tr(Sigma), per M0
+            changes["goodput"] = GoodputFunction(model, grad, init)
     return replace(view, **changes)
