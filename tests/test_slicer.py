@@ -178,6 +178,32 @@ def test_a_job_leaving_its_gpus_holds_them_until_it_has_left() -> None:
     assert dict(out.decision.allocations) == {}
 
 
+def one_gpu_hand_over(leaving: Waiting, parked: Waiting) -> Decision:
+    """Job 1 leaves g0 by checkpoint, job 2 waits parked on g0: what computes now."""
+    slicer = Slicer(quantum=60.0)
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",), suspended=True),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    decision = Decision(allocations={1: (1,), 2: (1,)})
+    return slicer.slice(state, decision, {1: leaving, 2: parked}, 100.0).decision
+
+
+def test_a_checkpointed_job_hands_its_gpu_over_once_its_checkpoint_is_saved() -> None:
+    """Its process only exits then: the next job need not wait for that."""
+    saving = Waiting(RUNNER.modes, 2 * GIB, leaving=True)
+    assert dict(one_gpu_hand_over(saving, RUNNER).allocations) == {}
+    saved = replace(saving, saved=True)
+    assert one_gpu_hand_over(saved, RUNNER).bindings == {2: ("g0",)}
+
+
+def test_the_next_job_waits_for_an_exit_when_its_memory_does_not_fit_beside_it() -> None:
+    saved = Waiting(RUNNER.modes, 9 * GIB, leaving=True, saved=True)
+    big = Waiting(RUNNER.modes, 9 * GIB)
+    assert dict(one_gpu_hand_over(saved, big).allocations) == {}
+
+
 def test_a_node_no_longer_over_subscribed_brings_its_waiting_jobs_back() -> None:
     server = Server.of(2, 3)
     server.run(600.0)

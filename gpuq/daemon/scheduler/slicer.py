@@ -21,6 +21,11 @@ on which GPUs, and how the others wait. Pure: unit-tested without a daemon.
   one; else *checkpointed* (a runner job, whose GPUs are freed). A job that
   cannot wait in any of these ways is not time-sliced: it keeps its GPUs
   and the jobs behind it wait, saying why.
+- **Hand-over**: a job's GPUs pass to the next one as soon as it has parked
+  or stopped, or, checkpointed, as soon as its checkpoint is saved
+  (`Waiting.saved`): its process only exits then (seconds, for a PyTorch
+  process), which the next job need not wait for if its memory fits beside
+  the exiting one's.
 - **Pins**: a parked or stopped job can compute again only on the GPUs it
   holds. Pins alone would fix each GPU's share by how many jobs it holds (six
   jobs on four GPUs: two GPUs of two jobs and two of one), so a job leaving
@@ -54,6 +59,8 @@ class Waiting:
     `modes`: the ways it can leave its GPUs ("park", "checkpoint", "stop");
     `needs`: bytes per GPU it uses while computing (None: unknown);
     `leaving`: a suspend of it is under way (it is neither computing nor waiting yet);
+    `saved`: it is leaving by checkpoint, and the checkpoint is saved: it computes no
+    more, and only its process's exit holds its GPUs (and its memory, `needs`);
     `resumable`: False for a job its user suspended, which only its user resumes.
     """
 
@@ -61,12 +68,18 @@ class Waiting:
     needs: int | None = None
     leaving: bool = False
     resumable: bool = True
+    saved: bool = False
 
     def resident(self, mode: str) -> int:
         """Bytes per GPU the job keeps while it waits in `mode` (park or stop)."""
         if mode == "park":
             return PARK_RESIDENT_BYTES
         return self.needs or 0
+
+    @property
+    def exiting(self) -> int:
+        """Bytes per GPU a saved job keeps until its process has exited (a context if unknown)."""
+        return PARK_RESIDENT_BYTES if self.needs is None else self.needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +118,7 @@ class Slicer:
     since: dict[int, float] = field(default_factory=dict)
     shares: dict[int, tuple[int, ...]] = field(default_factory=dict)
     rate: dict[int, float] = field(default_factory=dict)
+    heading: dict[int, int] = field(default_factory=dict)
     last: float | None = None
 
     def __post_init__(self) -> None:
@@ -143,6 +157,7 @@ class Slicer:
         sliced = {job.id for node in nodes for job in node.members}
         self.credit = {j: c for j, c in self.credit.items() if j in sliced}
         self.since = {j: t for j, t in self.since.items() if j in sliced}
+        self.heading = {j: k for j, k in self.heading.items() if j in sliced and k in sliced}
         self.shares = {j: decision.allocations[j] for j in sorted(sliced)}
         self.rate = {}
         allocations = {j: a for j, a in decision.allocations.items() if j not in sliced}
@@ -240,6 +255,7 @@ class Slicer:
             job
             for job in node.members
             if job.gpu_uuids
+            and not waiting.get(job.id, Waiting()).saved
             and (
                 waiting.get(job.id, Waiting()).leaving
                 or not waiting.get(job.id, Waiting()).resumable
@@ -271,14 +287,26 @@ class Slicer:
         unplaced: list[JobView] = []
         for job in ordered:
             size = node.size[job.id]
-            if reserved + size > capacity:
+            if reserved + size > capacity or waiting.get(job.id, Waiting()).saved:
                 continue
+            target = None if job.gpu_uuids else self._target(node, job, waiting)
             if job.gpu_uuids:  # at its turn's end, or pinned: only on its own GPUs
                 if any(uuid in node.claimed for uuid in job.gpu_uuids):
+                    continue
+                if not self._fits_beside_exiting(node, job, waiting):
                     continue
                 for uuid in job.gpu_uuids:
                     node.claimed[uuid] = job.id
                 runs[job.id] = job.gpu_uuids
+            elif (
+                target is not None
+            ):  # moving: to the GPUs of the job it heads for, at its turn's end
+                if any(uuid in node.claimed for uuid in target):
+                    continue
+                for uuid in target:
+                    node.claimed[uuid] = job.id
+                runs[job.id] = target
+                del self.heading[job.id]
             else:
                 unplaced.append(job)
             reserved += size
@@ -292,6 +320,42 @@ class Slicer:
             runs[job.id] = uuids
         return runs
 
+    def _target(
+        self, node: _Node, job: JobView, waiting: Mapping[int, Waiting]
+    ) -> tuple[str, ...] | None:
+        """The GPUs a moving job heads for, while the job holding them is still there.
+
+        None (and the heading is forgotten) once that job has left them, or
+        when they do not suit the moving job (its GPU count, its memory).
+        """
+        ahead = self.heading.get(job.id)
+        if ahead is None:
+            return None
+        holder = next((m for m in node.members if m.id == ahead), None)
+        if holder is None or len(holder.gpu_uuids) != node.size[job.id]:
+            del self.heading[job.id]
+            return None
+        needs = waiting.get(job.id, Waiting()).needs or 0
+        for uuid in holder.gpu_uuids:
+            kept = sum(
+                _resident(m, waiting)
+                for m in node.members
+                if m.id != job.id and uuid in m.gpu_uuids
+            )
+            if kept + needs > node.usable.get(uuid, 0):
+                del self.heading[job.id]
+                return None
+        return holder.gpu_uuids
+
+    def _alone(self, node: _Node, job_id: int) -> bool:
+        """True if the job holds GPUs no other job waits on (a move there makes no crowd)."""
+        holder = next((m for m in node.members if m.id == job_id), None)
+        if holder is None or not holder.gpu_uuids:
+            return False
+        return not any(
+            m.id != job_id and set(m.gpu_uuids) & set(holder.gpu_uuids) for m in node.members
+        )
+
     def _place(
         self, node: _Node, job: JobView, waiting: Mapping[int, Waiting]
     ) -> tuple[str, ...] | None:
@@ -303,7 +367,8 @@ class Slicer:
             if other.id == job.id:
                 continue
             for uuid in other.gpu_uuids:
-                pinned[uuid] = pinned.get(uuid, 0) + 1
+                if not waiting.get(other.id, Waiting()).saved:
+                    pinned[uuid] = pinned.get(uuid, 0) + 1
                 resident[uuid] = resident.get(uuid, 0) + _resident(other, waiting)
         needs = waiting.get(job.id, Waiting()).needs or 0
         candidates = [
@@ -326,7 +391,8 @@ class Slicer:
     ) -> None:
         """Choose how each member computing now but not chosen waits, and say whose turn it is."""
         by_gpu = {uuid: job_id for job_id, uuids in runs.items() for uuid in uuids}
-        idle = [u for u in node.gpus if u not in node.claimed]
+        exiting = {u for job in node.members if _saved(job, waiting) for u in job.gpu_uuids}
+        idle = [u for u in node.gpus if u not in node.claimed and u not in exiting]
         for job in node.members:
             if job.id in runs:
                 if job.suspended or not job.gpu_uuids:
@@ -339,6 +405,8 @@ class Slicer:
                     if _computing(other, waiting) and not self._can_leave(node, other, waiting)
                 ]
                 notes[job.id] = "time-sliced: waiting for its turn"
+                if job.id in self.heading:
+                    notes[job.id] += f", to take job {self.heading[job.id]}'s GPUs"
                 if stuck:
                     notes[job.id] += (
                         f"; job {', '.join(map(str, stuck))} cannot take turns (no gpuq.runner "
@@ -348,12 +416,23 @@ class Slicer:
             after = sorted({by_gpu[u] for u in job.gpu_uuids if u in by_gpu})
             whose = ", ".join(f"job {j}" for j in after) or "another job"
             owed = self._owed(job.id)
-            others = [self._owed(j) for j in runs if j not in after]
-            behind = bool(others) and owed - min(others) > (self.rebalance or 0)
+            targeted = set(self.heading.values())
+            alone = [j for j in runs if j not in targeted and self._alone(node, j)]
+            ahead = min(alone, key=self._owed, default=None)
+            gap = 0.0 if ahead is None else owed - self._owed(ahead)
+            behind = gap > (self.rebalance or 0)
             mode = self._mode(node, job, after, waiting, move=behind or bool(idle))
             modes[job.id] = mode
+            if mode == "checkpoint" and behind and ahead is not None:
+                self.heading[job.id] = ahead
             turn = "s'" if len(after) > 1 else "'s"
             notes[job.id] = f"quantum ended, {whose}{turn} turn"
+            if mode == "checkpoint" and behind:
+                notes[job.id] += f"; it moves: owed {gap:.0f} s more than job {ahead}"
+            elif mode == "checkpoint" and idle:
+                notes[job.id] += "; it moves: GPUs sit idle"
+            elif mode == "checkpoint":
+                notes[job.id] += "; no room to park beside the next job"
 
     def _mode(
         self,
@@ -368,7 +447,7 @@ class Slicer:
         if move and "checkpoint" in info.modes:
             return "checkpoint"
         incoming = max((waiting.get(j, Waiting()).needs or 0 for j in after), default=0)
-        others = [m for m in node.members if m.id != job.id and m.suspended and m.gpu_uuids]
+        others = [m for m in node.members if m.id != job.id and _kept(m, waiting)]
         for mode in ("park", "stop"):
             if mode not in info.modes or (mode == "stop" and info.needs is None):
                 continue
@@ -396,8 +475,23 @@ class Slicer:
         others = [m for m in node.members if m.id != job.id]
         incoming = max((waiting.get(m.id, Waiting()).needs or 0 for m in others), default=0)
         for uuid in job.gpu_uuids:
-            kept = sum(_resident(m, waiting) for m in others if m.suspended and uuid in m.gpu_uuids)
+            kept = sum(
+                _resident(m, waiting) for m in others if _kept(m, waiting) and uuid in m.gpu_uuids
+            )
             if kept + info.needs + incoming > node.usable.get(uuid, 0):
+                return False
+        return True
+
+    @staticmethod
+    def _fits_beside_exiting(node: _Node, job: JobView, waiting: Mapping[int, Waiting]) -> bool:
+        """True unless a saved job still exiting on the job's GPUs leaves it too little memory."""
+        needs = waiting.get(job.id, Waiting()).needs or 0
+        for uuid in job.gpu_uuids:
+            on_gpu = [m for m in node.members if m.id != job.id and uuid in m.gpu_uuids]
+            if not any(_saved(m, waiting) for m in on_gpu):
+                continue
+            kept = sum(_resident(m, waiting) for m in on_gpu if _kept(m, waiting))
+            if kept + needs > node.usable.get(uuid, 0):
                 return False
         return True
 
@@ -416,6 +510,7 @@ class Slicer:
             "since": {str(k): v for k, v in self.since.items()},
             "shares": {str(k): list(v) for k, v in self.shares.items()},
             "rate": {str(k): v for k, v in self.rate.items()},
+            "heading": {str(k): v for k, v in self.heading.items()},
             "last": self.last,
         }
 
@@ -428,6 +523,7 @@ class Slicer:
             self.since = {int(k): float(v) for k, v in saved["since"].items()}
             self.shares = {int(k): tuple(int(n) for n in v) for k, v in saved["shares"].items()}
             self.rate = {int(k): float(v) for k, v in saved["rate"].items()}
+            self.heading = {int(k): int(v) for k, v in saved.get("heading", {}).items()}
             last = saved["last"]
             self.last = None if last is None else float(last)
         except (KeyError, TypeError, AttributeError) as exc:
@@ -447,6 +543,21 @@ def slicer_for(policy: Policy) -> Slicer | None:
 
 
 def _resident(job: JobView, waiting: Mapping[int, Waiting]) -> int:
-    """Bytes per GPU a waiting job keeps: a parked runner's context, a stopped job's all."""
+    """Bytes per GPU a waiting job keeps: a parked runner's context, a stopped job's all.
+
+    A saved job keeps all of its memory until its process has exited.
+    """
     info = waiting.get(job.id, Waiting())
+    if info.saved:
+        return info.exiting
     return info.resident("park" if "park" in info.modes else "stop")
+
+
+def _saved(job: JobView, waiting: Mapping[int, Waiting]) -> bool:
+    """True for a job whose checkpoint is saved and whose process is exiting."""
+    return bool(job.gpu_uuids) and waiting.get(job.id, Waiting()).saved
+
+
+def _kept(job: JobView, waiting: Mapping[int, Waiting]) -> bool:
+    """True for a job whose memory stays on its GPUs while others compute there."""
+    return bool(job.gpu_uuids) and (job.suspended or waiting.get(job.id, Waiting()).saved)
