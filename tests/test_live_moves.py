@@ -157,6 +157,9 @@ def test_a_two_gpu_job_gets_two_gpus_of_one_switch(tmp_path: Path) -> None:
         wait_for(lambda: running_on(daemon, pair, 2, 3), timeout=60, what="the pair")
         gpus = daemon.call("gpus")["gpus"]
         assert [g["link_group"] for g in gpus] == ["switch0", "switch0", "switch1", "switch1"]
+        table = daemon.cli("gpus").stdout.splitlines()
+        assert table[0].split()[-2:] == ["LINK", "UUID"]
+        assert [line.split()[-2] for line in table[1:]] == [g["link_group"] for g in gpus]
         daemon.call("cancel", ids=[plain, pair])
 
 
