@@ -10,7 +10,8 @@ the decision; here each change becomes a lifecycle or suspend call:
   runner checkpoints at its next iteration boundary and the job is queued
   again, to restart from its checkpoint on the GPUs the policy gives it next;
   a `move` to GPUs the decision names is booked first and restarts on
-  exactly those (`moves.begin`);
+  exactly those (`moves.begin`), unless the policy time-slices (the
+  slicer's bindings are turns);
 - a `suspend` in park or stop mode (the slicer's, for another job's turn):
   `suspend.take_turn`; the `resume` of a job parked or stopped that way:
   `suspend.give_turn`, once no other job computes on its GPUs (`resume_turns`);
@@ -85,7 +86,7 @@ def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
             suspend.take_turn(state, job, action.mode, action.reason)
             started.append(job.id)
         elif suspend.can_preempt(state, job):
-            if action.kind is Kind.MOVE and action.gpu_uuids:
+            if action.kind is Kind.MOVE and action.gpu_uuids and state.slicer is None:
                 if moves.begin(state, job, action):
                     started.append(job.id)
                 continue

@@ -2,8 +2,9 @@
 
 A policy moves a running job by binding it to other GPUs of its node
 (`Decision.bindings`; `fifo` does, through `gpuq.policies.consolidate`),
-which `plan` makes a `move`. The daemon carries it out in three steps, each
-committed before the next one acts:
+which `plan` makes a `move` (where a time-slicing policy runs, bindings are
+the slicer's turns, and its moves are plain preemptions). The daemon
+carries it out in three steps, each committed before the next one acts:
 
 1. **book** (`begin`): the move is written to the store (the job, its
    attempt, the GPUs it leaves and those it goes to, its memory share, the
@@ -44,7 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,6 +59,9 @@ from gpuq.policies.interface import ClusterState
 from gpuq.policies.topology import gpus_label, positions_of
 
 log = logging.getLogger("gpuq.daemon")
+
+_HOLDING = frozenset({JobState.STARTING, JobState.RUNNING, JobState.SUSPENDING})
+"""States of a job whose process may still be on its GPUs."""
 
 BOOK_KEY = "@moves"
 """The `policy_state` key of the book of moves."""
@@ -264,17 +268,27 @@ def present(book: Book, state: DaemonState, cluster: ClusterState) -> ClusterSta
 
 
 def hold_back(
-    state: DaemonState, cluster: ClusterState, starts: list[Placement], waiting: dict[int, str]
+    state: DaemonState,
+    cluster: ClusterState,
+    bindings: Mapping[int, tuple[str, ...]],
+    starts: list[Placement],
+    waiting: dict[int, str],
 ) -> list[Placement]:
     """The starts to make now: none on GPUs a moving job has not left yet (it waits, saying so).
 
-    Reads the book afresh: it includes the moves this very pass began.
+    A job is leaving GPUs it still holds when it has a move booked (read
+    afresh: this very pass may have booked it) or when the decision's
+    `bindings` put it elsewhere (a move that could not begin: the
+    placements counted on it).
     """
-    leaving = {
-        job.id: set(job.gpu_uuids)
-        for booked in load(state).moves.values()
-        if (job := state.active.get(booked.job_id)) is not None and job.state is JobState.SUSPENDING
-    }
+    booked = load(state).moves
+    leaving: dict[int, set[str]] = {}
+    for job in state.active.values():
+        if job.state not in _HOLDING or not job.gpu_uuids:
+            continue
+        bound = bindings.get(job.id)
+        if job.id in booked or (bound is not None and set(bound) != set(job.gpu_uuids)):
+            leaving[job.id] = set(job.gpu_uuids)
     if not leaving:
         return starts
     kept = []

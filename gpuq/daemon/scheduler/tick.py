@@ -148,7 +148,8 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     if release is not None:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
     starts = _after_turns(state, starts, sliced, waiting)
-    starts = moves.hold_back(state, cluster, starts, waiting)
+    moved = decision.bindings if slicer is None else {}  # turns are the slicer's, not moves
+    starts = moves.hold_back(state, cluster, moved, starts, waiting)
     reasons = dict(ready.waiting)
     reasons.update(waiting)
     reasons.update(turns)
