@@ -78,7 +78,9 @@ Cost
     Jobs of the same shape share one cached outcome and reason string until
     the next placement, and a request that does not fit is rejected in
     constant time from sorted free amounts, so a pass costs about
-    O(jobs log jobs + placements x GPUs log GPUs).
+    O(jobs log jobs + placements x GPUs log GPUs). Looking for moves costs
+    about O(GPUs^2 + running jobs) more, for the head of the queue and for
+    each multi-GPU job placed across link groups before it.
 """
 
 from __future__ import annotations

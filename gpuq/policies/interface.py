@@ -200,8 +200,9 @@ class Decision:
     `packed`: groups of job ids that share the same GPUs at once (Gandiva
     packing), rather than being time-sliced.
     `bindings`: the exact GPUs (UUIDs of `state.gpus`) for a job, where the
-    policy chooses them itself (memory shares, backfill); the caller binds
-    every other allocation to GPUs of the right nodes.
+    policy chooses them itself (memory shares, backfill, a running job moved
+    to other GPUs of its node); the caller binds every other allocation to
+    GPUs of the right nodes, and restarts a moved job on exactly its binding.
     `suspend_modes`: how to suspend a job the decision leaves out or moves
     ("park", "checkpoint" or "stop"), where the policy cares; the caller
     picks otherwise.
