@@ -142,6 +142,7 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.count": "a whole number from 1 to 1024",
     "gpus.fake.foreign_memory": _SIZE,
     "gpus.fake.foreign_pid": "a process id, 1 or more",
+    "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
 }
 """Every valid key, with what it accepts (the hint of a ConfigError)."""
 
@@ -478,4 +479,5 @@ def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
         count=table.get("count", d.count, _integer(1, 1024)),
         foreign_memory=foreign_memory,
         foreign_pid=table.get("foreign_pid", d.foreign_pid, _integer(1)),
+        link_group=table.get("link_group", d.link_group, _instance(str)),
     )

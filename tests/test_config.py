@@ -396,6 +396,7 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "count": 4,
         "foreign_memory": 0,
         "foreign_pid": 999999,
+        "link_group": "",
     }
     assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
 

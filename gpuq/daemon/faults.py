@@ -22,6 +22,9 @@ SCHEDULER_POINTS = (
     "preempt-committed",  # a preemption's intent written, request not yet sent
     "turn-committed",  # a turn's end (park or stop) written, not yet asked of the job
     "resume-committed",  # a turn's start written, the job not yet resumed
+    "move-booked",  # a move's GPUs booked, the job not yet asked to checkpoint
+    "move-committed",  # a move's checkpoint intent written, request not yet sent
+    "move-checkpointed",  # a moved job checkpointed and queued, not yet restarted
 )
 """The points of the scheduler's actions, each tested with its action (tests/test_live_*.py)."""
 _counts: dict[str, int] = {}

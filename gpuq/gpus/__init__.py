@@ -79,7 +79,9 @@ class FakeGpuDecl:
     """One declared line of fake GPUs: `count` identical devices.
 
     `foreign_memory` bytes are reported as held by a process gpuq did not
-    start, with pid `foreign_pid` (a positive pid, never 0).
+    start, with pid `foreign_pid` (a positive pid, never 0). `link_group`
+    names the PCIe switch or NVLink group the line's GPUs share (GPUs of
+    lines with the same group share it too); empty: topology unknown.
     """
 
     name: str = "Fake GPU"
@@ -87,6 +89,7 @@ class FakeGpuDecl:
     count: int = 1
     foreign_memory: int = 0
     foreign_pid: int = 999999
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ What the fake reports:
   it is capped at `memory_total`, as a real device cannot exceed it.
 - `utilization` is 0.0 while no job process is attached and 100.0 while any
   is (a busy device is fully busy), unless the state file sets it.
+- `link_group` is the declared line's `link_group`: the topology that NVML
+  reads from PCIe switches and NVLinks on a real server.
 
 The optional state file lets a test change the world at run time. It is
 re-read at every `devices()` call and has this shape::
@@ -53,6 +55,7 @@ class _FakeDevice:
     name: str
     memory_total: int
     foreign: tuple[GpuProcess, ...]
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,7 @@ class FakeBackend:
                     utilization=utilization,
                     processes=processes,
                     node=self.node,
+                    link_group=device.link_group,
                 )
             )
         return infos
@@ -257,6 +261,7 @@ def _declare(decls: Iterable[FakeGpuDecl], node: str) -> list[_FakeDevice]:
                     name=decl.name,
                     memory_total=decl.memory,
                     foreign=foreign if decl.foreign_memory else (),
+                    link_group=decl.link_group,
                 )
             )
     return devices
