@@ -119,6 +119,7 @@ class Slicer:
     shares: dict[int, tuple[int, ...]] = field(default_factory=dict)
     rate: dict[int, float] = field(default_factory=dict)
     heading: dict[int, int] = field(default_factory=dict)
+    moved: dict[int, int] = field(default_factory=dict)
     last: float | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +159,7 @@ class Slicer:
         self.credit = {j: c for j, c in self.credit.items() if j in sliced}
         self.since = {j: t for j, t in self.since.items() if j in sliced}
         self.heading = {j: k for j, k in self.heading.items() if j in sliced and k in sliced}
+        self.moved = {j: n for j, n in self.moved.items() if j in sliced}
         self.shares = {j: decision.allocations[j] for j in sorted(sliced)}
         self.rate = {}
         allocations = {j: a for j, a in decision.allocations.items() if j not in sliced}
@@ -347,6 +349,18 @@ class Slicer:
                 return None
         return holder.gpu_uuids
 
+    def _moves_key(self, job: JobView) -> tuple[int, float]:
+        return (self.moved.get(job.id, 0), self._owed(job.id))
+
+    @staticmethod
+    def _sharing(node: _Node, job: JobView, waiting: Mapping[int, Waiting]) -> list[JobView]:
+        """The other jobs that hold any of the job's GPUs (those only exiting aside)."""
+        return [
+            m
+            for m in node.members
+            if m.id != job.id and set(m.gpu_uuids) & set(job.gpu_uuids) and not _saved(m, waiting)
+        ]
+
     def _alone(self, node: _Node, job_id: int) -> bool:
         """True if the job holds GPUs no other job waits on (a move there makes no crowd)."""
         holder = next((m for m in node.members if m.id == job_id), None)
@@ -419,12 +433,17 @@ class Slicer:
             targeted = set(self.heading.values())
             alone = [j for j in runs if j not in targeted and self._alone(node, j)]
             ahead = min(alone, key=self._owed, default=None)
-            gap = 0.0 if ahead is None else owed - self._owed(ahead)
-            behind = gap > (self.rebalance or 0)
+            # Of the jobs sharing its GPUs, the one moved least so far moves: restarts are shared.
+            sharing = self._sharing(node, job, waiting)
+            most = max([owed, *(self._owed(m.id) for m in sharing)])
+            gap = 0.0 if ahead is None else most - self._owed(ahead)
+            turn_to_move = all(self._moves_key(job) <= self._moves_key(m) for m in sharing)
+            behind = gap > (self.rebalance or 0) and turn_to_move
             mode = self._mode(node, job, after, waiting, move=behind or bool(idle))
             modes[job.id] = mode
             if mode == "checkpoint" and behind and ahead is not None:
                 self.heading[job.id] = ahead
+                self.moved[job.id] = self.moved.get(job.id, 0) + 1
             turn = "s'" if len(after) > 1 else "'s"
             notes[job.id] = f"quantum ended, {whose}{turn} turn"
             if mode == "checkpoint" and behind:
@@ -511,6 +530,7 @@ class Slicer:
             "shares": {str(k): list(v) for k, v in self.shares.items()},
             "rate": {str(k): v for k, v in self.rate.items()},
             "heading": {str(k): v for k, v in self.heading.items()},
+            "moved": {str(k): v for k, v in self.moved.items()},
             "last": self.last,
         }
 
@@ -524,6 +544,7 @@ class Slicer:
             self.shares = {int(k): tuple(int(n) for n in v) for k, v in saved["shares"].items()}
             self.rate = {int(k): float(v) for k, v in saved["rate"].items()}
             self.heading = {int(k): int(v) for k, v in saved.get("heading", {}).items()}
+            self.moved = {int(k): int(v) for k, v in saved.get("moved", {}).items()}
             last = saved["last"]
             self.last = None if last is None else float(last)
         except (KeyError, TypeError, AttributeError) as exc:
