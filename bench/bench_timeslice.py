@@ -381,7 +381,7 @@ def main() -> None:
     """Run the benchmark and print its figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speedup", type=float, default=10.0)
-    parser.add_argument("--quanta", type=float, default=100.0, help="the window, in quanta")
+    parser.add_argument("--quanta", type=float, default=200.0, help="the window, in quanta")
     parser.add_argument("--warmup-quanta", type=float, default=6.0)
     parser.add_argument("--baseline-quanta", type=float, default=5.0)
     parser.add_argument("--app", default="imagenet")
