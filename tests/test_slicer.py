@@ -212,3 +212,43 @@ def test_a_non_positive_quantum_is_refused() -> None:
 def test_a_parked_jobs_resident_memory_is_its_context() -> None:
     assert RUNNER.resident("park") == PARK_RESIDENT_BYTES
     assert RUNNER.resident("stop") == 2 * GIB
+
+
+def test_a_packed_pair_takes_its_turns_as_one_job() -> None:
+    """Jobs 1 and 2 packed on g0 beside job 3: the pair adds one GPU of demand, not two.
+
+    On one GPU, the pair and job 3 take turns: when job 3's turn comes both
+    members wait (parked); when the pair's comes, the guest computes on its
+    anchor's GPU beside it.
+    """
+    pair = {i: JobView(id=i, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)) for i in (1, 2)}
+    jobs = {**pair, 3: JobView(id=3, submit_time=0.0, allocation=(1,))}
+    gpus = (GpuView("g0", "n", 16 * GIB),)
+    decision = Decision(allocations={i: (1,) for i in jobs}, packed=((1, 2),))
+    slicer = Slicer(quantum=60.0)
+    waiting = dict.fromkeys(jobs, RUNNER)
+
+    def state() -> ClusterState:
+        return ClusterState(nodes=(NodeView("n", 1),), jobs=tuple(jobs.values()), gpus=gpus)
+
+    first = slicer.slice(state(), decision, waiting, 0.0).decision
+    assert set(first.allocations) == {3} and first.bindings[3] == ("g0",)
+    assert first.suspend_modes[1] == first.suspend_modes[2] == "park"
+    assert "packed with job 1: waiting for its turn with it" in first.notes[2]
+    jobs.update({i: replace(job, suspended=True) for i, job in pair.items()})
+    jobs[3] = replace(jobs[3], gpu_uuids=("g0",))
+
+    later = slicer.slice(state(), decision, waiting, 61.0).decision
+    assert 3 not in later.allocations, "the pair's turn"
+    assert later.bindings[1] == later.bindings[2] == ("g0",)
+
+
+def test_a_packed_guest_on_a_node_not_over_subscribed_is_left_to_compute() -> None:
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    decision = Decision(allocations={1: (1,), 2: (1,)}, packed=((1, 2),))
+    out = Slicer(quantum=60.0).slice(state, decision, {1: RUNNER, 2: RUNNER}, 0.0)
+    assert out.decision == decision and out.sliced == frozenset()

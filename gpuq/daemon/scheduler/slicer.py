@@ -21,6 +21,9 @@ on which GPUs, and how the others wait. Pure: unit-tested without a daemon.
   one; else *checkpointed* (a runner job, whose GPUs are freed). A job that
   cannot wait in any of these ways is not time-sliced: it keeps its GPUs
   and the jobs behind it wait, saying why.
+- **Packs**: a packed group (`Decision.packed`) takes turns as one job: its
+  anchor (`gpuq.daemon.scheduler.packs.anchor_of`) is sliced, and the others
+  compute on its GPUs in its turns and wait with it.
 - **Pins**: a parked or stopped job can compute again only on the GPUs it
   holds. Pins alone would fix each GPU's share by how many jobs it holds (six
   jobs on four GPUs: two GPUs of two jobs and two of one), so a job leaving
@@ -39,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuq.daemon.scheduler.packs import guests_of
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy
 
 REBALANCE_QUANTA = 4
@@ -138,8 +142,9 @@ class Slicer:
     ) -> Slices:
         """The part of `decision` that computes now, and how the rest waits (module docstring)."""
         jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
         self._account(jobs, waiting, now)
-        nodes = self._oversubscribed(state, decision, jobs)
+        nodes = self._oversubscribed(state, decision, jobs, guests)
         sliced = {job.id for node in nodes for job in node.members}
         self.credit = {j: c for j, c in self.credit.items() if j in sliced}
         self.since = {j: t for j, t in self.since.items() if j in sliced}
@@ -166,6 +171,9 @@ class Slicer:
             for job in node.members:
                 if job.id not in runs:
                     self.since.pop(job.id, None)
+        for guest, anchor in guests.items():
+            if anchor in sliced and guest in decision.allocations:
+                self._follow(jobs[guest], anchor, allocations, bindings, waiting, modes, notes)
         decided = Decision(
             allocations=allocations,
             batch_sizes=decision.batch_sizes,
@@ -175,6 +183,27 @@ class Slicer:
             notes=notes,
         )
         return Slices(decided, min(ends, default=None), frozenset(sliced))
+
+    @staticmethod
+    def _follow(
+        guest: JobView,
+        anchor: int,
+        allocations: dict[int, tuple[int, ...]],
+        bindings: dict[int, tuple[str, ...]],
+        waiting: Mapping[int, Waiting],
+        modes: dict[int, str],
+        notes: dict[int, str],
+    ) -> None:
+        """A packed guest takes its anchor's turns: on its GPUs when it computes, else waits."""
+        if anchor in allocations and anchor in bindings:
+            bindings[guest.id] = bindings[anchor]
+            return
+        allocations.pop(guest.id, None)
+        bindings.pop(guest.id, None)
+        if _computing(guest, waiting):
+            can = waiting.get(guest.id, Waiting()).modes
+            modes[guest.id] = next((m for m in ("park", "checkpoint") if m in can), "stop")
+        notes[guest.id] = f"packed with job {anchor}: waiting for its turn with it"
 
     def _account(
         self, jobs: Mapping[int, JobView], waiting: Mapping[int, Waiting], now: float
@@ -190,18 +219,25 @@ class Slicer:
         self.last = now if self.last is None else max(self.last, now)
 
     def _oversubscribed(
-        self, state: ClusterState, decision: Decision, jobs: Mapping[int, JobView]
+        self,
+        state: ClusterState,
+        decision: Decision,
+        jobs: Mapping[int, JobView],
+        guests: Mapping[int, int],
     ) -> list[_Node]:
         """The nodes to slice, with their one-node jobs.
 
         Those the decision gives more GPUs than they have, and those whose jobs
-        still wait from their last turns (`_Node.over`).
+        still wait from their last turns (`_Node.over`). A packed guest adds
+        no demand: it computes on its anchor's GPUs, in its anchor's turns.
         """
         found = []
         for index, node in enumerate(state.nodes):
             members = []
             demand = 0
             for job_id, allocation in decision.allocations.items():
+                if job_id in guests:
+                    continue
                 if index < len(allocation) and allocation[index] > 0 and job_id in jobs:
                     demand += allocation[index]
                     if sum(allocation) == allocation[index]:

@@ -2,9 +2,11 @@
 
 It runs explicit, ordered steps on the event loop: decide which pending jobs
 are ready (`readiness`), cancel those whose dependencies can never be met,
-build the policy's state (`view`), call the policy in a worker thread with a
+build the policy's state (`view`, with what the daemon measured:
+`introspect`), call the policy in a worker thread with a
 deadline (`DECIDE_DEADLINE`), share the GPUs it over-subscribes in turns
-(`slicer`, time-slicing policies only), carry out its preemptions and turns
+(`slicer`, time-slicing policies only), carry out its packs and unpacks
+(`packing`), its preemptions and turns
 (`actuator`), bind its decision to GPUs (`binding`), and start what it
 placed, in slices with yields between them.
 
@@ -22,7 +24,7 @@ import logging
 import time
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.scheduler import actuator, memory
+from gpuq.daemon.scheduler import actuator, introspect, memory, packing
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
@@ -118,6 +120,8 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.latest_samples,
         state.profiled_gpus,
     )
+    state.introspection.observe(state.active.values(), state.latest_samples, now)
+    cluster = introspect.enrich(cluster, state.introspection, state.packs)
     slicer = state.slicer
     if slicer is not None:
         cluster = slicer.present(cluster)
@@ -128,6 +132,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.waiting_reasons = late
         return []
     memory.persist(state)
+    wanted = decision
     turn_end: float | None = None
     sliced: frozenset[int] = frozenset()
     if slicer is not None:
@@ -136,9 +141,13 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         decision, turn_end, sliced = slices.decision, slices.wake, slices.sliced
         memory.persist_turns(state)
     actions = plan(cluster, decision)
+    packs = packing.carry_out(state, cluster, wanted, decision, actions)
+    actions = packs.rest(actions)
     preemptions = actuator.preempt(state, actions)
     turns = actuator.resume_turns(state, actions)
     starts, waiting = placements(cluster, decision)
+    starts = packs.starts(starts)
+    waiting.update(packs.waiting)
     release = preemptions.release_reason()
     if release is not None:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
