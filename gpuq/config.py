@@ -144,6 +144,7 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.foreign_pid": "a process id, 1 or more",
     "gpus.fake.utilization": "a percentage from 0 to 100",
     "gpus.fake.share_slowdown": "a number, 1 or more (1: sharing costs nothing)",
+    "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
 }
 """Every valid key, with what it accepts (the hint of a ConfigError)."""
 
@@ -493,4 +494,5 @@ def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
         foreign_pid=table.get("foreign_pid", d.foreign_pid, _integer(1)),
         utilization=table.get("utilization", d.utilization, _number(0.0, 100.0)),
         share_slowdown=table.get("share_slowdown", d.share_slowdown, _number(1.0)),
+        link_group=table.get("link_group", d.link_group, _instance(str)),
     )

@@ -408,6 +408,7 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "foreign_pid": 999999,
         "utilization": 100.0,
         "share_slowdown": 1.0,
+        "link_group": "",
     }
     assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
 

@@ -346,3 +346,17 @@ def test_the_slowdown_grows_with_each_job_computing_at_once(
     computing: int, share_slowdown: float, expected: float
 ) -> None:
     assert slowdown(computing, share_slowdown) == pytest.approx(expected)
+
+
+def test_declared_link_groups_are_reported_per_gpu(tmp_path: Path) -> None:
+    config = tmp_path / "gpuq.toml"
+    config.write_text(
+        '[[gpus.fake]]\ncount = 2\nlink_group = "switch0"\n'
+        "[[gpus.fake]]\ncount = 1\n"
+        '[[gpus.fake]]\ncount = 1\nlink_group = "switch0"\n'
+    )
+    from gpuq.config import load_config
+
+    backend = fake_backend(load_config(str(config)).gpus)
+    assert [d.link_group for d in backend.devices()] == ["switch0", "switch0", "", "switch0"]
+    assert backend.devices()[0].to_dict()["link_group"] == "switch0"

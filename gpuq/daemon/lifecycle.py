@@ -133,14 +133,18 @@ def job_environment(
     return environ
 
 
-def start(state: DaemonState, job: Job, placement: Placement) -> None:
-    """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked."""
+def start(state: DaemonState, job: Job, placement: Placement, note: str = "") -> None:
+    """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked.
+
+    `note` says why there, if the reason is worth telling ("moved to GPU 1: ...").
+    """
     stdout, stderr, below = output_targets(state, job)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
+    where = ", ".join(placement.gpu_uuids) or "CPU"
     job = state.transition(
         job,
         JobState.STARTING,
-        f"starting on {', '.join(placement.gpu_uuids) or 'CPU'}",
+        f"starting on {where} ({note})" if note else f"starting on {where}",
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
         node=state.config.daemon.node_name,

@@ -103,8 +103,13 @@ def can_preempt(state: DaemonState, job: Job) -> bool:
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
 
 
-def preempt(state: DaemonState, job: Job, reason: str) -> Job:
-    """Checkpoint the job for the scheduler, which queues it again once saved (docstring)."""
+def preempt(
+    state: DaemonState, job: Job, reason: str, crash_point: str = "preempt-committed"
+) -> Job:
+    """Checkpoint the job for the scheduler, which queues it again once saved (docstring).
+
+    `crash_point` names the fault point between the intent and the request.
+    """
     if not can_preempt(state, job):
         raise ConflictError(
             f"cannot preempt job {job.id}: only a running job whose gpuq.runner checkpoints can be",
@@ -113,7 +118,7 @@ def preempt(state: DaemonState, job: Job, reason: str) -> Job:
     now = time.time()
     state.store.record_suspend(job.id, job.attempts, "checkpoint", now, "policy", reason)
     job = state.transition(job, JobState.SUSPENDING, f"{reason} (checkpoint requested)")
-    faults.crash_point("preempt-committed")
+    faults.crash_point(crash_point)
     state.node.control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job

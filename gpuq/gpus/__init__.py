@@ -81,12 +81,14 @@ class FakeGpuDecl:
     """One declared line of fake GPUs: `count` identical devices.
 
     `foreign_memory` bytes are reported as held by a process gpuq did not
-    start, with pid `foreign_pid` (a positive pid, never 0). `utilization`
-    is the percentage one job computing on a device shows (k jobs: k times
-    it, at most 100); `share_slowdown` is how much longer each job's steps
-    take while two jobs compute on one device at once (k jobs: 1 + (k - 1) x
-    (share_slowdown - 1)), which jobs emulating a device read from the
-    published load (`gpuq.gpus.fakeload`).
+    start, with pid `foreign_pid` (a positive pid, never 0). `link_group`
+    names the PCIe switch or NVLink group the line's GPUs share (GPUs of
+    lines with the same group share it too); empty: topology unknown.
+    `utilization` is the percentage one job computing on a device shows (k
+    jobs: k times it, at most 100); `share_slowdown` is how much longer each
+    job's steps take while two jobs compute on one device at once (k jobs:
+    1 + (k - 1) x (share_slowdown - 1)), which jobs emulating a device read
+    from the published load (`gpuq.gpus.fakeload`).
     """
 
     name: str = "Fake GPU"
@@ -96,6 +98,7 @@ class FakeGpuDecl:
     foreign_pid: int = 999999
     utilization: float = 100.0
     share_slowdown: float = 1.0
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

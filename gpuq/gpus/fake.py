@@ -17,6 +17,8 @@ What the fake reports:
 - With `publish_to(directory)`, each sample also publishes every device's
   load (memory, jobs computing on it, their `share_slowdown`) for jobs that
   emulate a GPU's work (`gpuq.gpus.fakeload`), when it changed.
+- `link_group` is the declared line's `link_group`: the topology that NVML
+  reads from PCIe switches and NVLinks on a real server.
 
 The optional state file lets a test change the world at run time. It is
 re-read at every `devices()` call and has this shape::
@@ -61,6 +63,7 @@ class _FakeDevice:
     foreign: tuple[GpuProcess, ...]
     utilization: float = 100.0
     share_slowdown: float = 1.0
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +156,7 @@ class FakeBackend:
                     utilization=utilization,
                     processes=processes,
                     node=self.node,
+                    link_group=device.link_group,
                 )
             )
         self._publish(loads)
@@ -306,6 +310,7 @@ def _declare(decls: Iterable[FakeGpuDecl], node: str) -> list[_FakeDevice]:
                     foreign=foreign if decl.foreign_memory else (),
                     utilization=decl.utilization,
                     share_slowdown=decl.share_slowdown,
+                    link_group=decl.link_group,
                 )
             )
     return devices

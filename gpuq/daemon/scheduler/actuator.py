@@ -9,6 +9,9 @@ the decision; here each change becomes a lifecycle or suspend call:
   (`suspend.preempt`): the intent is committed with the action's reason, the
   runner checkpoints at its next iteration boundary and the job is queued
   again, to restart from its checkpoint on the GPUs the policy gives it next;
+  a `move` to GPUs the decision names is booked first and restarts on
+  exactly those (`moves.begin`), unless the policy time-slices (the
+  slicer's bindings are turns);
 - a `suspend` in park or stop mode (the slicer's, for another job's turn):
   `suspend.take_turn`; the `resume` of a job parked or stopped that way:
   `suspend.give_turn`, once no other job computes on its GPUs (`resume_turns`);
@@ -29,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuq.daemon import suspend
+from gpuq.daemon.scheduler import moves
 from gpuq.daemon.scheduler.slicer import Waiting
 from gpuq.daemon.state import DaemonState
 from gpuq.models import Job, JobState
@@ -84,6 +88,10 @@ def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
             suspend.take_turn(state, job, action.mode, action.reason)
             started.append(job.id)
         elif suspend.can_preempt(state, job):
+            if action.kind is Kind.MOVE and action.gpu_uuids and state.slicer is None:
+                if moves.begin(state, job, action):
+                    started.append(job.id)
+                continue
             suspend.preempt(state, job, action.reason)
             started.append(job.id)
         elif job.state is JobState.RUNNING:

@@ -4,9 +4,11 @@ A policy allocates GPU counts per node (`Decision.allocations`) and may name
 the exact GPUs itself (`Decision.bindings`: `fifo` does, since memory shares
 and backfill depend on which GPU). Here every pending job the decision runs
 becomes a `Placement` on GPU UUIDs: its own binding where the policy gave
-one, else free GPUs of the nodes it was allocated, in GPU order. A free GPU
-is one no gpuq job holds whose foreign memory is within the tolerance. Pure:
-no I/O, unit-tested without a daemon.
+one, else free GPUs of the nodes it was allocated, in GPU order, a
+multi-GPU job's from one link group (PCIe switch or NVLink) where one has
+enough free, else from as few as possible (`gpuq.policies.topology`). A
+free GPU is one no gpuq job holds whose foreign memory is within the
+tolerance. Pure: no I/O, unit-tested without a daemon.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuq.policies.interface import ClusterState, Decision
+from gpuq.policies.topology import group_key, pick_close
 
 RELEASE_WAIT = "waiting for GPUs the policy expects running jobs to release"
 """Why a job the decision places waits: its GPUs are still held (being preempted, or ending)."""
@@ -36,6 +39,7 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
     taken = {uuid for job in state.jobs for uuid in job.gpu_uuids}
     taken.update(uuid for bound in decision.bindings.values() for uuid in bound)
     free: dict[str, list[str]] = {}
+    groups = {gpu.uuid: group_key(gpu, i) for i, gpu in enumerate(state.gpus)}
     for gpu in state.gpus:
         if gpu.uuid not in taken and gpu.memory_foreign <= state.foreign_tolerance:
             free.setdefault(gpu.node, []).append(gpu.uuid)
@@ -51,8 +55,9 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
             chosen: list[str] = []
             for node, count in zip(state.nodes, allocation, strict=False):
                 node_free = free.get(node.name, [])
-                chosen.extend(node_free[:count])
-                del node_free[:count]
+                picked = pick_close(node_free, groups.__getitem__, count)
+                chosen.extend(picked)
+                free[node.name] = [uuid for uuid in node_free if uuid not in picked]
             if len(chosen) < sum(allocation):
                 waiting[job_id] = RELEASE_WAIT
                 continue
