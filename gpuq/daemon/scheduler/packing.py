@@ -36,6 +36,10 @@ started, the parked one resumed); one it no longer wants becomes an unpack;
 an `unpacking` step whose member still computes on the shared GPUs takes it
 off again. A step an earlier daemon committed is finished "after a daemon
 restart", as its reason says. Records of jobs that ended are dropped.
+
+Not done: a job without gpuq.runner reports no step times, so the policy
+never measures it alone and never packs it (Gandiva's utilization-only
+judgement of such jobs is not made); packs are pairs of single-GPU jobs.
 """
 
 from __future__ import annotations
