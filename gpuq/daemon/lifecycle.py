@@ -134,10 +134,11 @@ def start(state: DaemonState, job: Job, placement: Placement) -> None:
     """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked."""
     stdout, stderr, below = output_targets(state, job)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
+    why = f": {placement.reason}" if placement.reason else ""
     job = state.transition(
         job,
         JobState.STARTING,
-        f"starting on {', '.join(placement.gpu_uuids) or 'CPU'}",
+        f"starting on {', '.join(placement.gpu_uuids) or 'CPU'}{why}",
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
         node=state.config.daemon.node_name,
