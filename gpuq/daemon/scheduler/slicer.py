@@ -206,22 +206,23 @@ class Slicer:
         """The nodes to slice, with their one-node jobs.
 
         Those the decision gives more GPUs than they have, and those whose jobs
-        still wait from their last turns (`_Node.over`). Memory-share jobs are
-        no members, and the GPUs they hold or are bound to are not the node's
-        to share in turns.
+        still wait from their last turns (`_Node.over`). Memory-share jobs the
+        decision binds to GPUs (placed as shares, beside others at once) are no
+        members, and their GPUs are not the node's to share in turns; a job
+        with memory the decision does not bind is a member like any other.
         """
         found = []
-        shared = {
-            uuid
+        shares = {
+            job_id
             for job_id in decision.allocations
-            if job_id in jobs and jobs[job_id].gpu_mem is not None
-            for uuid in (*jobs[job_id].gpu_uuids, *decision.bindings.get(job_id, ()))
+            if job_id in decision.bindings and job_id in jobs and jobs[job_id].gpu_mem is not None
         }
+        shared = {uuid for job_id in shares for uuid in decision.bindings[job_id]}
         for index, node in enumerate(state.nodes):
             members = []
             demand = 0
             for job_id, allocation in decision.allocations.items():
-                if job_id in jobs and jobs[job_id].gpu_mem is not None:
+                if job_id in shares:
                     continue  # a memory share: its GPUs are not time-sliced
                 if index < len(allocation) and allocation[index] > 0 and job_id in jobs:
                     demand += allocation[index]
