@@ -151,7 +151,7 @@ def test_a_job_that_cannot_checkpoint_is_never_preempted() -> None:
 
 def test_jobs_of_the_same_priority_are_not_preempted_for_one_another() -> None:
     cluster = state(rigid(2, 1, "GPU-0"), rigid(1, submit_time=-5.0), count=1)
-    decision = decide(cluster, timeslice=False)
+    decision = decide(cluster, timeslice="off")
     assert decision.allocations == {2: (1,)}
     assert waiting(cluster, decision) == {1: "waiting for 1 free GPU (0 free)"}
 
@@ -231,7 +231,7 @@ def test_a_large_request_is_not_passed_over_forever_by_small_ones() -> None:
         rigid(3),
         rigid(4),
     )
-    decision = decide(cluster, timeslice=False)
+    decision = decide(cluster, timeslice="off")
     assert started(cluster, decision) == {}
     assert waiting(cluster, decision)[3] == "behind job 2 (reserved GPUs)"
 
@@ -281,7 +281,7 @@ def test_with_one_class_of_jobs_on_any_count_it_decides_as_its_search_alone() ->
         for i in range(1, 6)
     )  # fmt: skip
     cluster = ClusterState(nodes, jobs)
-    ours = GpuqPolicy(seed=3, starts="charged", timeslice=False).decide(cluster, NOW)
+    ours = GpuqPolicy(seed=3, starts="charged", timeslice="off").decide(cluster, NOW)
     theirs = PolluxPolicy(seed=3).decide(cluster, NOW)
     assert dict(ours.allocations) == dict(theirs.allocations)
 
@@ -302,9 +302,9 @@ def test_a_job_waiting_behind_its_own_class_takes_turns_on_a_node() -> None:
 
 def test_without_timeslicing_it_waits() -> None:
     cluster = state(rigid(1, 1, "GPU-0"), rigid(2, 1, "GPU-1"), rigid(3))
-    decision = decide(cluster, timeslice=False)
+    decision = decide(cluster, timeslice="off")
     assert 3 not in decision.allocations
-    assert not GpuqPolicy(timeslice=False).capabilities.time_slicing
+    assert not GpuqPolicy(timeslice="off").capabilities.time_slicing
 
 
 def test_no_node_is_time_sliced_with_a_job_that_cannot_wait_its_turn() -> None:
@@ -417,9 +417,9 @@ def lab_states(draw: st.DrawFn) -> ClusterState:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lab_states(), st.booleans())
+@given(lab_states(), st.sampled_from(["blocked", "all", "off"]))
 def test_every_job_is_placed_or_says_why_and_no_gpu_is_over_committed(
-    cluster: ClusterState, timeslice: bool
+    cluster: ClusterState, timeslice: str
 ) -> None:
     decision = decide(cluster, timeslice=timeslice)
     assert decide(cluster, timeslice=timeslice) == decision, "deterministic"
@@ -459,3 +459,31 @@ def test_no_job_takes_turns_ahead_of_an_older_one_that_gets_none() -> None:
     without_3 = ClusterState(nodes, (jobs[0], jobs[1], jobs[3]))
     decision = GpuqPolicy(population=16, generations=10).decide(without_3, NOW)
     assert decision.allocations[4] in ((1, 0), (0, 1)), "alone, job 4 takes turns"
+
+
+def test_a_job_whose_minimum_fits_is_left_to_the_search_not_sliced() -> None:
+    # Job 1 could shrink to one GPU for job 2; the search holds off (a young
+    # job, full cluster, restart charged), and turns do not overrule it.
+    cluster = state(adaptive(1, 1, 2, "GPU-0", "GPU-1"), adaptive(2, 1, 2, submit_time=NOW))
+    decision = decide(cluster, starts="charged")
+    assert decision.allocations == {1: (2,)}
+    assert decision.notes[2].startswith("waiting: the goodput allocation keeps the GPUs")
+    everyone = decide(cluster, starts="charged", timeslice="all")
+    assert everyone.allocations[2] == (1,), "with timeslice=all it takes turns"
+
+
+def test_jobs_that_run_on_any_count_are_never_sliced_by_default() -> None:
+    nodes = (NodeView("n0", 1),)
+    jobs = (
+        JobView(1, 0.0, allocation=(1,), max_gpus=1),
+        JobView(2, NOW, max_gpus=1),
+    )
+    cluster = ClusterState(nodes, jobs)
+    assert 2 not in GpuqPolicy(starts="charged").decide(cluster, NOW).allocations
+    sliced = GpuqPolicy(starts="charged", timeslice="all").decide(cluster, NOW)
+    assert sliced.allocations[2] == (1,)
+
+
+def test_an_unknown_timeslice_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="timeslice must be one of blocked, all, off"):
+        GpuqPolicy(timeslice="sometimes")

@@ -92,7 +92,7 @@ def test_a_job_arriving_at_the_decision_instant_takes_idle_gpus_at_once() -> Non
 def test_in_a_full_cluster_a_start_keeps_the_pollux_charge_by_default() -> None:
     state = full_cluster_and_a_newcomer()
     assert factors(GpuqPolicy(), state) == factors(PolluxPolicy(), state)
-    assert 2 not in GpuqPolicy(seed=0, timeslice=False).decide(state, NOW).allocations
+    assert 2 not in GpuqPolicy(seed=0, timeslice="off").decide(state, NOW).allocations
 
 
 def test_with_all_starts_free_a_newcomer_starts_at_once_in_a_full_cluster() -> None:

@@ -129,6 +129,7 @@ class _Class:
                 for job in self.queue
                 if job.gpu_mem is None
                 and job.id not in self.out.allocations
+                and (self.slicing.everyone or (job.min_gpus >= 1 and job.id not in admitted))
                 and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
             ]
             self.out.notes.update(
@@ -274,7 +275,7 @@ class _Class:
                 self.out.allocations[job.id] = target
                 self.out.notes[job.id] = note
         self.waiting.update(
-            (job.id, _search_wait(board, job))
+            (job.id, _search_wait(board, job, job.id in admitted))
             for job in members
             if job.id not in before and job.id not in self.out.allocations
         )
@@ -336,16 +337,16 @@ def _base_speedups(problem: SearchProblem) -> list[float]:
     return speedups
 
 
-def _search_wait(board: Board, job: JobView) -> str:
-    """Why a whole-GPU job the goodput search left out waits."""
+def _search_wait(board: Board, job: JobView, fits: bool) -> str:
+    """Why a whole-GPU job the goodput search left out waits (`fits`: its minimum did)."""
     need = max(job.min_gpus, 1)
     summary = board.capacity.summary()
-    if summary.whole_free < need:
-        return summary.wait_reason(need, None, False)
-    return (
-        "waiting: the goodput allocation keeps the GPUs with running jobs for now "
-        "(a restart would cost them more than it gains)"
-    )
+    if fits or summary.whole_free >= need:
+        return (
+            "waiting: the goodput allocation keeps the GPUs with running jobs for now "
+            "(shrinking them would cost more than it gains yet)"
+        )
+    return summary.wait_reason(need, None, False)
 
 
 __all__ = ["Outcome", "Search", "decide_classes", "rigid"]

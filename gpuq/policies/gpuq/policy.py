@@ -13,15 +13,18 @@ Priorities: strict classes, highest first
     left: a higher-priority job is always served before a lower one. Inside
     a class, the goodput objective decides; it is never traded against
     priority (a class's goodput cannot buy GPUs a higher class wants).
-Preemption for priority
-    A waiting job that fits no other way preempts running jobs of lower
-    priority, lowest priority first, then the most recently started (the
-    least work to redo), as few as it needs. Only jobs the caller can
-    preempt without losing work (`JobView.preemptible`: a gpuq.runner that
-    checkpoints, live) are ever preempted; the others keep their GPUs and
-    the job waits. Each victim's reason names the job it yields to
-    ("preempted for job 12 (priority 5 over 0)"). A job is never preempted
-    for one of its own priority, except by the goodput search below.
+Preemption for priority (`gpuq.policies.gpuq.preempt`)
+    A waiting job that fits no other way (not merely behind a reservation)
+    takes GPUs from running jobs of lower priority: first by shrinking
+    adaptive ones to their minimum, then by preempting jobs whole; each
+    lowest priority first, then the most recently started (the least work to
+    redo), no more than it needs. Only jobs the caller can preempt without
+    losing work (`JobView.preemptible`: a gpuq.runner that checkpoints,
+    live) are ever shrunk or preempted; the others keep their GPUs and the
+    job waits. Each reason names the job yielded to ("preempted for job 12
+    (priority 5 over 0)", "resized 2 -> 1 GPUs: shrunk for job 12 ...").
+    Within a priority, a job leaves its GPUs only for the goodput search
+    below or for another's turn (time-slicing).
 Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
     Memory-share jobs (`--gpu-mem`, exclusive or not) and the minimum of
     every whole-GPU job that needs one (`min_gpus` >= 1: every daemon job)
@@ -62,24 +65,35 @@ Restart charges (on the search, per job)
     seeds' spread and raised workload-4's p99 by 3.7% with free starts, and
     it reads remaining work (an oracle in the simulator), which the daemon
     does not estimate, so the daemon refuses it.
-Time-slicing (`timeslice`, on by default; `gpuq.policies.gpuq.timeslice`)
-    A whole-GPU job still waiting after its class is sized becomes a guest
-    of a node whose gpuq jobs are all of its class and can wait their turn,
-    over-subscribing it at most `oversubscription` (2) times; the daemon
-    then shares the node's GPUs in turns of `quantum` seconds (60), parking
-    or checkpointing a runner job, stopping a job whose memory is known
-    (`gpuq.daemon.scheduler.slicer`, which refuses any other). Why: a job
-    queued behind jobs of its own priority gets its first minutes within a
-    quantum rather than when a job ends, so a user sees its first losses
+Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
+    `timeslice="blocked"` (the default): a whole-GPU job that admission
+    could not place (its minimum does not fit in its class's GPUs even with
+    every resizable job of the class at its minimum: it waits behind jobs
+    of its own priority) becomes a guest of a node whose gpuq jobs are all
+    of its class and can wait their turn, over-subscribing it at most
+    `oversubscription` (2) times, in queue order until one finds no such
+    node (no job takes turns ahead of an older one that gets none); the
+    daemon then shares the node's GPUs in turns of `quantum` seconds (60),
+    parking or checkpointing a runner job, stopping a job whose memory is
+    known (`gpuq.daemon.scheduler.slicer`, which refuses any other). Why: a
+    job queued behind jobs of its own priority gets its first minutes within
+    a quantum rather than when a job ends, so a user sees its first losses
     (or its crash) early: Gandiva's argument, for the many short and failing
     runs of a lab. Only behind its own class, since a higher class preempts
-    and a lower one waits. How it meets the goodput search: a guest is shown
-    to the next decision's search as waiting (the board makes the newest
-    single-node jobs of an over-subscribed node its guests), so the search
-    starts it for real as soon as its GPUs pay (the turns then end), and a
-    node being time-sliced is full to the search, which therefore neither
-    grows its jobs nor places other jobs there. In the simulator it changes
-    results only where a job waits with every GPU busy (bench/RESULTS.md).
+    and a lower one waits. Not a job whose minimum fits but that the goodput
+    search left waiting, nor one that runs on any count (`min_gpus` 0, the
+    simulator's Pollux jobs): the search can give it GPUs by shrinking
+    others, and holds off only while a restart costs more than it gains,
+    which turns would overrule. `timeslice="all"` slices those too: on
+    workloads 1-4 (seeds 0 and 1, bench/RESULTS.md) it moved average JCT by
+    -0.2% to 0 but raised p99 JCT on workloads 2 and 3 (+0.2%, +1.5%), the
+    longest jobs slowed by the turns on their nodes; so in the simulator the
+    default decides exactly as `timeslice="off"` (no turns). How turns meet
+    the search: a guest is shown to the next decision as waiting (the board
+    makes the newest single-node jobs of an over-subscribed node its
+    guests), so it starts for real as soon as its minimum fits (its turns
+    then end), and a node being time-sliced is full to the search, which
+    neither grows its jobs nor places other jobs there.
 Reasons
     Every job gets a note: where it runs and why ("speedup 1.62 over a fair
     share", "goodput +38% (...)" for a resize, "a 6.0G memory share", "next
@@ -97,8 +111,8 @@ Steps still to come
 `restart_penalty`, `population` and `generations` are Pollux's options; the
 random generator is seeded once and each class keeps its own warm-start
 population (saved and restored: `Remembers`). With one class of jobs that
-run on any count, no shares and no time-slicing guest (Pollux's workloads),
-the decisions are exactly those of the search alone.
+run on any count and no shares (Pollux's workloads), the decisions are
+exactly those of the search alone, time-slicing on or off.
 """
 
 from __future__ import annotations
@@ -126,6 +140,8 @@ from gpuq.policies.pollux.search import SearchProblem
 
 STARTS = ("idle", "free", "charged")
 """When starting a waiting job is free of Pollux's restart charge (module docstring)."""
+TIMESLICE = ("blocked", "all", "off")
+"""Which waiting jobs take turns (module docstring)."""
 
 
 class GpuqPolicy(PolluxPolicy):
@@ -139,7 +155,7 @@ class GpuqPolicy(PolluxPolicy):
         starts: str = "idle",
         remaining_aware: bool = False,
         *,
-        timeslice: bool = True,
+        timeslice: str = "blocked",
         quantum: float = 60.0,
         oversubscription: float = 2.0,
         restart_penalty: float | None = None,
@@ -154,18 +170,22 @@ class GpuqPolicy(PolluxPolicy):
         )
         if starts not in STARTS:
             raise ValueError(f"starts must be one of {', '.join(STARTS)}, not {starts!r}")
+        if timeslice not in TIMESLICE:
+            raise ValueError(f"timeslice must be one of {', '.join(TIMESLICE)}, not {timeslice!r}")
         if quantum <= 0:
             raise ValueError(f"quantum must be positive, got {quantum}")
         if oversubscription < 1:
             raise ValueError(f"oversubscription must be at least 1, got {oversubscription}")
         self.starts = starts
         self.remaining_aware = remaining_aware
-        self.slicing = Slicing(oversubscription, quantum) if timeslice else None
+        self.timeslice = timeslice
+        on = timeslice != "off"
+        self.slicing = Slicing(oversubscription, quantum, timeslice == "all") if on else None
         self._populations: dict[int, Population | None] = {}
         # Remaining work is read only by the option that charges moves over it.
         self.capabilities = Capabilities(
             adaptive_jobs=True,
-            time_slicing=timeslice,
+            time_slicing=on,
             preemption=True,
             remaining_work=remaining_aware,
             remembers=True,
@@ -244,4 +264,4 @@ def remaining_factor(job: JobView, penalty: float) -> float:
     return left / (left + penalty)
 
 
-__all__ = ["STARTS", "GpuqPolicy", "remaining_factor"]
+__all__ = ["STARTS", "TIMESLICE", "GpuqPolicy", "remaining_factor"]

@@ -60,10 +60,15 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class Slicing:
-    """The time-slicing step's settings: the over-subscription limit and the caller's quantum."""
+    """The time-slicing step's settings: the over-subscription limit and the caller's quantum.
+
+    `everyone`: every waiting whole-GPU job may take turns, not only those
+    whose minimum does not fit (the policy's `timeslice="all"`).
+    """
 
     oversubscription: float = 2.0
     quantum: float = 60.0
+    everyone: bool = False
 
     def place(
         self,
