@@ -166,8 +166,8 @@ def sim_command(
     time in milliseconds; --json gives the same per policy under "results".
 
     Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, gandiva,
-    ones, gpuq; the daemon runs gpuq (its default), fifo, tiresias, pollux and
-    gandiva (scheduler.policy), the others only here so far.
+    ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
+    (scheduler.policy), the others only here so far; gpuq is its default.
     """
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
