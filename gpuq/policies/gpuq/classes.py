@@ -141,44 +141,73 @@ class _Class:
 
     # ---- step 1: admission in queue order -------------------------------------------------
 
-    def _fifo_state(self, asks: list[JobView]) -> ClusterState:
-        """The board's holds and the asks as fifo's state (movable jobs at their minimum)."""
+    def _fifo_state(
+        self, asks: list[JobView], shrink: bool, placed: dict[int, tuple[str, ...]]
+    ) -> ClusterState:
+        """The board's holds, the asks already `placed` and the other asks, as fifo's state.
+
+        With `shrink`, the class's resizable jobs hold only their minimum.
+        """
         board = self.board
         moving = {job.id for job in self.movable}
         views = []
         for job_id, hold in board.holds.items():
             gpus = hold.gpus
-            if job_id in moving:
+            if shrink and job_id in moving:
                 gpus = gpus[: max(board.jobs[job_id].min_gpus, 1)]
             views.append(board.holds_view(job_id, gpus))
-        jobs = sorted([*views, *asks], key=lambda job: job.id)
-        return replace(board.state, jobs=tuple(jobs))
+        for job in asks:
+            if job.id in placed:
+                on = placed[job.id]
+                job = replace(job, gpu_uuids=on, allocation=board.allocation(self._index(on)))
+                views.append(replace(job, start_time=self.now))
+            else:
+                views.append(job)
+        return replace(board.state, jobs=tuple(sorted(views, key=lambda job: job.id)))
+
+    def _fifo(
+        self, asks: list[JobView], shrink: bool, placed: dict[int, tuple[str, ...]]
+    ) -> tuple[ClusterState, Decision]:
+        """One fifo pass over the asks not yet placed; places them into `placed`."""
+        state = self._fifo_state(asks, shrink, placed)
+        decision = FifoBackfill().decide(state, self.now)
+        placed.update(
+            (job.id, decision.bindings[job.id])
+            for job in asks
+            if job.id not in placed and job.id in decision.bindings
+        )
+        return state, decision
+
+    def _index(self, uuids: tuple[str, ...]) -> tuple[int, ...]:
+        index = self.board.capacity.index
+        return tuple(index[uuid] for uuid in uuids)
 
     def _admit(self, gated: list[JobView]) -> dict[int, tuple[int, ...]]:
-        """Place shares and admit minimum whole-GPU asks by fifo's rules; the asks admitted."""
+        """Place shares and admit minimum whole-GPU asks by fifo's rules; the asks admitted.
+
+        First on the GPUs free now; then, for the asks left, also on what the
+        class's resizable jobs hold beyond their minimum (they shrink for
+        them), preempting lower classes for an ask that fits no other way.
+        """
         asks = [
             job if job.gpu_mem is not None else replace(job, gpus_requested=max(job.min_gpus, 1))
             for job in gated
         ]
-        state = self._fifo_state(asks)
-        decision = FifoBackfill().decide(state, self.now)
-        placed = {job.id: decision.bindings[job.id] for job in asks if job.id in decision.bindings}
-        if len(placed) < len(asks):
-            preempted = self._preempt(state, asks, placed)
-            if preempted:
-                state = self._fifo_state(asks)
-                decision = FifoBackfill().decide(state, self.now)
-                placed = {
-                    job.id: decision.bindings[job.id] for job in asks if job.id in decision.bindings
-                }
-        index = self.board.capacity.index
+        placed: dict[int, tuple[str, ...]] = {}
+        state, decision = self._fifo(asks, False, placed)
+        board = self.board
+        spare = any(len(board.holds[job.id].gpus) > max(job.min_gpus, 1) for job in self.movable)
+        if len(placed) < len(asks) and spare:
+            state, decision = self._fifo(asks, True, placed)
+        if len(placed) < len(asks) and self._preempt(state, asks, placed):
+            state, decision = self._fifo(asks, True, placed)
         admitted: dict[int, tuple[int, ...]] = {}
         for job in asks:
             uuids = placed.get(job.id)
             if uuids is None:
                 self.waiting[job.id] = decision.notes.get(job.id, "waiting")
                 continue
-            gpus = tuple(index[uuid] for uuid in uuids)
+            gpus = self._index(uuids)
             if job.gpu_mem is None:
                 admitted[job.id] = gpus
             else:

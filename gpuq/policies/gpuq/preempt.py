@@ -31,9 +31,10 @@ def make_room(
 ) -> dict[int, tuple[int, int]]:
     """Lower-priority jobs to shrink or preempt so that waiting asks fit (module docstring).
 
-    `state` is the class's fifo state (holders and asks) and `placed` the
-    asks fifo placed. Returns, per job changed, the GPUs it keeps (0:
-    preempted) and the ask it yields to; the board is not changed.
+    `state` is the class's last fifo state (holders, asks placed by an
+    earlier pass among them, and asks) and `placed` every ask placed so
+    far. Returns, per job changed, the GPUs it keeps (0: preempted) and the
+    ask it yields to; the board is not changed.
     """
     views = {job.id: job for job in state.jobs}
     victims = sorted(
@@ -52,7 +53,7 @@ def make_room(
         return {}
     capacity = Capacity.from_state(state)
     for job in asks:
-        if job.id in placed:
+        if job.id in placed and not views[job.id].gpu_uuids:  # placed by the last pass
             gpus = tuple(capacity.index[u] for u in placed[job.id])
             capacity.hold(Hold(job.id, gpus, job.gpu_mem, job.exclusive))
     current = {victim.id: capacity.hold_of(victim) for victim in victims}
