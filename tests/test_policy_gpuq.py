@@ -206,6 +206,13 @@ def test_an_adaptive_job_shrinks_for_a_share_queued_behind_its_minimum() -> None
     assert waiting(cluster, decision) == {2: RELEASE_WAIT}, "until job 1 leaves GPU-1"
 
 
+def test_a_share_takes_a_free_gpu_before_one_a_resizable_job_would_give_up() -> None:
+    cluster = state(adaptive(1, 1, 3, "GPU-0", "GPU-1"), share(2, 4 * G), count=3)
+    decision = decide(cluster)
+    assert decision.bindings[2] == ("GPU-2",)
+    assert plan(cluster, decision)[0].kind is Kind.START, "job 1 neither moves nor shrinks"
+
+
 # -- backfill with time limits ------------------------------------------------------------
 
 
