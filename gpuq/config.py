@@ -65,7 +65,7 @@ class SchedulerConfig:
     thresholds) act within it.
     """
 
-    policy: str = "fifo"
+    policy: str = "gpuq"
     memory_margin: float = 0.05
     foreign_tolerance: int = 512 * 1024**2
     auto_mem_margin: float = 0.10
@@ -119,7 +119,7 @@ _EXPECTED: dict[str, str] = {
     "daemon.node_name": "a host name (letters, digits, '.', '_', '-')",
     "daemon.kill_grace": 'seconds (0 or more) or a duration such as "30s"',
     "daemon.allow_network_fs": "true or false",
-    "scheduler.policy": 'a policy name such as "fifo"',
+    "scheduler.policy": 'a policy name such as "gpuq" or "fifo"',
     "scheduler.memory_margin": "a fraction from 0 up to but excluding 0.5",
     "scheduler.foreign_tolerance": _SIZE,
     "scheduler.auto_mem_margin": "a fraction from 0 up to but excluding 1",

@@ -56,7 +56,7 @@ def test_defaults_without_any_file(tmp_path: Path, env: dict[str, str]) -> None:
     assert config.daemon.kill_grace == 10.0
     assert config.daemon.allow_network_fs is False
     assert config.scheduler == SchedulerConfig(
-        policy="fifo",
+        policy="gpuq",
         memory_margin=0.05,
         foreign_tolerance=512 * MiB,
         auto_mem_margin=0.10,

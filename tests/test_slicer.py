@@ -252,3 +252,43 @@ def test_a_packed_guest_on_a_node_not_over_subscribed_is_left_to_compute() -> No
     decision = Decision(allocations={1: (1,), 2: (1,)}, packed=((1, 2),))
     out = Slicer(quantum=60.0).slice(state, decision, {1: RUNNER, 2: RUNNER}, 0.0)
     assert out.decision == decision and out.sliced == frozenset()
+
+
+def test_memory_shares_are_not_members_and_their_gpus_are_not_shared_in_turns() -> None:
+    # Two GPUs: g1 holds two memory-share jobs (the decision binds them there);
+    # jobs 1 and 2 want one whole GPU each.
+    gpus = tuple(GpuView(f"g{i}", "n", 16 * GIB) for i in range(2))
+    shares = [
+        JobView(id=i, submit_time=0.0, gpu_mem=GIB, gpu_uuids=("g1",), allocation=(1,))
+        for i in (3, 4)
+    ]
+    whole = [JobView(id=1, submit_time=0.0, gpu_uuids=("g0",), allocation=(1,))]
+    whole.append(JobView(id=2, submit_time=0.0))
+    state = ClusterState(nodes=(NodeView("n", 2),), jobs=tuple([*whole, *shares]), gpus=gpus)
+    decision = Decision(
+        allocations={i: (1,) for i in (1, 2, 3, 4)}, bindings={3: ("g1",), 4: ("g1",)}
+    )
+    slicer = Slicer(quantum=60.0)
+    assert slicer.needed(state, decision), "two whole-GPU jobs on the one unshared GPU"
+    out = slicer.slice(state, decision, {i: RUNNER for i in (1, 2, 3, 4)}, 0.0)
+    assert set(out.sliced) == {1, 2}
+    assert out.decision.allocations[3] == out.decision.allocations[4] == (1,)
+    assert out.decision.bindings.get(2, ()) != ("g1",)
+
+
+def test_no_turns_are_needed_while_no_node_is_over_subscribed() -> None:
+    server = Server.of(2, 2)
+    decision = Decision(allocations={i: (1,) for i in server.jobs})
+    assert not server.slicer.needed(server.state(), decision)
+    crowded = Server.of(2, 3)
+    assert crowded.slicer.needed(crowded.state(), Decision(allocations={1: (1,), 2: (1,), 3: (1,)}))
+
+
+def test_a_job_with_known_memory_the_decision_does_not_bind_takes_turns() -> None:
+    # gandiva gives --gpu-mem jobs whole GPUs in turns: their memory says they can be stopped.
+    server = Server.of(1, 2, waiting=PLAIN_KNOWN)
+    server.jobs = {i: replace(job, gpu_mem=GIB) for i, job in server.jobs.items()}
+    decision = Decision(allocations={1: (1,), 2: (1,)})
+    assert server.slicer.needed(server.state(), decision)
+    out = server.slicer.slice(server.state(), decision, server.waiting, 0.0)
+    assert set(out.sliced) == {1, 2}

@@ -141,10 +141,11 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
     stdout, stderr, below = output_targets(state, job)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
     where = ", ".join(placement.gpu_uuids) or "CPU"
+    why = f": {placement.reason}" if placement.reason else ""
     job = state.transition(
         job,
         JobState.STARTING,
-        f"starting on {where} ({note})" if note else f"starting on {where}",
+        f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}",
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
         node=state.config.daemon.node_name,

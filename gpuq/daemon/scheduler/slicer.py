@@ -133,6 +133,18 @@ class Slicer:
         )
         return replace(state, jobs=jobs)
 
+    def needed(self, state: ClusterState, decision: Decision) -> bool:
+        """True if this pass has turns to take: jobs in turns, or a node over-subscribed now.
+
+        Where it is False, `slice` would return the decision as it is, so the
+        caller may skip it (and what it costs to ask how each job can wait).
+        """
+        if self.shares or self.rate:
+            return True
+        jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
+        return bool(self._oversubscribed(state, decision, jobs, guests))
+
     def slice(
         self,
         state: ClusterState,
@@ -230,25 +242,35 @@ class Slicer:
         Those the decision gives more GPUs than they have, and those whose jobs
         still wait from their last turns (`_Node.over`). A packed guest adds
         no demand: it computes on its anchor's GPUs, in its anchor's turns.
+        Memory-share jobs the decision binds to GPUs (placed as shares, beside
+        others at once) are no members, and their GPUs are not the node's to
+        share in turns; a job with memory the decision does not bind is a
+        member like any other.
         """
         found = []
+        shares = {
+            job_id
+            for job_id in decision.allocations
+            if job_id in decision.bindings and job_id in jobs and jobs[job_id].gpu_mem is not None
+        }
+        shared = {uuid for job_id in shares for uuid in decision.bindings[job_id]}
         for index, node in enumerate(state.nodes):
             members = []
             demand = 0
             for job_id, allocation in decision.allocations.items():
-                if job_id in guests:
-                    continue
+                if job_id in guests or job_id in shares:
+                    continue  # a packed guest, or a memory share: not time-sliced
                 if index < len(allocation) and allocation[index] > 0 and job_id in jobs:
                     demand += allocation[index]
                     if sum(allocation) == allocation[index]:
                         members.append(jobs[job_id])
-            over = demand > node.gpus
+            gpus = tuple(g for g in state.gpus if g.node == node.name and g.uuid not in shared)
+            over = demand > (len(gpus) if state.gpus else node.gpus)
             settling = any(
                 job.id in self.shares and (job.suspended or not job.gpu_uuids) for job in members
             )
             if not members or not (over or settling):
                 continue
-            gpus = tuple(g for g in state.gpus if g.node == node.name)
             usable = {
                 g.uuid: int(g.memory_total * (1 - state.memory_margin)) - g.memory_foreign
                 for g in gpus

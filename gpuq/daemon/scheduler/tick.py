@@ -140,7 +140,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     wanted = decision
     turn_end: float | None = None
     sliced: frozenset[int] = frozenset()
-    if slicer is not None:
+    if slicer is not None and slicer.needed(cluster, decision):
         info = actuator.turn_info(state, cluster, now, slicer.quantum)
         slices = slicer.slice(cluster, decision, info, now)
         decision, turn_end, sliced = slices.decision, slices.wake, slices.sliced
