@@ -26,7 +26,7 @@ import gpuq.runner.loop
 import gpuq.runner.tuning
 from gpuq.runner import checkpoint, distributed
 from gpuq.runner.data import split_in_halves
-from gpuq.runner.tuning import BatchTuner
+from gpuq.runner.tuning import DECISION_SHARE, BatchTuner, StepProfile
 
 pytestmark = [pytest.mark.torch]
 
@@ -165,6 +165,52 @@ def test_with_cheap_large_batches_and_noisy_gradients_the_batch_grows(clock: Fak
     assert max(run.lrs) > 0.002 * 0.9**3  # AdaScale raised the LR during the large steps ...
     assert job.state is not None
     assert job.state.objects["optimizer"].param_groups[0]["lr"] == pytest.approx(0.002 * 0.9**4)
+
+
+def test_the_batch_changes_at_a_step_boundary_in_the_middle_of_a_pass(clock: FakeClock) -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(noisy_regression(), batch_size=M0, max_batch_size=256)
+    seen: list[tuple[int, int]] = []  # (where the step began in its pass, its batch size)
+    for _ in gq.epochs(3):
+        for x, y in loader:
+            seen.append((loader.index - loader.batch_size, loader.batch_size))
+            clock.work(len(x))
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+    pairs = zip(seen[1:], seen[:-1], strict=True)
+    changes = [start for (start, size), (_, before) in pairs if size != before]
+    assert changes and any(start % SAMPLES for start in changes)  # not only where a pass begins
+    tuner = loader.tuner
+    assert tuner is not None and tuner.config.batch_size > M0
+
+
+def test_decisions_take_at_most_their_share_of_the_training_time(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fits, configs = [0], [0]
+    real_fit, real_use = StepProfile.fit, BatchTuner._use
+
+    def slow_fit(profile: StepProfile, current: Any = None) -> Any:
+        fits[0] += 1
+        clock.now += 0.05  # a decision costs as much as five steps
+        return real_fit(profile, current)
+
+    def counted_use(tuner: BatchTuner, config: Any) -> None:
+        configs[0] += 1
+        real_use(tuner, config)
+
+    monkeypatch.setattr(StepProfile, "fit", slow_fit)
+    monkeypatch.setattr(BatchTuner, "_use", counted_use)
+    train(clock, 6)
+    deciding, changes = 0.05 * fits[0], configs[0] - 1  # the first is the initial batch
+    # Decisions that kept the configuration cost at most their share; each change is
+    # followed by one at once (the new batch size's times are in).
+    assert fits[0] > changes >= 1
+    assert deciding - 0.05 * changes <= DECISION_SHARE * (clock.now - deciding) + 0.05
 
 
 def test_an_epoch_of_less_efficient_large_batches_takes_more_than_one_pass(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, adascale_gain, efficiency
 from gpuq.runner.tuning import (
+    MIN_TIMINGS,
     SPEEDUP_THRESHOLD,
     BatchConfig,
     StepProfile,
@@ -193,3 +194,38 @@ def test_a_larger_batch_scales_adams_second_moments_to_its_smaller_noise() -> No
     rescale_second_moments(sgd, grad, 16, 16, 64)  # nothing to scale: no error
     rescale_second_moments(adam, None, 16, 16, 64)  # no estimate: left alone
     assert adam.state[model.weight]["exp_avg_sq"] is not None
+
+
+def test_a_size_beyond_the_largest_timed_is_tried_as_if_it_took_no_longer() -> None:
+    # Timed at 16 and 32, the line predicts 64 at 40 ms: no better than 32 at a noise
+    # scale of 32 M0 (efficiency 0.67 at 64). A CPU whose time per sample still falls
+    # might run it in 24 ms, so it is tried as if it took the 24 ms of 32 (and once
+    # timed, its own time decides).
+    perf = PerfParams(0.008, 0.0005, 0.0, 0.0, 0.0, 0.0, 1.0)
+    fn = GoodputFunction(perf, GradParams(1.0, 1.0), 32)
+    current = BatchConfig(32)
+    kept = choose_config(fn, current, max_batch_size=256, max_local=64, accumulation=False)
+    assert kept == current
+    tried = choose_config(
+        fn, current, max_batch_size=256, max_local=64, accumulation=False, timed_local=32
+    )
+    assert 48 < tried.local_bsz <= 64
+    # Untried sizes are capped as before: never beyond max_local.
+    capped = choose_config(
+        fn, current, max_batch_size=4096, max_local=64, accumulation=False, timed_local=32
+    )
+    assert capped.local_bsz <= 64
+
+
+def test_a_configuration_timed_only_a_few_times_is_left_out_unless_it_runs() -> None:
+    profile = StepProfile()
+    for seconds in [0.01] * MIN_TIMINGS:
+        profile.record_time(BatchConfig(16), seconds)
+    for seconds in [0.5] * (MIN_TIMINGS - 1):  # a stray slow step or two at 64, left at once
+        profile.record_time(BatchConfig(64), seconds)
+    profile.record_time(BatchConfig(32), 0.02)
+    assert set(profile.compute_times()) == {(1, 16), (1, 32), (1, 64)}
+    assert set(profile.compute_times(BatchConfig(32))) == {(1, 16), (1, 32)}
+    fitted = profile.fit(BatchConfig(32))
+    assert fitted is not None
+    assert fitted.alpha_c + 64 * fitted.beta_c < 0.05  # the line through 16 and 32 alone
