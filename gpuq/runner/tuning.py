@@ -28,13 +28,12 @@
   profiled peaks (linear in m), 90% of the device's memory, or no bound on
   the CPU, and at most twice the largest local batch timed so far
   (`EXPLORE_FACTOR`, after Pollux's cap of twice the most GPUs a job has
-  had). A local batch beyond the largest timed one is predicted to take no
-  longer than it (`choose_config`): the model is a line through the sizes
-  timed, whose slope overstates what larger batches cost wherever the time
-  per sample still falls (an LSTM on the CPU timed at 8 and 16 samples
-  predicted 32 a third slower than it is), so it is tried, and its own
-  times decide from then on; Pollux's priors make new GPU counts look
-  perfectly scalable for the same reason. The tuner switches only when the
+  had). A local batch beyond the largest timed one is predicted by the
+  power law through the two largest sizes timed (`extrapolation`), not the
+  fitted line, whose slope overstates what larger batches cost wherever the
+  time per sample still falls (the CPU); once timed, its own times decide.
+  Pollux's priors make new GPU counts look perfectly scalable for the same
+  reason: a size never tried is never learned. The tuner switches only when the
   prediction beats the current configuration by more than 5%
   (`SPEEDUP_THRESHOLD`), and only once the noise average holds
   `MIN_MEASUREMENTS` measurements (the |G|^2 of a few small-batch
@@ -126,11 +125,14 @@ MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
 EXPLORE_FACTOR = 2
 """How far beyond the largest local batch timed so far the step-time model is trusted."""
-MIN_MEASUREMENTS = 16
+MIN_MEASUREMENTS = 8
 """Noise measurements the average must hold before the tuner acts on it (taken at the
-highest rate the noise scale allows until then)."""
-DECISION_SHARE = 0.02
-"""The share of the training time that decisions (a fit and a choice) may take."""
+highest rate the noise scale allows until then): enough for the spread of their |G|^2,
+behind `NoiseAverage.cautious`, to be known within about a quarter."""
+DECISION_SHARE = 0.01
+"""The share of the training time that decisions (a fit and a choice) may take: with the
+noise measurements (`gpuq.runner.gns.MEASURE_SHARE`) and the per-step hooks, tuning
+stays under 5% of a step."""
 SETTLE_STEPS = 5
 """Steps a new configuration runs before the next decision: its first (not timed: memory
 for the new size is allocated), its noise measured at the second, then timed ones."""
@@ -245,6 +247,35 @@ def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
     return max(1, math.floor((capacity - base) / per_sample))
 
 
+def extrapolation(
+    times: dict[tuple[int, int], float], replicas: int, perf: PerfParams
+) -> tuple[int, PerfParams] | None:
+    """The largest local batch timed on `replicas`, and the step-time model to use beyond it.
+
+    Beyond it the step time is extrapolated as a power of the batch size
+    through the two largest sizes timed (their elasticity, between 0 and 1)
+    rather than along the fitted line: on the CPU the time per sample still
+    falls well past the initial batch (the vector units fill up), and a line
+    through the sizes timed so far overstates what a larger batch costs, so
+    a batch the goodput model would favour once timed is never tried (an
+    LSTM timed at 8 and 16 samples predicted 32 a third slower than it is;
+    the power law predicts it within a tenth). Returned as the line through
+    (top, T(top)) and (2 top, T(2 top)) in `perf`'s form: what the
+    exploration cap lets a decision reach. None with fewer than two sizes
+    timed, or on several replicas (their times include the all-reduce).
+    """
+    sizes = sorted(m for k, m in times if k == replicas)
+    if replicas > 1 or len(sizes) < 2:
+        return None
+    top, below = sizes[-1], sizes[-2]
+    top_seconds = times[(replicas, top)]
+    ratio = top_seconds / times[(replicas, below)]
+    elasticity = min(1.0, max(0.0, math.log(ratio) / math.log(top / below)))
+    beta = top_seconds * (2**elasticity - 1) / top
+    alpha = max(top_seconds - beta * top, 0.0)
+    return top, dataclasses.replace(perf, alpha_c=alpha, beta_c=beta)
+
+
 def choose_config(
     goodput_fn: GoodputFunction,
     current: BatchConfig,
@@ -253,29 +284,22 @@ def choose_config(
     max_local: int,
     accumulation: bool,
     threshold: float = SPEEDUP_THRESHOLD,
-    timed_local: int | None = None,
+    beyond: tuple[int, PerfParams] | None = None,
 ) -> BatchConfig:
     """The configuration of best predicted goodput on `current`'s GPUs, if `threshold` x its.
 
-    With `timed_local`, the largest local batch timed so far, a local batch
-    beyond it (up to `max_local`) is predicted to take no longer than it:
-    the step-time model is a line through the sizes timed, and its slope
-    there overstates what a larger batch costs wherever the time per sample
-    still falls with the batch (the CPU's vector units filling up), so
-    without this a batch the goodput model would favour once timed is never
-    tried. Pollux's priors make new GPU counts look perfectly scalable for
-    the same reason. Once timed, the size's own times take over.
+    With `beyond` = (the largest local batch timed, a step-time model), local
+    batches above it (up to `max_local`) are predicted with that model instead
+    of the fitted one (`extrapolation`).
     """
     k = current.replicas
     max_local = max(1, min(max_local, max_batch_size))
-    known = max_local if timed_local is None else max(1, min(timed_local, max_local))
+    known = max_local if beyond is None else max(1, min(beyond[0], max_local))
     best, local, accum = goodput_fn.optimize(
         1, k, max_batch_size, (1, known), accumulation=accumulation
     )
-    if known < max_local:  # the untried sizes, at the largest timed size's step time
-        perf = goodput_fn.perf
-        flat = dataclasses.replace(perf, alpha_c=perf.alpha_c + perf.beta_c * known, beta_c=0.0)
-        untried = GoodputFunction(flat, goodput_fn.grad, goodput_fn.init_batch_size)
+    if beyond is not None and known < max_local:  # the sizes not timed yet
+        untried = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
         bounds = (known + 1, max_local)
         tried = untried.optimize(1, k, max_batch_size, bounds, accumulation=accumulation)
         if tried[0] > best:
@@ -510,14 +534,15 @@ class BatchTuner:
         grad = self.gns.cautious_estimate() or PRIOR
         goodput_fn = GoodputFunction(perf, grad, self.init_batch_size)
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
-        timed = max(m for _, m in self.profile.compute_times(self.config))
+        times = self.profile.compute_times(self.config)
+        timed = max(m for _, m in times)
         chosen = choose_config(
             goodput_fn,
             self.config,
             max_batch_size=self.max_batch_size,
             max_local=min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
-            timed_local=timed,
+            beyond=extrapolation(times, self.config.replicas, perf),
         )
         k = chosen.replicas
         if chosen != self.config:
