@@ -19,7 +19,6 @@ from gpuq.goodput import (
     fit_one_replica,
 )
 from gpuq.runner.tuning import (
-    MIN_TIMINGS,
     SPEEDUP_THRESHOLD,
     BatchConfig,
     StepProfile,
@@ -239,17 +238,3 @@ def test_a_size_beyond_the_largest_timed_is_tried_when_its_extrapolation_pays() 
         fn, current, max_batch_size=4096, max_local=64, accumulation=False, beyond=beyond
     )
     assert capped.local_bsz <= 64
-
-
-def test_a_configuration_timed_only_a_few_times_is_left_out_unless_it_runs() -> None:
-    profile = StepProfile()
-    for seconds in [0.01] * MIN_TIMINGS:
-        profile.record_time(BatchConfig(16), seconds)
-    for seconds in [0.5] * (MIN_TIMINGS - 1):  # a stray slow step or two at 64, left at once
-        profile.record_time(BatchConfig(64), seconds)
-    profile.record_time(BatchConfig(32), 0.02)
-    assert set(profile.compute_times()) == {(1, 16), (1, 32), (1, 64)}
-    assert set(profile.compute_times(BatchConfig(32))) == {(1, 16), (1, 32)}
-    fitted = profile.fit(BatchConfig(32))
-    assert fitted is not None
-    assert fitted.alpha_c + 64 * fitted.beta_c < 0.05  # the line through 16 and 32 alone

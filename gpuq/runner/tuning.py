@@ -10,9 +10,8 @@
   size is allocated then) and any step with a park in it are left out, and
   the median of the latest `PROFILE_WINDOW` times of a configuration is
   used, so a stray slow step (a checkpoint written in the loop) does not
-  move the model. A configuration the job has left after fewer than
-  `MIN_TIMINGS` timed steps is left out of the fit. On CUDA the
-  per-iteration peak of allocated memory is kept per m too.
+  move the model. On CUDA the per-iteration peak of allocated memory is
+  kept per m too.
 - **Fit.** Pollux's step-time model is fitted to these times (one process:
   T_iter = (s + 1) T_grad(m)) by minimizing the RMSLE:
   `gpuq.goodput.fit_one_replica` on one replica, where the objective comes
@@ -44,7 +43,7 @@
   epoch starts: a model that reaches its best batch size in a few hundred
   steps would otherwise spend its first epoch at the initial one. After a
   change the next decision comes once the new configuration has run
-  `SETTLE_STEPS` steps and been timed `MIN_TIMINGS` times, so a batch held
+  `SETTLE_STEPS` steps, `MIN_TIMINGS` of them whole and timed, so a batch held
   back by the exploration cap keeps growing within a few steps; otherwise
   decisions are spaced so that their cost (the fit and the choice, timed)
   stays under `DECISION_SHARE` of the step time. When a decision is next
@@ -118,9 +117,8 @@ SPEEDUP_THRESHOLD = 1.05
 PROFILE_WINDOW = 32
 """Step times kept per configuration; their median is what the fit sees."""
 MIN_TIMINGS = 3
-"""Step times a configuration other than the current one needs to enter the fit: the
-median of three resists one stray step (a measured step's halves timed once at a batch
-size left right after is not a model of it)."""
+"""Steps a new configuration runs untimed by nothing but its own work before the next
+decision (whole, not its first): the median of three resists one stray step."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
 EXPLORE_FACTOR = 2
@@ -341,29 +339,21 @@ class StepProfile:
         """Keep the largest per-iteration memory peak seen at `local_bsz`."""
         self.peaks[local_bsz] = max(self.peaks.get(local_bsz, 0), peak_bytes)
 
-    def compute_times(self, current: BatchConfig | None = None) -> dict[tuple[int, int], float]:
-        """Median time of one micro-batch per (replicas, local batch size): T_grad on one.
-
-        With `current`, the configurations timed fewer than `MIN_TIMINGS` times
-        are left out, except `current` itself.
-        """
+    def compute_times(self) -> dict[tuple[int, int], float]:
+        """Median time of one micro-batch per (replicas, local batch size): T_grad on one."""
         pooled: dict[tuple[int, int], list[float]] = {}
-        keep = None if current is None else self.key(current)
         for key, window in self.times.items():
-            if keep is not None and len(window) < MIN_TIMINGS and key != keep:
-                continue
             local, accum, replicas = (*(int(v) for v in key.split(",")), 1)[:3]
             times = (t / (accum + 1) for t in window[-PROFILE_WINDOW:])
             pooled.setdefault((replicas, local), []).extend(times)
         return {km: statistics.median(v) for km, v in sorted(pooled.items()) if v}
 
-    def fit(self, current: BatchConfig | None = None) -> PerfParams | None:
+    def fit(self) -> PerfParams | None:
         """Pollux's step-time model fitted to the medians; None before any step was timed.
 
-        A median on several replicas is a step's T_iter only (module docstring);
-        `current` as in `compute_times`.
+        A median on several replicas is a step's T_iter only (module docstring).
         """
-        times = self.compute_times(current)
+        times = self.compute_times()
         if not times or min(times.values()) <= 0:
             return None
         replicas, sizes = [k for k, _ in times], [m for _, m in times]
@@ -419,6 +409,8 @@ class BatchTuner:
         """The step count from which the next step boundary decides (`decision_due`)."""
         self.changed_at = 0
         """The step count at the latest change of configuration."""
+        self.updates_at_change = 0
+        """Noise measurements in the average at the latest change of configuration."""
         self.capacity = _device_memory(optimizer)
         self._saved_lrs: list[Any] | None = None
         self._decision_seconds: list[float] = []  # the latest few decisions' cost
@@ -519,14 +511,12 @@ class BatchTuner:
         cap keeps growing within a few steps; otherwise decisions are spaced so
         that their cost stays under `DECISION_SHARE` of the step time.
         """
-        settling = self.steps < self.changed_at + 4 * SETTLE_STEPS
-        if self.gns.average.updates < MIN_MEASUREMENTS or (
-            settling and len(self._window) < MIN_TIMINGS
-        ):  # not yet: no estimate to act on, or a new configuration not yet timed enough
+        if self.gns.average.updates < MIN_MEASUREMENTS or self._settling():
+            # Not yet: no estimate to act on, or a new configuration not yet timed enough.
             self.next_decision = self.steps + 1
             return self.config
         started = step_clock()
-        perf = self.profile.fit(self.config)
+        perf = self.profile.fit()
         if perf is None:
             self.next_decision = self.steps + 1
             return self.config
@@ -534,7 +524,7 @@ class BatchTuner:
         grad = self.gns.cautious_estimate() or PRIOR
         goodput_fn = GoodputFunction(perf, grad, self.init_batch_size)
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
-        times = self.profile.compute_times(self.config)
+        times = self.profile.compute_times()
         timed = max(m for _, m in times)
         chosen = choose_config(
             goodput_fn,
@@ -559,7 +549,7 @@ class BatchTuner:
             chosen = BatchConfig(local, accum, k)
         self.next_decision = self.steps + interval
         if chosen != self.config:
-            self.changed_at = self.steps
+            self.changed_at, self.updates_at_change = self.steps, self.gns.average.updates
             old, new = self.config.batch_size, chosen.batch_size
             rescale_second_moments(self.optimizer, grad, self.init_batch_size, old, new)
             self._use(chosen)
@@ -573,6 +563,19 @@ class BatchTuner:
                 batch_limits=(self.init_batch_size, self.max_batch_size, 1, per_gpu),
             )
         return self.config
+
+    def _settling(self) -> bool:
+        """True while a new configuration has run fewer than `MIN_TIMINGS` whole steps.
+
+        Counted from checkpointed numbers (steps, and the noise measurements,
+        which take their step in halves), not from the times recorded: a
+        resumed run, which has not timed the steps around its checkpoint,
+        decides at the same step as an uninterrupted one. At most
+        `4 * SETTLE_STEPS` steps, whatever was measured.
+        """
+        since = self.steps - self.changed_at
+        measured = max(0, self.gns.average.updates - self.updates_at_change)
+        return since < 4 * SETTLE_STEPS and since - 1 - measured < MIN_TIMINGS
 
     def use_replicas(self, replicas: int) -> int:
         """Run on `replicas` ranks from now on: a resumed job was resized (module docstring).
@@ -648,6 +651,7 @@ class BatchTuner:
             "steps": self.steps,
             "next_decision": self.next_decision,
             "changed_at": self.changed_at,
+            "updates_at_change": self.updates_at_change,
             "profile": self.profile.state_dict(),
             "gns": self.gns.state_dict(),
         }
@@ -658,6 +662,7 @@ class BatchTuner:
         self.progress, self.steps = float(state["progress"]), int(state["steps"])
         self.next_decision = int(state.get("next_decision", self.steps))
         self.changed_at = int(state.get("changed_at", 0))
+        self.updates_at_change = int(state.get("updates_at_change", 0))
         self.profile.load_state_dict(state["profile"])
         self.gns.load_state_dict(state["gns"])
         self._use(BatchConfig(local, accum, replicas))
