@@ -47,7 +47,7 @@ FOUR_GPUS = '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 4\n'
 TWO_GPUS = FOUR_GPUS.replace("count = 4", "count = 2")
 GANDIVA = '[scheduler]\npolicy = "gandiva:quantum=1"\ninterval = 0.5\n'
 
-STARTED = re.compile(r"starting on (\S+)")
+STARTED = re.compile(r"starting on ([^\s:,]+)")
 
 
 def events(daemon: DaemonHarness, job_id: int) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuq.daemon.scheduler.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.policies.actions import Kind, plan
 from gpuq.policies.consolidate import movable
 from gpuq.policies.fifo import FifoBackfill
@@ -90,7 +90,10 @@ def test_a_share_job_is_moved_to_free_a_whole_gpu_for_the_head_of_the_queue() ->
     assert moves(cluster, decision) == {11: "moved to GPU 1: frees GPU 0 for job 9"}
     assert decision.bindings[11] == ("GPU-1",)
     assert decision.bindings[12] == ("GPU-1",)  # stays where it is
-    starts, _ = placements(cluster, decision)
+    starts, waiting_reasons = placements(cluster, decision)
+    assert starts == [] and waiting_reasons[9] == RELEASE_WAIT  # job 11 still holds GPU 0
+    moving = state(gpus(2), share(11, 1), share(12, 1), waiting(9))  # as the daemon shows it
+    starts, _ = placements(moving, decision)
     assert starts == [Placement(9, ("GPU-0",))]
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.daemon.scheduler.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.policies.fifo import FifoBackfill
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 
@@ -137,8 +137,12 @@ def decide(state: ClusterState, now: float) -> tuple[list[Placement], dict[int, 
         assert decision.notes[held.id].startswith("frees GPU")
         freed.update(held.gpu_uuids)
     starts, waiting = placements(state, decision)
-    if moved:  # never for nothing: a started job gets a GPU a move frees
-        assert any(freed.intersection(placement.gpu_uuids) for placement in starts)
+    if moved:  # never for nothing: a waiting job is placed on a GPU a move frees
+        pending = {job.id for job in state.jobs if not job.gpu_uuids}
+        placed = [
+            job_id for job_id in pending if freed.intersection(decision.bindings.get(job_id, ()))
+        ]
+        assert placed and all(waiting[job_id] == RELEASE_WAIT for job_id in placed)
     return starts, waiting, decision
 
 

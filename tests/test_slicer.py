@@ -274,3 +274,83 @@ def test_a_non_positive_quantum_is_refused() -> None:
 def test_a_parked_jobs_resident_memory_is_its_context() -> None:
     assert RUNNER.resident("park") == PARK_RESIDENT_BYTES
     assert RUNNER.resident("stop") == 2 * GIB
+
+
+def test_a_packed_pair_takes_its_turns_as_one_job() -> None:
+    """Jobs 1 and 2 packed on g0 beside job 3: the pair adds one GPU of demand, not two.
+
+    On one GPU, the pair and job 3 take turns: when job 3's turn comes both
+    members wait (parked); when the pair's comes, the guest computes on its
+    anchor's GPU beside it.
+    """
+    pair = {i: JobView(id=i, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)) for i in (1, 2)}
+    jobs = {**pair, 3: JobView(id=3, submit_time=0.0, allocation=(1,))}
+    gpus = (GpuView("g0", "n", 16 * GIB),)
+    decision = Decision(allocations={i: (1,) for i in jobs}, packed=((1, 2),))
+    slicer = Slicer(quantum=60.0)
+    waiting = dict.fromkeys(jobs, RUNNER)
+
+    def state() -> ClusterState:
+        return ClusterState(nodes=(NodeView("n", 1),), jobs=tuple(jobs.values()), gpus=gpus)
+
+    first = slicer.slice(state(), decision, waiting, 0.0).decision
+    assert set(first.allocations) == {3} and first.bindings[3] == ("g0",)
+    assert first.suspend_modes[1] == first.suspend_modes[2] == "park"
+    assert "packed with job 1: waiting for its turn with it" in first.notes[2]
+    jobs.update({i: replace(job, suspended=True) for i, job in pair.items()})
+    jobs[3] = replace(jobs[3], gpu_uuids=("g0",))
+
+    later = slicer.slice(state(), decision, waiting, 61.0).decision
+    assert 3 not in later.allocations, "the pair's turn"
+    assert later.bindings[1] == later.bindings[2] == ("g0",)
+
+
+def test_a_packed_guest_on_a_node_not_over_subscribed_is_left_to_compute() -> None:
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    decision = Decision(allocations={1: (1,), 2: (1,)}, packed=((1, 2),))
+    out = Slicer(quantum=60.0).slice(state, decision, {1: RUNNER, 2: RUNNER}, 0.0)
+    assert out.decision == decision and out.sliced == frozenset()
+
+
+def test_memory_shares_are_not_members_and_their_gpus_are_not_shared_in_turns() -> None:
+    # Two GPUs: g1 holds two memory-share jobs (the decision binds them there);
+    # jobs 1 and 2 want one whole GPU each.
+    gpus = tuple(GpuView(f"g{i}", "n", 16 * GIB) for i in range(2))
+    shares = [
+        JobView(id=i, submit_time=0.0, gpu_mem=GIB, gpu_uuids=("g1",), allocation=(1,))
+        for i in (3, 4)
+    ]
+    whole = [JobView(id=1, submit_time=0.0, gpu_uuids=("g0",), allocation=(1,))]
+    whole.append(JobView(id=2, submit_time=0.0))
+    state = ClusterState(nodes=(NodeView("n", 2),), jobs=tuple([*whole, *shares]), gpus=gpus)
+    decision = Decision(
+        allocations={i: (1,) for i in (1, 2, 3, 4)}, bindings={3: ("g1",), 4: ("g1",)}
+    )
+    slicer = Slicer(quantum=60.0)
+    assert slicer.needed(state, decision), "two whole-GPU jobs on the one unshared GPU"
+    out = slicer.slice(state, decision, {i: RUNNER for i in (1, 2, 3, 4)}, 0.0)
+    assert set(out.sliced) == {1, 2}
+    assert out.decision.allocations[3] == out.decision.allocations[4] == (1,)
+    assert out.decision.bindings.get(2, ()) != ("g1",)
+
+
+def test_no_turns_are_needed_while_no_node_is_over_subscribed() -> None:
+    server = Server.of(2, 2)
+    decision = Decision(allocations={i: (1,) for i in server.jobs})
+    assert not server.slicer.needed(server.state(), decision)
+    crowded = Server.of(2, 3)
+    assert crowded.slicer.needed(crowded.state(), Decision(allocations={1: (1,), 2: (1,), 3: (1,)}))
+
+
+def test_a_job_with_known_memory_the_decision_does_not_bind_takes_turns() -> None:
+    # gandiva gives --gpu-mem jobs whole GPUs in turns: their memory says they can be stopped.
+    server = Server.of(1, 2, waiting=PLAIN_KNOWN)
+    server.jobs = {i: replace(job, gpu_mem=GIB) for i, job in server.jobs.items()}
+    decision = Decision(allocations={1: (1,), 2: (1,)})
+    assert server.slicer.needed(server.state(), decision)
+    out = server.slicer.slice(server.state(), decision, server.waiting, 0.0)
+    assert set(out.sliced) == {1, 2}

@@ -10,7 +10,9 @@ alone on its GPUs; it ends when the simulator's job would (all epochs of
 the application). Iterations are grouped so that each `gq.step()` lasts
 about `--tick` seconds of real time; sleeps aim at absolute deadlines, so
 time does not drift, except after a park or a stop (more than a tick lost),
-where the schedule moves by the time lost.
+where the schedule moves by the time lost. On fake GPUs shared with other
+jobs computing at once, each tick takes the fake GPU's sharing slowdown
+times longer (`gpuq.gpus.fakeload`), as packed jobs would on a real GPU.
 
 Every attempt pays the simulator's restart penalty (`--restart-penalty`,
 simulated seconds), as the simulator charges one at every (re)start. Its
@@ -32,6 +34,7 @@ import time
 from collections.abc import Sequence
 
 from gpuq.env import gpu_uuids
+from gpuq.gpus.fakeload import JobDevices
 from gpuq.sim.apps import Application, get_application
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -110,11 +113,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     # time up to the penalty is the penalty, and more is made up by running
     # ahead of the schedule (no sleeps) until the job is back on it.
     tick_start = time.monotonic() - process_age() + args.restart_penalty / args.speedup
+    devices = JobDevices.from_env()
     while not trace.complete(int(progress["epoch"])):
         used, value, epoch = trace.advance(
             float(progress["progress"]), int(progress["epoch"]), args.tick * args.speedup
         )
-        tick_end = tick_start + used / args.speedup
+        slowdown = 1.0 if devices is None else devices.slowdown()
+        tick_end = tick_start + used * slowdown / args.speedup
         before = time.monotonic()
         if tick_end > before:
             time.sleep(tick_end - before)

@@ -15,7 +15,9 @@ the decision; here each change becomes a lifecycle or suspend call:
 - a `suspend` in park or stop mode (the slicer's, for another job's turn):
   `suspend.take_turn`; the `resume` of a job parked or stopped that way:
   `suspend.give_turn`, once no other job computes on its GPUs (`resume_turns`);
-- `pack` and `unpack`: no policy the daemon runs packs yet, so none arrive.
+- `pack` and `unpack`: carried out before the rest by
+  `gpuq.daemon.scheduler.packing` (a guest joins a running job's GPU, or
+  leaves it), which also takes the joining and leaving jobs' other actions.
 
 Only what the scheduler owns is acted on: a preemption only of a running job
 whose runner checkpoints (the view tells the policy which are
@@ -182,6 +184,7 @@ def turn_info(
             state.memory_peaks.get(job.id),
             sample.get("memory_peak_bytes"),
             job.gpu_mem_reserved or job.spec.gpu_mem,
+            state.packs.raised.get(job.id),  # it ran out of memory packed: it needs more
         ]
         sizes = [int(n) for n in known if isinstance(n, int) and n > 0]
         info[view.id] = Waiting(

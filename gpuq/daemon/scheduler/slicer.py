@@ -26,6 +26,9 @@ on which GPUs, and how the others wait. Pure: unit-tested without a daemon.
   (`Waiting.saved`): its process only exits then (seconds, for a PyTorch
   process), which the next job need not wait for if its memory fits beside
   the exiting one's.
+- **Packs**: a packed group (`Decision.packed`) takes turns as one job: its
+  anchor (`gpuq.daemon.scheduler.packs.anchor_of`) is sliced, and the others
+  compute on its GPUs in its turns and wait with it.
 - **Pins and moves**: a parked or stopped job can compute again only on the
   GPUs it holds. Pins alone would fix each GPU's share by how many jobs it
   holds (six jobs on four GPUs: two GPUs of two jobs and two of one), so a
@@ -51,6 +54,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuq.daemon.scheduler.packs import guests_of
 from gpuq.daemon.scheduler.room import (
     PARK_RESIDENT_BYTES,
     SlicedNode,
@@ -118,6 +122,18 @@ class Slicer:
         )
         return replace(state, jobs=jobs)
 
+    def needed(self, state: ClusterState, decision: Decision) -> bool:
+        """True if this pass has turns to take: jobs in turns, or a node over-subscribed now.
+
+        Where it is False, `slice` would return the decision as it is, so the
+        caller may skip it (and what it costs to ask how each job can wait).
+        """
+        if self.shares or self.rate:
+            return True
+        jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
+        return bool(self._oversubscribed(state, decision, jobs, guests))
+
     def slice(
         self,
         state: ClusterState,
@@ -127,8 +143,9 @@ class Slicer:
     ) -> Slices:
         """The part of `decision` that computes now, and how the rest waits (module docstring)."""
         jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
         self._account(jobs, waiting, now)
-        nodes = self._oversubscribed(state, decision, jobs)
+        nodes = self._oversubscribed(state, decision, jobs, guests)
         sliced = {job.id for node in nodes for job in node.members}
         self.credit = {j: c for j, c in self.credit.items() if j in sliced}
         self.since = {j: t for j, t in self.since.items() if j in sliced}
@@ -157,6 +174,9 @@ class Slicer:
             for job in node.members:
                 if job.id not in runs:
                     self.since.pop(job.id, None)
+        for guest, anchor in guests.items():
+            if anchor in sliced and guest in decision.allocations:
+                self._follow(jobs[guest], anchor, allocations, bindings, waiting, modes, notes)
         decided = Decision(
             allocations=allocations,
             batch_sizes=decision.batch_sizes,
@@ -166,6 +186,27 @@ class Slicer:
             notes=notes,
         )
         return Slices(decided, min(ends, default=None), frozenset(sliced))
+
+    @staticmethod
+    def _follow(
+        guest: JobView,
+        anchor: int,
+        allocations: dict[int, tuple[int, ...]],
+        bindings: dict[int, tuple[str, ...]],
+        waiting: Mapping[int, Waiting],
+        modes: dict[int, str],
+        notes: dict[int, str],
+    ) -> None:
+        """A packed guest takes its anchor's turns: on its GPUs when it computes, else waits."""
+        if anchor in allocations and anchor in bindings:
+            bindings[guest.id] = bindings[anchor]
+            return
+        allocations.pop(guest.id, None)
+        bindings.pop(guest.id, None)
+        if computing(guest, waiting):
+            can = waiting.get(guest.id, Waiting()).modes
+            modes[guest.id] = next((m for m in ("park", "checkpoint") if m in can), "stop")
+        notes[guest.id] = f"packed with job {anchor}: waiting for its turn with it"
 
     def _account(
         self, jobs: Mapping[int, JobView], waiting: Mapping[int, Waiting], now: float
@@ -181,29 +222,46 @@ class Slicer:
         self.last = now if self.last is None else max(self.last, now)
 
     def _oversubscribed(
-        self, state: ClusterState, decision: Decision, jobs: Mapping[int, JobView]
+        self,
+        state: ClusterState,
+        decision: Decision,
+        jobs: Mapping[int, JobView],
+        guests: Mapping[int, int],
     ) -> list[SlicedNode]:
         """The nodes to slice, with their one-node jobs.
 
         Those the decision gives more GPUs than they have, and those whose jobs
-        still wait from their last turns (`SlicedNode.over`).
+        still wait from their last turns (`SlicedNode.over`). A packed guest adds
+        no demand: it computes on its anchor's GPUs, in its anchor's turns.
+        Memory-share jobs the decision binds to GPUs (placed as shares, beside
+        others at once) are no members, and their GPUs are not the node's to
+        share in turns; a job with memory the decision does not bind is a
+        member like any other.
         """
         found = []
+        shares = {
+            job_id
+            for job_id in decision.allocations
+            if job_id in decision.bindings and job_id in jobs and jobs[job_id].gpu_mem is not None
+        }
+        shared = {uuid for job_id in shares for uuid in decision.bindings[job_id]}
         for index, node in enumerate(state.nodes):
             members = []
             demand = 0
             for job_id, allocation in decision.allocations.items():
+                if job_id in guests or job_id in shares:
+                    continue  # a packed guest, or a memory share: not time-sliced
                 if index < len(allocation) and allocation[index] > 0 and job_id in jobs:
                     demand += allocation[index]
                     if sum(allocation) == allocation[index]:
                         members.append(jobs[job_id])
-            over = demand > node.gpus
+            gpus = tuple(g for g in state.gpus if g.node == node.name and g.uuid not in shared)
+            over = demand > (len(gpus) if state.gpus else node.gpus)
             settling = any(
                 job.id in self.shares and (job.suspended or not job.gpu_uuids) for job in members
             )
             if not members or not (over or settling):
                 continue
-            gpus = tuple(g for g in state.gpus if g.node == node.name)
             usable = {
                 g.uuid: int(g.memory_total * (1 - state.memory_margin)) - g.memory_foreign
                 for g in gpus
