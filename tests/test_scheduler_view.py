@@ -5,11 +5,13 @@ See the docstrings of gpuq/daemon/scheduler/readiness.py and view.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpuq.daemon.scheduler.readiness import readiness
-from gpuq.daemon.scheduler.view import build_state
+from gpuq.daemon.scheduler.view import ViewCache, build_state
 from gpuq.daemon.state import GpuSnapshot
 from gpuq.models import GpuInfo, Job, JobSpec, JobState, parse_dependency
-from gpuq.policies.interface import GpuView, NodeView
+from gpuq.policies.interface import GpuView, JobView, NodeView
 
 G = 1024**3
 NOW = 1_000_000.0
@@ -180,3 +182,35 @@ def test_a_sample_without_limits_gives_no_model() -> None:
         [job], [], snapshot(), 0.0, 0, lambda job: None, NOW, measured={1: sample}
     ).jobs
     assert view.goodput is None
+
+
+def test_a_waiting_jobs_view_is_kept_across_passes_until_what_it_is_made_of_changes() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=1, gpus_max=4)
+    sample: dict[str, object] = {"time": NOW, "epoch": 1, "batch_limits": [128, 2048, 16, 512]}
+    job, other = Job(1, spec, JobState.QUEUED), Job(2, spec, JobState.QUEUED)
+    cache = ViewCache()
+
+    def views(ready: list[Job], samples: dict[int, dict[str, object]]) -> list[JobView]:
+        state = build_state(
+            ready, [], snapshot(), 0.0, 0, lambda job: None, NOW, measured=samples, cache=cache
+        )
+        return list(state.jobs)
+
+    first = views([job, other], {1: sample})
+    assert views([job, other], {1: sample})[0] is first[0]  # the same job and sample: kept
+    requeued = replace(job, attempts=1)  # the daemon replaces a Job whenever it changes
+    assert views([requeued, other], {1: sample})[0] is not first[0]
+    newer = {**sample, "epoch": 2}
+    assert views([requeued, other], {1: newer})[0].epoch == 2
+    assert [view.id for view in views([other], {})] == [2]  # a job gone from the queue is gone
+
+
+def test_a_running_jobs_run_time_moves_with_the_clock_even_with_a_cache() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=1)
+    running = Job(1, spec, JobState.RUNNING, gpu_uuids=("g0",), running_since=NOW)
+    cache = ViewCache()
+    for later in (10.0, 20.0):
+        [view] = build_state(
+            [], [running], snapshot(), 0.0, 0, lambda job: None, NOW + later, cache=cache
+        ).jobs
+        assert view.run_time == later

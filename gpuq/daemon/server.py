@@ -212,6 +212,7 @@ class Server:
         await state.should_exit.wait()
 
     async def _schedule_forever(self, state: DaemonState) -> None:
+        frozen = False
         while not state.should_exit.is_set():
             state.wake.clear()
             started = time.perf_counter()
@@ -221,6 +222,9 @@ class Server:
                 log.exception("scheduler pass failed; retrying after a pause")
                 await asyncio.sleep(MAX_PASS_BACKOFF)
                 continue
+            if not frozen:  # what the policy imported lives as long as the daemon
+                timings.freeze_heap()
+                frozen = True
             if starts:
                 log.info(
                     "started %d job(s) in %.1f ms",

@@ -28,6 +28,7 @@ from gpuq.daemon.scheduler import memory
 from gpuq.daemon.scheduler.introspect import Introspection
 from gpuq.daemon.scheduler.packs import PackBook
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
+from gpuq.daemon.scheduler.view import ViewCache
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.daemon.timings import DecisionTimes, LoopLag
@@ -94,6 +95,8 @@ class DaemonState:
         """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.profiled_gpus: dict[int, int] = {}
         """The most GPUs each active job held while its runner reported: explored counts."""
+        self.view_cache = ViewCache()
+        """Waiting jobs' views from the last pass (`scheduler.view`): a long queue costs little."""
         self.introspection = Introspection()
         """What the daemon measured of each job for packing (`scheduler.introspect`)."""
         self.packs = PackBook()

@@ -129,6 +129,12 @@ class Introspection:
             if job_id in self._jobs:
                 self._jobs[job_id].memory = max(self._jobs[job_id].memory, used)
 
+    def measured(self) -> frozenset[int]:
+        """The jobs with a step time, a utilization or a memory figure."""
+        return frozenset(
+            j for j, seen in self._jobs.items() if seen.step or seen.utilization or seen.memory
+        )
+
     def step(self, job_id: int) -> StepMeasurement | None:
         """The job's latest clean step-time measurement, if any."""
         seen = self._jobs.get(job_id)
@@ -158,8 +164,12 @@ def gpu_memory(state: ClusterState) -> int | None:
 def enrich(state: ClusterState, introspection: Introspection, book: PackBook) -> ClusterState:
     """`state` with what the daemon measured and the packs it carries out (module docstring)."""
     held = {view.id: view.allocation for view in state.jobs if view.gpu_uuids}
+    known = introspection.measured() | book.involved()
     jobs: list[JobView] = []
     for view in state.jobs:
+        if view.id not in known:  # most of a long queue: nothing measured, in no pack
+            jobs.append(view)
+            continue
         changes: dict[str, Any] = {}
         record = book.of(view.id)
         if record and record.phase == "packing" and record.guest == view.id and not view.gpu_uuids:

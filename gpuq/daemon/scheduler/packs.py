@@ -72,6 +72,13 @@ class PackBook:
         """The pack the job is in, if any."""
         return next((r for r in self.records.values() if job_id in r.members), None)
 
+    def involved(self) -> frozenset[int]:
+        """Every job the book says anything about: packed, raised or in a failed pair."""
+        ids = {j for record in self.records.values() for j in record.members}
+        ids.update(self.raised)
+        ids.update(j for pair in self.failed for j in pair)
+        return frozenset(ids)
+
     def partners(self, job_id: int) -> tuple[int, ...]:
         """The jobs packed with this one (`JobView.packed_with`): none once an unpack began."""
         record = self.of(job_id)

@@ -123,6 +123,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         lambda job: suspend.can_preempt(state, job),
         state.latest_samples,
         state.profiled_gpus,
+        state.view_cache,
     )
     cluster = moves.present(book, state, cluster)
     state.introspection.observe(state.active.values(), state.latest_samples, now)

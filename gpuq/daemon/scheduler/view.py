@@ -13,17 +13,52 @@ with its gradient noise and batch limits as a `GoodputFunction` (numpy is
 imported only then), its batch size, epoch, memory peak and the most GPUs
 it was measured on (each sample is stored with the GPUs the job held).
 CPU-only jobs never reach the policy. Pure: unit-tested without a daemon.
+
+A queue of a thousand jobs is rebuilt at every pass on the daemon's event
+loop, so a `ViewCache` keeps each waiting job's view while nothing it is
+made of changed (the same frozen `Job`, runner sample, learned memory and
+profiled count): only running jobs, whose run time moves with the clock,
+and changed ones are built again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from gpuq.daemon.state import GpuSnapshot
 from gpuq.models import Job, JobState
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
+
+if TYPE_CHECKING:  # the daemon's state holds a ViewCache
+    from gpuq.daemon.state import GpuSnapshot
+
+
+@dataclass(slots=True)
+class ViewCache:
+    """Waiting jobs' views from the previous pass, with what each was built from."""
+
+    views: dict[int, tuple[Job, object, int, int | None, JobView]] = field(default_factory=dict)
+    fields: dict[int, tuple[object, int, dict[str, Any]]] = field(default_factory=dict)
+    """Running jobs' `measurements`, kept while the same sample is their newest."""
+
+    def measured(
+        self, job_id: int, sample: Mapping[str, Any] | None, profiled: int
+    ) -> dict[str, Any]:
+        """`measurements(sample, profiled)`, made once per sample."""
+        kept = self.fields.get(job_id)
+        if kept is not None and kept[0] is sample and kept[1] == profiled:
+            return kept[2]
+        made = measurements(sample, profiled)
+        self.fields[job_id] = (sample, profiled, made)
+        return made
+
+    def get(self, job: Job, sample: object, profiled: int, gpu_mem: int | None) -> JobView | None:
+        """The job's view if it was built from these very objects and figures."""
+        kept = self.views.get(job.id)
+        if kept is None or kept[0] is not job or kept[1] is not sample:
+            return None
+        return kept[4] if kept[2] == profiled and kept[3] == gpu_mem else None
 
 
 def build_state(
@@ -37,8 +72,13 @@ def build_state(
     preemptible: Callable[[Job], bool] = lambda job: False,
     measured: Mapping[int, Mapping[str, Any]] | None = None,
     profiled: Mapping[int, int] | None = None,
+    cache: ViewCache | None = None,
 ) -> ClusterState:
-    """The policy's state of this server: its GPUs, and its ready and running GPU jobs."""
+    """The policy's state of this server: its GPUs, and its ready and running GPU jobs.
+
+    With a `cache`, a waiting job's view is reused while its inputs are the
+    same objects (module docstring), and the cache then holds this pass's.
+    """
     nodes: dict[str, int] = {}
     for device in gpus.devices:
         nodes[device.node] = nodes.get(device.node, 0) + 1
@@ -51,29 +91,48 @@ def build_state(
                 counts[node_of[uuid]] += 1
         return tuple(counts)
 
+    samples = measured or {}
+    explored = profiled or {}
+
+    def reported(job_id: int) -> dict[str, Any]:
+        sample, seen = samples.get(job_id), explored.get(job_id, 0)
+        return measurements(sample, seen) if cache is None else cache.measured(job_id, sample, seen)
+
     views: list[JobView] = []
+    kept: dict[int, tuple[Job, object, int, int | None, JobView]] = {}
     for job in ready:
         spec = job.spec
         gpu_mem = spec.gpu_mem
         if spec.gpu_mem_auto:
             gpu_mem = learned_memory(job)  # None: no history, so it profiles on a whole GPU
-        views.append(
-            JobView(
-                id=job.id,
-                submit_time=job.submit_time,
-                gpus_requested=spec.gpus,
-                adaptive=spec.gpus_max is not None,
-                max_gpus=spec.gpus_max or spec.gpus,
-                min_gpus=spec.gpus,
-                priority=spec.priority,
-                name=spec.name,
-                gpu_mem=gpu_mem,
-                exclusive=spec.exclusive,
-                time_limit=spec.time_limit,
-                run_time=job.run_time(now),
-                attained_service=job.run_time(now) * spec.gpus,
-            )
+        sample, seen = samples.get(job.id), explored.get(job.id, 0)
+        timeless = job.running_since is None  # its run time does not move with `now`
+        if cache is not None and timeless:
+            view = cache.get(job, sample, seen, gpu_mem)
+            if view is not None:
+                views.append(view)
+                kept[job.id] = (job, sample, seen, gpu_mem, view)
+                continue
+        view = JobView(
+            id=job.id,
+            submit_time=job.submit_time,
+            gpus_requested=spec.gpus,
+            adaptive=spec.gpus_max is not None,
+            max_gpus=spec.gpus_max or spec.gpus,
+            min_gpus=spec.gpus,
+            priority=spec.priority,
+            name=spec.name,
+            gpu_mem=gpu_mem,
+            exclusive=spec.exclusive,
+            time_limit=spec.time_limit,
+            run_time=job.run_time(now),
+            attained_service=job.run_time(now) * spec.gpus,
+            **measurements(sample, seen),
         )
+        views.append(view)
+        if timeless:
+            kept[job.id] = (job, sample, seen, gpu_mem, view)
+    running: set[int] = set()
     for job in active:
         if job.state.is_active and job.gpu_uuids:
             views.append(
@@ -96,14 +155,13 @@ def build_state(
                     attained_service=job.run_time(now) * job.spec.gpus,
                     preemptible=preemptible(job),
                     suspended=job.state is JobState.SUSPENDED,
+                    **reported(job.id),
                 )
             )
-    if measured:
-        explored = profiled or {}
-        views = [
-            with_measurements(view, measured.get(view.id), explored.get(view.id, 0))
-            for view in views
-        ]
+            running.add(job.id)
+    if cache is not None:
+        cache.views = kept
+        cache.fields = {j: made for j, made in cache.fields.items() if j in running}
     views.sort(key=lambda view: view.id)
     return ClusterState(
         nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
@@ -124,23 +182,21 @@ def build_state(
     )
 
 
-def with_measurements(
-    view: JobView, sample: Mapping[str, Any] | None, profiled: int = 0
-) -> JobView:
-    """`view` with what its runner last reported (module docstring); as it is without.
+def measurements(sample: Mapping[str, Any] | None, profiled: int = 0) -> dict[str, Any]:
+    """The `JobView` fields its runner's last report gives (module docstring); none without.
 
     `profiled` is the most GPUs the job held while it reported, over all its
     attempts: what Pollux's exploration counts as measured.
     """
     if not sample:
-        return view
+        return {}
     changes: dict[str, Any] = {"epoch": int(sample.get("epoch") or 0)}
     if sample.get("batch_size"):
         changes["batch_size"] = int(sample["batch_size"])
     if sample.get("memory_peak_bytes"):
         changes["memory_peak"] = int(sample["memory_peak_bytes"])
     replicas = int(sample.get("replicas") or 0)
-    changes["max_profiled_gpus"] = max(view.max_profiled_gpus, profiled, replicas)
+    changes["max_profiled_gpus"] = max(profiled, replicas)
     limits, perf = sample.get("batch_limits"), sample.get("perf_params")
     if limits and len(limits) == 4:
         init, largest, low, high = (int(v) for v in limits)
@@ -152,4 +208,4 @@ def with_measurements(
             model = PerfParams(*(float(v) for v in perf))
             grad = GradParams(float(sqr), float(var) / init)  # the sample's tr(Sigma), per M0
             changes["goodput"] = GoodputFunction(model, grad, init)
-    return replace(view, **changes)
+    return changes
