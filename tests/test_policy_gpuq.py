@@ -357,6 +357,86 @@ def test_a_guest_keeps_its_node_and_starts_for_real_when_a_gpu_frees() -> None:
     assert again.allocations[4] == (0, 1), "the newcomer goes to the less loaded node"
 
 
+# -- moves on one server ------------------------------------------------------------------------
+
+
+def linked(groups: str) -> tuple[GpuView, ...]:
+    """GPUs 0..n-1 of 40G, each in the link group its letter names ("aabb": two switches)."""
+    return tuple(
+        GpuView(f"GPU-{i}", "n1", 40 * G, link_group=group, index=i)
+        for i, group in enumerate(groups)
+    )
+
+
+def test_a_share_job_is_moved_so_a_whole_gpu_job_of_its_class_gets_a_free_gpu() -> None:
+    cluster = state(share(1, 6 * G, "GPU-0"), share(2, 6 * G, "GPU-1"), rigid(3))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-1",), "onto the other shared GPU"
+    assert decision.bindings[3] == ("GPU-0",)
+    assert [(a.kind, a.job_id) for a in plan(cluster, decision)] == [
+        (Kind.MOVE, 1),
+        (Kind.START, 3),
+    ]
+    assert plan(cluster, decision)[0].reason == "moved to GPU 1: frees GPU 0 for job 3"
+    assert waiting(cluster, decision) == {3: RELEASE_WAIT}, "until job 1 has left GPU-0"
+    assert decide(cluster, moves=False).bindings == {1: ("GPU-0",), 2: ("GPU-1",)}
+
+
+def test_only_a_job_that_checkpoints_and_has_run_move_after_seconds_is_moved() -> None:
+    plain = state(share(1, 6 * G, "GPU-0", preemptible=False), share(2, 6 * G, "GPU-1"), rigid(3))
+    assert decide(plain).bindings[2] == ("GPU-0",), "job 2 moves instead"
+    young = state(
+        share(1, 6 * G, "GPU-0", start_time=NOW - 10),
+        share(2, 6 * G, "GPU-1", start_time=NOW - 10),
+        rigid(3),
+    )
+    assert 3 not in decide(young).allocations
+    assert decide(young, move_after=5.0).bindings[3] == ("GPU-0",)
+    moved = state(
+        share(1, 6 * G, "GPU-0", moved_at=NOW - 10),
+        share(2, 6 * G, "GPU-1", moved_at=NOW - 10),
+        rigid(3),
+    )
+    assert 3 not in decide(moved).allocations, "moved a moment ago: not again"
+
+
+def test_a_job_is_never_moved_for_a_job_of_lower_priority() -> None:
+    cluster = state(share(1, 6 * G, "GPU-0", priority=5), share(2, 6 * G, "GPU-1"), rigid(3))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-0",)
+    assert decision.bindings[2] == ("GPU-0",), "job 2, of the waiting job's class, moves"
+    assert decision.bindings[3] == ("GPU-1",)
+    urgent = state(share(1, 6 * G, "GPU-0", priority=5), share(2, 6 * G, "GPU-1", priority=5))
+    low = replace(urgent, jobs=(*urgent.jobs, rigid(3)))
+    assert decide(low).bindings == {1: ("GPU-0",), 2: ("GPU-1",)}
+    high = replace(urgent, jobs=(*urgent.jobs, rigid(3, priority=9)))
+    assert decide(high).bindings[3] == ("GPU-0",), "for a higher class, a lower one moves"
+
+
+def test_a_job_is_moved_out_of_a_link_group_so_a_two_gpu_job_gets_it_whole() -> None:
+    jobs = (
+        rigid(1, 1, "GPU-1"),
+        rigid(2, 1, "GPU-2", preemptible=False),
+        rigid(3, 2),
+    )
+    cluster = replace(state(*jobs, count=4), gpus=linked("aabb"))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-3",)
+    assert decision.bindings[3] == ("GPU-0", "GPU-1"), "both GPUs of switch a"
+    move, start = plan(cluster, decision)
+    assert (move.kind, start.kind) == (Kind.MOVE, Kind.START)
+    assert move.reason == (
+        "moved to GPU 3: frees GPU 1 for job 3, so that its 2 GPUs share a PCIe switch or NVLink"
+    )
+
+
+def test_jobs_gpuq_starts_on_several_gpus_get_gpus_of_one_link_group() -> None:
+    cluster = replace(state(adaptive(1, 1, 2), count=4), gpus=linked("abba"))
+    decision = decide(cluster)
+    assert decision.allocations[1] == (2,), "it grows into the idle GPUs"
+    assert decision.bindings[1] == ("GPU-1", "GPU-2"), "GPU order alone would span a and b"
+
+
 # -- memory between decisions -----------------------------------------------------------------
 
 
@@ -434,14 +514,17 @@ def test_every_job_is_placed_or_says_why_and_no_gpu_is_over_committed(
         assert job.id in decision.allocations or decision.notes.get(job.id), job
         if job.gpu_uuids and not job.preemptible:
             assert decision.allocations.get(job.id) == job.allocation, "kept its GPUs"
-    # Jobs that stay and jobs started: whole GPUs hold one job, shares fit.
-    # (A job resized or moved restarts later, wherever it is placed then.)
+    # Jobs that stay or move, and jobs started: whole GPUs hold one job, shares fit.
+    # (A job resized restarts later, wherever it is placed then.)
     kept = {
-        job.id: job.gpu_uuids
+        job.id: decision.bindings.get(job.id, job.gpu_uuids)
         for job in cluster.jobs
         if job.gpu_uuids and decision.allocations.get(job.id) == job.allocation
     }
     jobs = {job.id: job for job in cluster.jobs}
+    for job_id, uuids in kept.items():
+        if set(uuids) != set(jobs[job_id].gpu_uuids):
+            assert jobs[job_id].preemptible, f"job {job_id} moved, but it cannot checkpoint"
     kept.update((i, uuids) for i, uuids in decision.bindings.items() if not jobs[i].gpu_uuids)
     for gpu in cluster.gpus:
         on = [jobs[j] for j, uuids in kept.items() if gpu.uuid in uuids]

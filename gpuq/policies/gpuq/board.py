@@ -17,8 +17,9 @@
 
 As each priority class is decided, the board releases the GPUs of the jobs
 being decided or preempted and holds those the decision gives, so the next
-class sees what is left. Pure and deterministic; the caller's state is
-never changed.
+class sees what is left; a job moved to other GPUs (`moved`, with the
+move's reason) holds its new GPUs from then on. Pure and deterministic; the
+caller's state is never changed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from gpuq.policies.fifo import numbered_gpus
 from gpuq.policies.interface import ClusterState, JobView
 from gpuq.policies.placement import Capacity, Hold
+from gpuq.policies.topology import pick_close
 
 
 def can_take_turns(job: JobView) -> bool:
@@ -50,6 +52,7 @@ class Board:
     guests: dict[int, int]
     node_of: list[int]
     started: dict[int, float] = field(default_factory=dict)
+    moved: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, state: ClusterState) -> Board:
@@ -174,6 +177,33 @@ class Board:
             if self.whole_free(i):
                 counts[self.node_of[i]] += 1
         return counts
+
+    def pick(
+        self, free: set[int], target: tuple[int, ...], before: tuple[int, ...]
+    ) -> tuple[int, ...] | None:
+        """GPUs of `free` for an allocation: the job's own (`before`) where it keeps its count.
+
+        On each node: exactly its own GPUs where their count stays; else GPUs
+        from as few link groups as possible (`topology.pick_close`), its own
+        first, then free ones in GPU order. So a job that stays never moves,
+        and a job that starts, grows or shrinks gets GPUs of one link group
+        where one has room (with no topology known: its own, then GPU order).
+        None if a node has too few.
+        """
+        chosen: list[int] = []
+        groups = self.capacity.groups
+        for node, count in enumerate(target):
+            if not count:
+                continue
+            own = [i for i in before if self.node_of[i] == node]
+            mine = [i for i in own if i in free]
+            others = sorted(i for i in free if self.node_of[i] == node and i not in mine)
+            stays = len(mine) == len(own) == count
+            picked = mine if stays else pick_close(mine + others, groups.__getitem__, count)
+            if len(picked) < count:
+                return None
+            chosen.extend(picked)
+        return tuple(sorted(chosen))
 
     def holds_view(self, job_id: int, gpus: tuple[int, ...]) -> JobView:
         """The job as holding `gpus`, for a fifo pass (start time: when the decision starts it)."""

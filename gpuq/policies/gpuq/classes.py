@@ -6,16 +6,17 @@ left:
 
 1. `admit`: memory shares and jobs that need a minimum of whole GPUs, in
    queue order by fifo's rules (`gpuq.policies.fifo`: EASY backfill with
-   time limits, waiting reasons), preempting lower classes' checkpointable
+   time limits, waiting reasons, moves on one server taken up on the board:
+   `gpuq.policies.gpuq.moves`), preempting lower classes' checkpointable
    jobs for a job that fits no other way;
 2. `size`: the goodput search (`Search`) over the class's whole-GPU jobs on
-   the whole GPUs left, or queue order where no job's size can change;
+   the whole GPUs left (close GPUs where it chooses: `Board.pick`), or queue
+   order where no job's size can change;
 3. `slice`: over-subscribe a node for a job that would wait behind jobs of
    its own class (`gpuq.policies.gpuq.timeslice`);
 4. waiting reasons for the rest.
 
-Packing and topology-aware moves plug in between steps 2 and 3 (module
-docstring of the policy).
+Packing plugs in between steps 2 and 3 (module docstring of the policy).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gpuq.policies.fifo import FifoBackfill, queue_order
+from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
+from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
 from gpuq.policies.gpuq.preempt import make_room
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
@@ -54,18 +56,21 @@ def rigid(job: JobView) -> bool:
     return job.min_gpus >= 1 and job.max_gpus <= job.min_gpus
 
 
-def decide_classes(
-    board: Board,
-    search: Search,
-    now: float,
-    slicing: Slicing | None,
-) -> Decision:
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The optional steps and their settings: moves, time-slicing (None: not taken)."""
+
+    slicing: Slicing | None = None
+    moving: Moving | None = None
+
+
+def decide_classes(board: Board, search: Search, now: float, steps: Steps) -> Decision:
     """Decide every priority class in turn, highest first (module docstring)."""
     out = Outcome()
     victims: dict[int, str] = {}
     shrunk: dict[int, str] = {}
     for priority in sorted({job.priority for job in board.jobs.values()}, reverse=True):
-        _Class(board, priority, search, now, out, (victims, shrunk), slicing).run()
+        _Class(board, priority, search, now, out, (victims, shrunk), steps).run()
     return out.decision()
 
 
@@ -80,7 +85,7 @@ class _Class:
         now: float,
         out: Outcome,
         yielded: tuple[dict[int, str], dict[int, str]],
-        slicing: Slicing | None,
+        steps: Steps,
     ) -> None:
         self.board = board
         self.priority = priority
@@ -88,7 +93,8 @@ class _Class:
         self.now = now
         self.out = out
         self.victims, self.shrunk = yielded
-        self.slicing = slicing
+        self.slicing = steps.slicing
+        self.moving = steps.moving
         self.original = {job.id: job for job in board.state.jobs}
         jobs = [job for job in board.state.jobs if job.priority == priority]
         for job in jobs:
@@ -150,11 +156,13 @@ class _Class:
         """
         board = self.board
         moving = {job.id for job in self.movable}
+        shown: set[int] = set(placed)  # shown other than they are: never moved by this pass
         views = []
         for job_id, hold in board.holds.items():
             gpus = hold.gpus
-            if shrink and job_id in moving:
+            if shrink and job_id in moving and len(gpus) > max(board.jobs[job_id].min_gpus, 1):
                 gpus = gpus[: max(board.jobs[job_id].min_gpus, 1)]
+                shown.add(job_id)
             views.append(board.holds_view(job_id, gpus))
         for job in asks:
             if job.id in placed:
@@ -163,6 +171,7 @@ class _Class:
                 views.append(replace(job, start_time=self.now))
             else:
                 views.append(job)
+        views = [pinned(view, board, self.priority, shown) for view in views]
         return replace(board.state, jobs=tuple(sorted(views, key=lambda job: job.id)))
 
     def _fifo(
@@ -170,12 +179,15 @@ class _Class:
     ) -> tuple[ClusterState, Decision]:
         """One fifo pass over the asks not yet placed; places them into `placed`."""
         state = self._fifo_state(asks, shrink, placed)
-        decision = FifoBackfill().decide(state, self.now)
+        decision = admission(self.moving, self.board).decide(state, self.now)
         placed.update(
             (job.id, decision.bindings[job.id])
             for job in asks
             if job.id not in placed and job.id in decision.bindings
         )
+        for job_id in take_moves(self.board, state, decision):
+            if job_id in self.out.allocations:  # kept already: kept where it goes now
+                self._keep(self.board.jobs[job_id], ())
         return state, decision
 
     def _index(self, uuids: tuple[str, ...]) -> tuple[int, ...]:
@@ -282,7 +294,7 @@ class _Class:
                 if job.id in before:
                     self.out.notes[job.id] = "its GPUs give other jobs more goodput"
                 continue
-            gpus = _pick(board, free, target, before.get(job.id, admitted.get(job.id, ())))
+            gpus = board.pick(free, target, before.get(job.id, admitted.get(job.id, ())))
             if gpus is None:  # cannot happen: the search respects each node's count
                 continue
             free.difference_update(gpus)
@@ -320,7 +332,18 @@ class _Class:
         self.out.notes[job.id] = note
 
     def _keep(self, job: JobView, allocation: tuple[int, ...], note: str | None = None) -> None:
-        """The job stays where it is: its allocation, and the GPUs it names as the caller's."""
+        """The job stays where it is: its allocation, and the GPUs it names as the caller's.
+
+        A job moved by this decision stays where it goes: bound to its new
+        GPUs, with the move's reason.
+        """
+        moved = self.board.moved.get(job.id)
+        if moved is not None:
+            gpus = self.board.holds[job.id].gpus
+            self.out.allocations[job.id] = self.board.allocation(gpus)
+            self.out.bindings[job.id] = self.board.uuids(gpus)
+            self.out.notes[job.id] = moved
+            return
         original = self.original.get(job.id)
         self.out.allocations[job.id] = tuple(allocation)
         uuids = original.gpu_uuids if original is not None else ()
@@ -334,23 +357,6 @@ class _Class:
         need = max(job.min_gpus, 1) if job.gpu_mem is None else job.gpus_requested
         summary = self.board.capacity.summary()
         return summary.wait_reason(need, job.gpu_mem, job.exclusive)
-
-
-def _pick(
-    board: Board, free: set[int], target: tuple[int, ...], before: tuple[int, ...]
-) -> tuple[int, ...] | None:
-    """GPUs for an allocation: the job's own on each node first, then free ones in GPU order."""
-    chosen: list[int] = []
-    for node, count in enumerate(target):
-        if not count:
-            continue
-        mine = [i for i in before if board.node_of[i] == node and i in free]
-        others = sorted(i for i in free if board.node_of[i] == node and i not in mine)
-        picked = (mine + others)[:count]
-        if len(picked) < count:
-            return None
-        chosen.extend(picked)
-    return tuple(sorted(chosen))
 
 
 def _base_speedups(problem: SearchProblem) -> list[float]:
@@ -378,4 +384,4 @@ def _search_wait(board: Board, job: JobView, fits: bool) -> str:
     return summary.wait_reason(need, None, False)
 
 
-__all__ = ["Outcome", "Search", "decide_classes", "rigid"]
+__all__ = ["Outcome", "Search", "Steps", "decide_classes", "rigid"]

@@ -36,9 +36,29 @@ Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
     except that a running job the search may resize holds only its minimum
     here: what it holds beyond that may go to an earlier-queued share or
     job, and the search then shrinks it (through its checkpoint). Memory
-    shares are never resized, moved or preempted for jobs of their own
-    class. Jobs that run on any count (`min_gpus` 0: the simulator's Pollux
-    jobs) are not gated: the search alone decides for them, as in Pollux.
+    shares are never resized or preempted for jobs of their own class (they
+    may be moved, below). Jobs that run on any count (`min_gpus` 0: the
+    simulator's Pollux jobs) are not gated: the search alone decides for
+    them, as in Pollux.
+Moves on one server (`moves`, on; `gpuq.policies.gpuq.moves`)
+    Admission lets fifo plan its moves (`gpuq.policies.consolidate`) for the
+    first job of a class that does not fit: memory-share jobs moved onto
+    other shared GPUs until it gets the free GPU it needs ("frees GPU 0 for
+    job 9"), or single-GPU jobs moved out of a link group so that a
+    multi-GPU job gets GPUs of one PCIe switch or NVLink. Only a job the
+    caller can checkpoint, that has run `move_after` seconds (60) since it
+    started or was last moved, and of the waiting job's priority or lower
+    (a move costs the moved job a restart: never for a lower class) is
+    moved, at most one set of moves per decision. The moved job runs on in
+    the decision on its new GPUs, bound to exactly those, with the move's
+    reason, and the waiting job starts on the GPUs freed once the moved job
+    has left them. Why: a job holding a sliver of a GPU would otherwise keep
+    a whole-GPU job waiting, or taking turns, until it ends.
+Topology (`gpuq.policies.topology`)
+    Where gpuq chooses GPUs itself (a job the goodput search starts, grows
+    or shrinks), a multi-GPU job gets GPUs of one link group where one has
+    room (`pick_close`), its own first; a job whose count stays keeps
+    exactly its GPUs. Admission's GPUs are fifo's, close by the same rule.
 Goodput allocation (Pollux's search, `gpuq.policies.pollux.policy`)
     The class's whole-GPU jobs that can change GPUs (running jobs whose
     caller can preempt them, and those admitted or not gated) are sized by
@@ -101,12 +121,10 @@ Reasons
     GPUs (0 free)", "behind job 12 (reserved GPUs)", "needs 4 GPUs; this
     server has 2"; the search's "the goodput allocation keeps the GPUs with
     running jobs for now"; a guest's "time-sliced on n1 with job 3").
-Steps still to come
-    Packing with introspection (Gandiva's packs carried out live) and moves
-    on one server with GPU topology plug in per class between the goodput
-    allocation and time-slicing: a pack is tried before a waiting job is
-    time-sliced, and a move step rebinds the class's jobs to GPUs (the
-    board's `_pick`) before the next class sees what is left.
+Step still to come
+    Packing with introspection (Gandiva's packs carried out live) plugs in
+    per class between the goodput allocation and time-slicing: a pack is
+    tried before a waiting job is time-sliced.
 
 `restart_penalty`, `population` and `generations` are Pollux's options; the
 random generator is seeded once and each class keeps its own warm-start
@@ -124,9 +142,11 @@ from typing import Any
 
 import numpy as np
 
+from gpuq.policies.consolidate import DEFAULT_SETTLE
 from gpuq.policies.gpuq.board import Board
-from gpuq.policies.gpuq.classes import decide_classes
+from gpuq.policies.gpuq.classes import Steps, decide_classes
 from gpuq.policies.gpuq.estimates import remaining_time
+from gpuq.policies.gpuq.moves import Moving
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.policy import (
@@ -158,6 +178,8 @@ class GpuqPolicy(PolluxPolicy):
         timeslice: str = "blocked",
         quantum: float = 60.0,
         oversubscription: float = 2.0,
+        moves: bool = True,
+        move_after: float = DEFAULT_SETTLE,
         restart_penalty: float | None = None,
         population: int = 100,
         generations: int = 100,
@@ -181,6 +203,7 @@ class GpuqPolicy(PolluxPolicy):
         self.timeslice = timeslice
         on = timeslice != "off"
         self.slicing = Slicing(oversubscription, quantum, timeslice == "all") if on else None
+        self.moving = Moving(float(move_after)) if moves else None
         self._populations: dict[int, Population | None] = {}
         # Remaining work is read only by the option that charges moves over it.
         self.capabilities = Capabilities(
@@ -197,7 +220,8 @@ class GpuqPolicy(PolluxPolicy):
         if not state.jobs or not state.nodes:
             return Decision()
         board = Board.build(state)
-        return decide_classes(board, lambda c, s: self._search(c, s, now), now, self.slicing)
+        steps = Steps(slicing=self.slicing, moving=self.moving)
+        return decide_classes(board, lambda c, s: self._search(c, s, now), now, steps)
 
     def _search(self, priority: int, state: ClusterState, now: float) -> Solution:
         """Pollux's search for one class, warm-started from that class's last population."""
