@@ -437,6 +437,125 @@ def test_jobs_gpuq_starts_on_several_gpus_get_gpus_of_one_link_group() -> None:
     assert decision.bindings[1] == ("GPU-1", "GPU-2"), "GPU order alone would span a and b"
 
 
+# -- packing with introspection ----------------------------------------------------------------
+
+
+def light(
+    job: JobView, step: float = 0.2, *shared: int, util: float = 30.0, mem: int = 8 * G
+) -> JobView:
+    """`job` as the daemon measures a gpuq.runner job (a light one by default).
+
+    Its step time (alone, or beside `shared`), its utilization alone, its memory peak.
+    """
+    return replace(
+        job, step_seconds=step, step_shared_with=shared, gpu_utilization=util, memory_peak=mem
+    )
+
+
+def packed_pair(step: float) -> ClusterState:
+    """Jobs 1 and 2 packed on GPU-0, each measured at `step` seconds a step beside the other."""
+    host = replace(rigid(1, 1, "GPU-0"), packed_with=(2,))
+    rider = replace(rigid(2, 1, "GPU-0"), packed_with=(1,))
+    return state(light(host, step, 2), light(rider, step, 1), count=1)
+
+
+def test_a_light_job_waiting_behind_its_class_is_packed_rather_than_time_sliced() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    cluster = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    decision = policy.decide(cluster, NOW)
+    assert decision.packed == ((1, 2),)
+    assert decision.allocations == {1: (1,), 2: (1,)}
+    assert decision.bindings[2] == ("GPU-0",), "on its host's GPU"
+    actions = plan(cluster, decision)
+    assert [(a.kind, a.job_id) for a in actions] == [
+        (Kind.START, 2),
+        (Kind.PACK, 1),
+        (Kind.PACK, 2),
+    ]
+    assert actions[2].reason == "packed with job 1: trial on n1 (utilization 30% + 30%)"
+    assert policy.capabilities.packing
+
+
+@pytest.mark.parametrize(
+    ("guest", "why"),
+    [
+        (light(rigid(2), util=80.0), "busy: 30% + 80% is over 100%"),
+        (light(rigid(2), mem=31 * G), "8G + 31G do not fit in 38G"),
+        (replace(light(rigid(2)), memory_peak=None), "memory unknown"),
+        (replace(light(rigid(2)), step_seconds=None), "never measured alone"),
+        (light(rigid(2, exclusive=True)), "asks for its GPU alone"),
+        (light(rigid(2, oom_partners=(1,))), "ran out of memory beside job 1 before"),
+        (light(adaptive(2, 1, 2)), "it can run on more GPUs"),
+    ],
+)
+def test_a_job_is_packed_only_when_both_are_light_measured_and_fit(
+    guest: JobView, why: str
+) -> None:
+    cluster = state(light(rigid(1, 1, "GPU-0")), guest, count=1)
+    decision = decide(cluster)
+    assert decision.packed == (), why
+    assert decision.notes[2].startswith("time-sliced on n1 with job 1"), "it takes turns instead"
+
+
+def test_a_job_is_never_packed_with_another_priority_or_without_packing() -> None:
+    urgent = light(rigid(1, 1, "GPU-0", priority=5))
+    assert decide(state(urgent, light(rigid(2)), count=1)).packed == ()
+    same = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    assert decide(same, packing=False).packed == ()
+
+
+def test_a_pack_slower_than_time_slicing_is_undone_and_never_tried_again() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    trial = policy.decide(packed_pair(0.2 / 0.36), NOW + 10)  # 2.8x slower steps beside
+    assert trial.packed == ()
+    undone = "packed throughput 0.72 of time-sliced (0.36+0.36 of solo), undone on n1"
+    assert trial.notes == {1: undone, 2: undone}
+    assert trial.allocations == {1: (1,), 2: (1,)}, "back to taking turns"
+    reasons = {a.job_id: a.reason for a in plan(packed_pair(0.2 / 0.36), trial)}
+    assert reasons == {1: f"unpacked from job 2: {undone}", 2: f"unpacked from job 1: {undone}"}
+    again = policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW + 20)
+    assert again.packed == (), "a failed pair is never packed again"
+
+
+def test_a_pack_is_a_trial_until_both_are_measured_then_kept_while_it_beats_time_slicing() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    host = replace(light(rigid(1, 1, "GPU-0")), packed_with=(2,))  # no packed sample yet
+    rider = replace(light(rigid(2, 1, "GPU-0"), 0.24, 1), packed_with=(1,))
+    measuring = policy.decide(state(host, rider, count=1), NOW + 10)
+    assert measuring.packed == ((1, 2),)
+    assert measuring.notes[2] == "trial, measuring on n1"
+    kept = policy.decide(packed_pair(0.24), NOW + 20)  # 1.2x slower steps beside
+    assert kept.packed == ((1, 2),)
+    assert kept.notes[1] == "kept, 1.67x time-slicing (0.83+0.83 of solo) on n1"
+    assert plan(packed_pair(0.24), kept) == (), "nothing changes"
+
+
+def test_a_pack_ends_when_a_gpu_of_its_own_is_free() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    cluster = replace(packed_pair(0.24), nodes=(NodeView("n1", 2),), gpus=gpus(2))
+    decision = policy.decide(cluster, NOW)
+    assert decision.packed == ()
+    assert decision.notes[2] == "a GPU of its own is free on n1"
+    assert {a.kind for a in plan(cluster, decision)} == {Kind.UNPACK}
+
+
+def test_packing_memory_survives_a_restart() -> None:
+    first = GpuqPolicy(population=16, generations=10)
+    first.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    first.decide(packed_pair(0.2 / 0.36), NOW + 10)
+    saved = first.save()
+    assert saved["packing"]["failed"] == [[1, 2]]
+    restored = GpuqPolicy(population=16, generations=10)
+    restored.restore(saved)
+    later = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    assert restored.decide(later, NOW + 20).packed == ()
+    fresh = GpuqPolicy(population=16, generations=10)
+    fresh.restore({"version": 2, "rng": saved["rng"], "classes": saved["classes"]})
+    assert fresh.decide(later, NOW + 20).packed == ((1, 2),), "version 2 knew no packing"
+
+
 # -- memory between decisions -----------------------------------------------------------------
 
 

@@ -13,7 +13,11 @@
   time, id); a single-node job left without GPUs on its node is a **guest**
   of the time-sliced node: the rest of the decision sees it as waiting, with
   its node remembered (`guests`);
-- a `Capacity` (`gpuq.policies.placement`) with every holder's GPUs held.
+- a `Capacity` (`gpuq.policies.placement`) with every holder's GPUs held;
+- the **riders**: jobs packed onto another's GPU (`riders`, each with its
+  host, `gpuq.policies.gpuq.packing`). A rider holds nothing on the board:
+  its host holds the GPU, and the packing step alone decides whether it
+  rides on.
 
 As each priority class is decided, the board releases the GPUs of the jobs
 being decided or preempted and holds those the decision gives, so the next
@@ -24,6 +28,7 @@ caller's state is never changed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.policies.fifo import numbered_gpus
@@ -53,10 +58,13 @@ class Board:
     node_of: list[int]
     started: dict[int, float] = field(default_factory=dict)
     moved: dict[int, str] = field(default_factory=dict)
+    riders: dict[int, int] = field(default_factory=dict)
+    given: dict[int, JobView] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, state: ClusterState) -> Board:
-        """The board of `state` (module docstring)."""
+    def build(cls, state: ClusterState, riders: Mapping[int, int] | None = None) -> Board:
+        """The board of `state`, each of `riders` on its host's GPU (module docstring)."""
+        riders = dict(riders or {})
         listed = numbered_gpus(replace(state, jobs=())) if not state.gpus else state
         gpus = listed.gpus
         index = {gpu.uuid: i for i, gpu in enumerate(gpus)}
@@ -67,7 +75,7 @@ class Board:
         holders: dict[int, tuple[int, ...]] = {}
         guests: dict[int, int] = {}
         for job in state.jobs:
-            if job.gpu_mem is not None and job.gpu_uuids:
+            if job.gpu_mem is not None and job.gpu_uuids and job.id not in riders:
                 held = tuple(index[u] for u in job.gpu_uuids if u in index)
                 holders[job.id] = held
                 for i in held:
@@ -83,7 +91,11 @@ class Board:
             chosen = (mine + rest)[:count]
             return chosen if len(chosen) == count else None
 
-        wholes = [j for j in state.jobs if j.gpu_mem is None and (j.gpu_uuids or any(j.allocation))]
+        wholes = [
+            j
+            for j in state.jobs
+            if j.gpu_mem is None and (j.gpu_uuids or any(j.allocation)) and j.id not in riders
+        ]
         wholes.sort(key=lambda j: (_single_node(j) and can_take_turns(j), j.submit_time, j.id))
         for job in wholes:
             own = tuple(index[u] for u in job.gpu_uuids if u in index)
@@ -133,6 +145,8 @@ class Board:
             holds={},
             guests=guests,
             node_of=node_of,
+            riders=riders,
+            given={job.id: job for job in state.jobs},
         )
         for job in jobs:
             if job.gpu_uuids:

@@ -1,7 +1,7 @@
 """One `gpuq` decision, priority class by priority class (rules: `gpuq.policies.gpuq.policy`).
 
 `decide_classes` walks the classes from the highest priority down on one
-`Board`; each class runs four steps, in order, on what the classes above
+`Board`; each class runs five steps, in order, on what the classes above
 left:
 
 1. `admit`: memory shares and jobs that need a minimum of whole GPUs, in
@@ -10,13 +10,13 @@ left:
    `gpuq.policies.gpuq.moves`), preempting lower classes' checkpointable
    jobs for a job that fits no other way;
 2. `size`: the goodput search (`Search`) over the class's whole-GPU jobs on
-   the whole GPUs left (close GPUs where it chooses: `Board.pick`), or queue
-   order where no job's size can change;
-3. `slice`: over-subscribe a node for a job that would wait behind jobs of
+   the whole GPUs left (close GPUs where it chooses: `Board.pick`), or
+   queue order where no job's size can change;
+3. `pack`: review the class's packs and pack jobs that would wait behind it
+   (`gpuq.policies.gpuq.packing`);
+4. `slice`: over-subscribe a node for a job that would wait behind jobs of
    its own class (`gpuq.policies.gpuq.timeslice`);
-4. waiting reasons for the rest.
-
-Packing plugs in between steps 2 and 3 (module docstring of the policy).
+5. waiting reasons for the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
 from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
+from gpuq.policies.gpuq.packing import Packed, Packer
 from gpuq.policies.gpuq.preempt import make_room
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
@@ -45,10 +46,16 @@ class Outcome:
     allocations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     bindings: dict[int, tuple[str, ...]] = field(default_factory=dict)
     notes: dict[int, str] = field(default_factory=dict)
+    packed: list[tuple[int, int]] = field(default_factory=list)
 
     def decision(self) -> Decision:
         """The finished `Decision`."""
-        return Decision(allocations=self.allocations, bindings=self.bindings, notes=self.notes)
+        return Decision(
+            allocations=self.allocations,
+            bindings=self.bindings,
+            notes=self.notes,
+            packed=tuple(sorted(self.packed)),
+        )
 
 
 def rigid(job: JobView) -> bool:
@@ -58,10 +65,11 @@ def rigid(job: JobView) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Steps:
-    """The optional steps and their settings: moves, time-slicing (None: not taken)."""
+    """The optional steps and their settings: moves, packing, time-slicing (None: not taken)."""
 
     slicing: Slicing | None = None
     moving: Moving | None = None
+    packer: Packer | None = None
 
 
 def decide_classes(board: Board, search: Search, now: float, steps: Steps) -> Decision:
@@ -95,6 +103,7 @@ class _Class:
         self.victims, self.shrunk = yielded
         self.slicing = steps.slicing
         self.moving = steps.moving
+        self.packer = steps.packer
         self.original = {job.id: job for job in board.state.jobs}
         jobs = [job for job in board.state.jobs if job.priority == priority]
         for job in jobs:
@@ -107,11 +116,12 @@ class _Class:
         ]
         moving = {job.id for job in self.movable}
         self.fixed = [job for job in held if job.id not in moving]
-        self.queue = queue_order([job for job in live if job.id not in board.holds])
+        waits = [job for job in live if job.id not in board.holds and job.id not in board.riders]
+        self.queue = queue_order(waits)
         self.waiting: dict[int, str] = {}
 
     def run(self) -> None:
-        """Admit, size, slice, and say why the rest wait."""
+        """Admit, size, pack, slice, and say why the rest wait."""
         for job in self.fixed:
             self._keep(job, self.board.jobs[job.id].allocation)
         gated = [job for job in self.queue if job.gpu_mem is not None or job.min_gpus >= 1]
@@ -128,19 +138,24 @@ class _Class:
                     )
         elif members:
             self._size(members, admitted)
+        hardware = Hardware(self.board.state)
+        left = [
+            job
+            for job in self.queue
+            if job.gpu_mem is None
+            and job.id not in self.out.allocations
+            and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
+        ]
+        blocked = [job for job in left if job.min_gpus >= 1 and job.id not in admitted]
+        packed = self._pack(blocked)
         if self.slicing is not None:
-            hardware = Hardware(self.board.state)
-            left = [
-                job
-                for job in self.queue
-                if job.gpu_mem is None
-                and job.id not in self.out.allocations
-                and (self.slicing.everyone or (job.min_gpus >= 1 and job.id not in admitted))
-                and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
-            ]
+            turns = left if self.slicing.everyone else blocked
+            turns = [job for job in turns if job.id not in self.out.allocations]
+            turns = queue_order([*turns, *packed.unpacked])
             self.out.notes.update(
-                self.slicing.place(self.board, self.out.allocations, left, self.now)
+                self.slicing.place(self.board, self.out.allocations, turns, self.now)
             )
+        self.out.notes.update(packed.notes)
         for job in self.queue:
             if job.id not in self.out.allocations:
                 self.out.notes.setdefault(job.id, self.waiting.get(job.id) or self._why(job))
@@ -320,6 +335,30 @@ class _Class:
             for job in members
             if job.id not in before and job.id not in self.out.allocations
         )
+
+    # ---- step 3: packing -----------------------------------------------------------------
+
+    def _pack(self, blocked: list[JobView]) -> Packed:
+        """Review the class's packs and pack jobs that would wait (`Packer.step`)."""
+        if self.packer is None:
+            return Packed()
+        board = self.board
+        packed = self.packer.step(board, self.priority, blocked, self._stays, self.now)
+        for rider, host in sorted(packed.packs.items()):
+            gpus = board.holds[host].gpus
+            self.out.allocations[rider] = board.allocation(gpus)
+            self.out.bindings[rider] = board.uuids(gpus)
+            self.out.packed.append((host, rider))
+        return packed
+
+    def _stays(self, job_id: int) -> bool:
+        """True if the job keeps exactly the GPUs it holds on the board in this decision."""
+        hold = self.board.holds.get(job_id)
+        if hold is None or job_id in self.board.moved:
+            return False
+        return self.out.allocations.get(job_id) == self.board.allocation(
+            hold.gpus
+        ) and self.out.bindings.get(job_id) == self.board.uuids(hold.gpus)
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""gpuq's default policy, `gpuq`: a lab's queue with goodput allocation and time-slicing.
+"""gpuq's default policy, `gpuq`: a lab's queue with goodput, moves, packing and time-slicing.
 
 It does what a lab's daemon needs `fifo` for (priorities, memory shares,
 exclusive jobs, foreign memory, backfill with time limits, a reason for
@@ -117,20 +117,39 @@ Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
 Reasons
     Every job gets a note: where it runs and why ("speedup 1.62 over a fair
     share", "goodput +38% (...)" for a resize, "a 6.0G memory share", "next
-    in the queue at priority 0"), or why it waits (fifo's "waiting for 2 free
+    in the queue at priority 0", "frees GPU 0 for job 9" for a move, "trial
+    on n1 (...)" for a pack), or why it waits (fifo's "waiting for 2 free
     GPUs (0 free)", "behind job 12 (reserved GPUs)", "needs 4 GPUs; this
     server has 2"; the search's "the goodput allocation keeps the GPUs with
     running jobs for now"; a guest's "time-sliced on n1 with job 3").
-Step still to come
-    Packing with introspection (Gandiva's packs carried out live) plugs in
-    per class between the goodput allocation and time-slicing: a pack is
-    tried before a waiting job is time-sliced.
+Packing with introspection (`packing`, on; `gpuq.policies.gpuq.packing`)
+    Before a job waiting behind its own class takes turns, it is packed
+    with a job of its class running on one whole GPU, where both are
+    gpuq.runner jobs measured alone (their step times), of one GPU, with
+    low measured utilization (the two add up to at most
+    `pack_utilization`, 100%) and memory peaks that fit in that GPU
+    together, and not a pair that failed before ("trial on n1 (utilization
+    30% + 30%)"). The caller then measures both jobs' steps packed; once
+    both are measured the pack is kept while their packed rates (each a
+    fraction of its rate alone) add up to more than `keep_threshold` (1.0,
+    what time-slicing gives the two) and undone the first time they do not
+    ("packed throughput 0.71 of time-sliced (0.36+0.35 of solo)"): the pair
+    then takes turns and is never packed again, nor is a pair of which one
+    ran out of GPU memory packed. A pack also ends when its host leaves its
+    GPU, or when a whole GPU is free on its node. Why: a job waiting behind
+    its own class otherwise runs in turns, at half speed; two light jobs (a
+    small model, a data-bound loop) often each run faster than that on one
+    GPU at once, and measuring them is the only reliable way to know
+    (Gandiva, sections 4.1 and 4.2.2; the rules are shared with `gandiva`:
+    `gpuq.policies.packing`). Jobs the simulator runs report no utilization
+    or memory, so packing never happens there.
 
 `restart_penalty`, `population` and `generations` are Pollux's options; the
 random generator is seeded once and each class keeps its own warm-start
 population (saved and restored: `Remembers`). With one class of jobs that
 run on any count and no shares (Pollux's workloads), the decisions are
-exactly those of the search alone, time-slicing on or off.
+exactly those of the search alone, time-slicing on or off (and no job is
+moved or packed there: no shares, no topology, no utilization measured).
 """
 
 from __future__ import annotations
@@ -147,6 +166,7 @@ from gpuq.policies.gpuq.board import Board
 from gpuq.policies.gpuq.classes import Steps, decide_classes
 from gpuq.policies.gpuq.estimates import remaining_time
 from gpuq.policies.gpuq.moves import Moving
+from gpuq.policies.gpuq.packing import Packer
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.policy import (
@@ -165,7 +185,7 @@ TIMESLICE = ("blocked", "all", "off")
 
 
 class GpuqPolicy(PolluxPolicy):
-    """gpuq's default policy: classes, admission, goodput, time-slicing (see module)."""
+    """gpuq's default policy: classes, admission, moves, goodput, packing, turns (see module)."""
 
     name = "gpuq"
 
@@ -180,6 +200,9 @@ class GpuqPolicy(PolluxPolicy):
         oversubscription: float = 2.0,
         moves: bool = True,
         move_after: float = DEFAULT_SETTLE,
+        packing: bool = True,
+        keep_threshold: float = 1.0,
+        pack_utilization: float = 100.0,
         restart_penalty: float | None = None,
         population: int = 100,
         generations: int = 100,
@@ -204,11 +227,13 @@ class GpuqPolicy(PolluxPolicy):
         on = timeslice != "off"
         self.slicing = Slicing(oversubscription, quantum, timeslice == "all") if on else None
         self.moving = Moving(float(move_after)) if moves else None
+        self.packer = Packer(keep_threshold, pack_utilization) if packing else None
         self._populations: dict[int, Population | None] = {}
         # Remaining work is read only by the option that charges moves over it.
         self.capabilities = Capabilities(
             adaptive_jobs=True,
             time_slicing=on,
+            packing=packing,
             preemption=True,
             remaining_work=remaining_aware,
             remembers=True,
@@ -219,8 +244,12 @@ class GpuqPolicy(PolluxPolicy):
         """Decide each priority class in turn on a board of the cluster (module docstring)."""
         if not state.jobs or not state.nodes:
             return Decision()
-        board = Board.build(state)
-        steps = Steps(slicing=self.slicing, moving=self.moving)
+        riders: dict[int, int] = {}
+        if self.packer is not None:
+            self.packer.observe(state, now)
+            riders = self.packer.riders(state)
+        board = Board.build(state, riders)
+        steps = Steps(slicing=self.slicing, moving=self.moving, packer=self.packer)
         return decide_classes(board, lambda c, s: self._search(c, s, now), now, steps)
 
     def _search(self, priority: int, state: ClusterState, now: float) -> Solution:
@@ -250,13 +279,15 @@ class GpuqPolicy(PolluxPolicy):
         return jobs, replace(problem, realloc_factor=factors)
 
     def save(self) -> dict[str, Any]:
-        """Its memory: the random generator and each class's last population (`Remembers`)."""
-        saved: dict[str, Any] = {"version": 2, "rng": self._rng.bit_generator.state}
+        """Its memory (`Remembers`): the random generator, each class's population, packing's."""
+        saved: dict[str, Any] = {"version": 3, "rng": self._rng.bit_generator.state}
         saved["classes"] = {
             str(priority): dump_population(population)
             for priority, population in sorted(self._populations.items())
             if population is not None
         }
+        if self.packer is not None:
+            saved["packing"] = self.packer.save()
         return saved
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -266,11 +297,13 @@ class GpuqPolicy(PolluxPolicy):
             super().restore(saved)
             self._populations = {0: self._previous} if self._previous is not None else {}
             return
-        if version != 2:
+        if version not in (2, 3):  # 2: before packing
             raise ValueError(f"not a saved {self.name} policy: unknown version {version!r}")
         super().restore({"version": 1, "rng": saved.get("rng")})
         try:
             populations = {int(k): load_population(v) for k, v in saved["classes"].items()}
+            if self.packer is not None and version == 3:
+                self.packer.restore(saved["packing"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a saved {self.name} policy: {exc}") from None
         self._populations = dict(populations)
