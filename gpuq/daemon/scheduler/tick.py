@@ -151,7 +151,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     moved = moves.chosen(cluster, wanted, decision)  # the policy's, not the slicer's turns
     preemptions = actuator.preempt(state, actions, moved)
     turns = actuator.resume_turns(state, actions)
-    starts, waiting = placements(cluster, decision)
+    starts, waiting = placements(cluster, decision, sliced)
     starts = packs.starts(starts)
     waiting.update(packs.waiting)
     release = preemptions.release_reason()
