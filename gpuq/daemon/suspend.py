@@ -8,8 +8,11 @@
   `SuspendRequest` goes over the control channel. The runner saves at its
   next iteration boundary, acknowledges and exits with `SUSPEND_EXIT_CODE`,
   leaving `ACK_FILE` in its checkpoint directory; `suspended_by_exit` then
-  records the job `suspended` and frees its GPUs. Resume puts it back in the
-  queue; the next attempt restores the checkpoint.
+  records the job `suspended` and frees its GPUs. The acknowledgement,
+  which comes before the exit, completes the suspend: the state is safe, and
+  the time-slicer may give the GPUs to the next job while the process
+  exits. Resume puts it back in the queue; the next attempt restores the
+  checkpoint.
 - **park** (runner jobs): the runner moves its state to host memory at the
   next boundary and acknowledges; the job is `suspended` and keeps its GPUs.
   Resume sends `ResumeRequest` (and SIGCONT, which also ends a park, for a
@@ -381,7 +384,12 @@ class ChannelListener:
             else:
                 state.transition(job, job.state, f"the job refused a {ack.request}: {error}")
             return
-        if ack.request == "suspend" and detail.get("mode") == "park":
+        if ack.request == "suspend" and detail.get("mode") == "checkpoint":
+            if pending and record is not None and record.mode == "checkpoint":
+                # Saved: it computes no more, and the next job may take its GPUs as it exits.
+                state.store.complete_suspend(job.id, job.attempts, time.time())
+                state.wake.set()
+        elif ack.request == "suspend" and detail.get("mode") == "park":
             if pending and record is not None and record.mode == "park":
                 state.store.complete_suspend(job.id, job.attempts, time.time())
                 state.transition(

@@ -109,13 +109,27 @@ def preempt(
 
 
 def computing_on(state: DaemonState, uuids: Iterable[str], but: int) -> list[int]:
-    """The jobs other than `but` that may compute on any of `uuids` (or are leaving them)."""
+    """The jobs other than `but` that may compute on any of `uuids` (or are leaving them).
+
+    A job whose checkpoint is saved computes no more: its process only exits.
+    """
     wanted = set(uuids)
     return sorted(
         job.id
         for job in state.active.values()
-        if job.id != but and job.state in HOLDING and wanted.intersection(job.gpu_uuids)
+        if job.id != but
+        and job.state in HOLDING
+        and wanted.intersection(job.gpu_uuids)
+        and not _saved(state, job)
     )
+
+
+def _saved(state: DaemonState, job: Job) -> bool:
+    """True for a job leaving its GPUs whose checkpoint is saved (`suspend` completed it)."""
+    if job.state is not JobState.SUSPENDING:
+        return False
+    record = state.store.suspend_of(job.id, job.attempts)
+    return record is not None and record.mode == "checkpoint" and record.completed is not None
 
 
 def resume_turns(state: DaemonState, actions: tuple[Action, ...]) -> dict[int, str]:
@@ -185,5 +199,6 @@ def turn_info(
             max(sizes) if sizes else None,
             leaving=job.state is JobState.SUSPENDING,
             resumable=job.state is not JobState.SUSPENDED or _sliced(state, job),
+            saved=_saved(state, job),
         )
     return info
