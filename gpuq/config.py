@@ -145,6 +145,7 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.utilization": "a percentage from 0 to 100",
     "gpus.fake.share_slowdown": "a number, 1 or more (1: sharing costs nothing)",
     "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
+    "gpus.fake.job_memory": _SIZE,
 }
 """Every valid key, with what it accepts (the hint of a ConfigError)."""
 
@@ -486,6 +487,9 @@ def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
     foreign_memory = table.get("foreign_memory", d.foreign_memory, _size)
     if foreign_memory > memory:
         raise table.error("foreign_memory", table.data["foreign_memory"], "at most `memory`")
+    job_memory = table.get("job_memory", d.job_memory, _size)
+    if job_memory > memory:
+        raise table.error("job_memory", table.data["job_memory"], "at most `memory`")
     return FakeGpuDecl(
         name=table.get("name", d.name, _instance(str, str.strip)),
         memory=memory,
@@ -495,4 +499,5 @@ def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
         utilization=table.get("utilization", d.utilization, _number(0.0, 100.0)),
         share_slowdown=table.get("share_slowdown", d.share_slowdown, _number(1.0)),
         link_group=table.get("link_group", d.link_group, _instance(str)),
+        job_memory=job_memory,
     )

@@ -99,3 +99,15 @@ def test_a_start_carries_the_policys_note_for_the_event_log() -> None:
     decision = Decision(allocations={1: (1, 0)}, notes={1: "next in the queue at priority 0"})
     [start], _ = placements(cluster, decision)
     assert start.reason == "next in the queue at priority 0"
+
+
+def test_a_turn_starts_beside_a_job_parked_on_its_gpu_but_not_beside_one_computing() -> None:
+    parked = JobView(9, 0.0, gpu_uuids=("a0",), allocation=(1, 0), suspended=True)
+    cluster = state(parked, running(8, "a1"), pending(1), pending(2))
+    decision = Decision(allocations={1: (1, 0), 2: (1, 0)}, bindings={1: ("a0",), 2: ("a1",)})
+    starts, waiting = placements(cluster, decision, frozenset({1, 2, 8, 9}))
+    assert starts == [Placement(1, ("a0",))]
+    assert waiting == {2: RELEASE_WAIT}, "job 8 still computes on a1"
+    assert placements(cluster, decision)[0] == [], "a job bound by the policy waits for both"
+    not_a_turn = placements(cluster, decision, frozenset({1, 2, 8}))[0]
+    assert not_a_turn == [], "job 9 was suspended for something other than a turn"

@@ -114,6 +114,7 @@ foreign_memory = "2G"
 foreign_pid = 4242
 utilization = 30
 share_slowdown = 2.8
+job_memory = "6G"
 """
 
 
@@ -140,6 +141,7 @@ def test_every_key(tmp_path: Path, env: dict[str, str]) -> None:
                 foreign_pid=4242,
                 utilization=30.0,
                 share_slowdown=2.8,
+                job_memory=6 * GiB,
             ),
         ),
         fake_state_file="/tmp/fake.json",
@@ -373,6 +375,7 @@ def test_bad_values_are_named_with_what_is_accepted(
         ("name = ''", "name", "non-empty"),
         ("utilization = 120", "utilization", "0 to 100"),
         ("share_slowdown = 0.5", "share_slowdown", "1 or more"),
+        ("memory = '1G'\njob_memory = '2G'", "job_memory", "at most `memory`"),
     ],
 )
 def test_bad_fake_gpus(
@@ -409,6 +412,7 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "utilization": 100.0,
         "share_slowdown": 1.0,
         "link_group": "",
+        "job_memory": 0,
     }
     assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
 

@@ -156,6 +156,7 @@ def test_attach_rejects_unknown_devices_and_bad_values() -> None:
         (FakeGpuDecl(foreign_memory=GIB, foreign_pid=0), "foreign_pid"),
         (FakeGpuDecl(utilization=101.0), "utilization"),
         (FakeGpuDecl(share_slowdown=0.9), "share_slowdown"),
+        (FakeGpuDecl(memory=GIB, job_memory=2 * GIB), "job_memory"),
     ],
 )
 def test_bad_declarations_are_config_errors(decl: FakeGpuDecl, problem: str) -> None:
@@ -308,6 +309,19 @@ def test_each_computing_job_adds_its_utilization_and_a_waiting_one_none() -> Non
     device = backend.devices()[0]
     assert device.utilization == 30.0
     assert device.processes == (GpuProcess(100, 12 * GIB), GpuProcess(200, 512 * 1024**2))
+
+
+def test_a_job_holding_a_gpu_whole_shows_the_declared_job_memory_as_nvml_would() -> None:
+    decl = FakeGpuDecl(memory=40 * GIB, job_memory=8 * GIB)
+    backend = fake_backend(GpuConfig(backend="fake", fake=(decl,)))
+    uuid = backend.devices()[0].uuid
+    backend.observe({1: JobHolding(100, (uuid,)), 2: JobHolding(200, (uuid,), 6 * GIB)})
+    device = backend.devices()[0]
+    assert device.processes == (GpuProcess(100, 8 * GIB), GpuProcess(200, 6 * GIB))
+    assert device.memory_used == 14 * GIB
+    plain = fake_backend(SHARED)
+    plain.observe({1: JobHolding(100, (uuid,))})
+    assert plain.devices()[0].processes == (GpuProcess(100, 0),), "none declared: none shown"
 
 
 def test_the_published_load_tells_jobs_their_slowdown_and_their_room(tmp_path: Path) -> None:

@@ -357,6 +357,205 @@ def test_a_guest_keeps_its_node_and_starts_for_real_when_a_gpu_frees() -> None:
     assert again.allocations[4] == (0, 1), "the newcomer goes to the less loaded node"
 
 
+# -- moves on one server ------------------------------------------------------------------------
+
+
+def linked(groups: str) -> tuple[GpuView, ...]:
+    """GPUs 0..n-1 of 40G, each in the link group its letter names ("aabb": two switches)."""
+    return tuple(
+        GpuView(f"GPU-{i}", "n1", 40 * G, link_group=group, index=i)
+        for i, group in enumerate(groups)
+    )
+
+
+def test_a_share_job_is_moved_so_a_whole_gpu_job_of_its_class_gets_a_free_gpu() -> None:
+    cluster = state(share(1, 6 * G, "GPU-0"), share(2, 6 * G, "GPU-1"), rigid(3))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-1",), "onto the other shared GPU"
+    assert decision.bindings[3] == ("GPU-0",)
+    assert [(a.kind, a.job_id) for a in plan(cluster, decision)] == [
+        (Kind.MOVE, 1),
+        (Kind.START, 3),
+    ]
+    assert plan(cluster, decision)[0].reason == "moved to GPU 1: frees GPU 0 for job 3"
+    assert waiting(cluster, decision) == {3: RELEASE_WAIT}, "until job 1 has left GPU-0"
+    assert decide(cluster, moves=False).bindings == {1: ("GPU-0",), 2: ("GPU-1",)}
+
+
+def test_only_a_job_that_checkpoints_and_has_run_move_after_seconds_is_moved() -> None:
+    plain = state(share(1, 6 * G, "GPU-0", preemptible=False), share(2, 6 * G, "GPU-1"), rigid(3))
+    assert decide(plain).bindings[2] == ("GPU-0",), "job 2 moves instead"
+    young = state(
+        share(1, 6 * G, "GPU-0", start_time=NOW - 10),
+        share(2, 6 * G, "GPU-1", start_time=NOW - 10),
+        rigid(3),
+    )
+    assert 3 not in decide(young).allocations
+    assert decide(young, move_after=5.0).bindings[3] == ("GPU-0",)
+    moved = state(
+        share(1, 6 * G, "GPU-0", moved_at=NOW - 10),
+        share(2, 6 * G, "GPU-1", moved_at=NOW - 10),
+        rigid(3),
+    )
+    assert 3 not in decide(moved).allocations, "moved a moment ago: not again"
+
+
+def test_a_job_is_never_moved_for_a_job_of_lower_priority() -> None:
+    cluster = state(share(1, 6 * G, "GPU-0", priority=5), share(2, 6 * G, "GPU-1"), rigid(3))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-0",)
+    assert decision.bindings[2] == ("GPU-0",), "job 2, of the waiting job's class, moves"
+    assert decision.bindings[3] == ("GPU-1",)
+    urgent = state(share(1, 6 * G, "GPU-0", priority=5), share(2, 6 * G, "GPU-1", priority=5))
+    low = replace(urgent, jobs=(*urgent.jobs, rigid(3)))
+    assert decide(low).bindings == {1: ("GPU-0",), 2: ("GPU-1",)}
+    high = replace(urgent, jobs=(*urgent.jobs, rigid(3, priority=9)))
+    assert decide(high).bindings[3] == ("GPU-0",), "for a higher class, a lower one moves"
+
+
+def test_a_job_is_moved_out_of_a_link_group_so_a_two_gpu_job_gets_it_whole() -> None:
+    jobs = (
+        rigid(1, 1, "GPU-1"),
+        rigid(2, 1, "GPU-2", preemptible=False),
+        rigid(3, 2),
+    )
+    cluster = replace(state(*jobs, count=4), gpus=linked("aabb"))
+    decision = decide(cluster)
+    assert decision.bindings[1] == ("GPU-3",)
+    assert decision.bindings[3] == ("GPU-0", "GPU-1"), "both GPUs of switch a"
+    move, start = plan(cluster, decision)
+    assert (move.kind, start.kind) == (Kind.MOVE, Kind.START)
+    assert move.reason == (
+        "moved to GPU 3: frees GPU 1 for job 3, so that its 2 GPUs share a PCIe switch or NVLink"
+    )
+
+
+def test_jobs_gpuq_starts_on_several_gpus_get_gpus_of_one_link_group() -> None:
+    cluster = replace(state(adaptive(1, 1, 2), count=4), gpus=linked("abba"))
+    decision = decide(cluster)
+    assert decision.allocations[1] == (2,), "it grows into the idle GPUs"
+    assert decision.bindings[1] == ("GPU-1", "GPU-2"), "GPU order alone would span a and b"
+
+
+# -- packing with introspection ----------------------------------------------------------------
+
+
+def light(
+    job: JobView, step: float = 0.2, *shared: int, util: float = 30.0, mem: int = 8 * G
+) -> JobView:
+    """`job` as the daemon measures a gpuq.runner job (a light one by default).
+
+    Its step time (alone, or beside `shared`), its utilization alone, its memory peak.
+    """
+    return replace(
+        job, step_seconds=step, step_shared_with=shared, gpu_utilization=util, memory_peak=mem
+    )
+
+
+def packed_pair(step: float) -> ClusterState:
+    """Jobs 1 and 2 packed on GPU-0, each measured at `step` seconds a step beside the other."""
+    host = replace(rigid(1, 1, "GPU-0"), packed_with=(2,))
+    rider = replace(rigid(2, 1, "GPU-0"), packed_with=(1,))
+    return state(light(host, step, 2), light(rider, step, 1), count=1)
+
+
+def test_a_light_job_waiting_behind_its_class_is_packed_rather_than_time_sliced() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    cluster = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    decision = policy.decide(cluster, NOW)
+    assert decision.packed == ((1, 2),)
+    assert decision.allocations == {1: (1,), 2: (1,)}
+    assert decision.bindings[2] == ("GPU-0",), "on its host's GPU"
+    actions = plan(cluster, decision)
+    assert [(a.kind, a.job_id) for a in actions] == [
+        (Kind.START, 2),
+        (Kind.PACK, 1),
+        (Kind.PACK, 2),
+    ]
+    assert actions[2].reason == "packed with job 1: trial on n1 (utilization 30% + 30%)"
+    assert policy.capabilities.packing
+
+
+@pytest.mark.parametrize(
+    ("guest", "why"),
+    [
+        (light(rigid(2), util=80.0), "busy: 30% + 80% is over 100%"),
+        (light(rigid(2), mem=31 * G), "8G + 31G do not fit in 38G"),
+        (replace(light(rigid(2)), memory_peak=None), "memory unknown"),
+        (replace(light(rigid(2)), step_seconds=None), "never measured alone"),
+        (light(rigid(2, exclusive=True)), "asks for its GPU alone"),
+        (light(rigid(2, oom_partners=(1,))), "ran out of memory beside job 1 before"),
+        (light(adaptive(2, 1, 2)), "it can run on more GPUs"),
+    ],
+)
+def test_a_job_is_packed_only_when_both_are_light_measured_and_fit(
+    guest: JobView, why: str
+) -> None:
+    cluster = state(light(rigid(1, 1, "GPU-0")), guest, count=1)
+    decision = decide(cluster)
+    assert decision.packed == (), why
+    assert decision.notes[2].startswith("time-sliced on n1 with job 1"), "it takes turns instead"
+
+
+def test_a_job_is_never_packed_with_another_priority_or_without_packing() -> None:
+    urgent = light(rigid(1, 1, "GPU-0", priority=5))
+    assert decide(state(urgent, light(rigid(2)), count=1)).packed == ()
+    same = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    assert decide(same, packing=False).packed == ()
+
+
+def test_a_pack_slower_than_time_slicing_is_undone_and_never_tried_again() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    trial = policy.decide(packed_pair(0.2 / 0.36), NOW + 10)  # 2.8x slower steps beside
+    assert trial.packed == ()
+    undone = "packed throughput 0.72 of time-sliced (0.36+0.36 of solo), undone on n1"
+    assert trial.notes == {1: undone, 2: undone}
+    assert trial.allocations == {1: (1,), 2: (1,)}, "back to taking turns"
+    reasons = {a.job_id: a.reason for a in plan(packed_pair(0.2 / 0.36), trial)}
+    assert reasons == {1: f"unpacked from job 2: {undone}", 2: f"unpacked from job 1: {undone}"}
+    again = policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW + 20)
+    assert again.packed == (), "a failed pair is never packed again"
+
+
+def test_a_pack_is_a_trial_until_both_are_measured_then_kept_while_it_beats_time_slicing() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    policy.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    host = replace(light(rigid(1, 1, "GPU-0")), packed_with=(2,))  # no packed sample yet
+    rider = replace(light(rigid(2, 1, "GPU-0"), 0.24, 1), packed_with=(1,))
+    measuring = policy.decide(state(host, rider, count=1), NOW + 10)
+    assert measuring.packed == ((1, 2),)
+    assert measuring.notes[2] == "trial, measuring on n1"
+    kept = policy.decide(packed_pair(0.24), NOW + 20)  # 1.2x slower steps beside
+    assert kept.packed == ((1, 2),)
+    assert kept.notes[1] == "kept, 1.67x time-slicing (0.83+0.83 of solo) on n1"
+    assert plan(packed_pair(0.24), kept) == (), "nothing changes"
+
+
+def test_a_pack_ends_when_a_gpu_of_its_own_is_free() -> None:
+    policy = GpuqPolicy(population=16, generations=10)
+    cluster = replace(packed_pair(0.24), nodes=(NodeView("n1", 2),), gpus=gpus(2))
+    decision = policy.decide(cluster, NOW)
+    assert decision.packed == ()
+    assert decision.notes[2] == "a GPU of its own is free on n1"
+    assert {a.kind for a in plan(cluster, decision)} == {Kind.UNPACK}
+
+
+def test_packing_memory_survives_a_restart() -> None:
+    first = GpuqPolicy(population=16, generations=10)
+    first.decide(state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1), NOW)
+    first.decide(packed_pair(0.2 / 0.36), NOW + 10)
+    saved = first.save()
+    assert saved["packing"]["failed"] == [[1, 2]]
+    restored = GpuqPolicy(population=16, generations=10)
+    restored.restore(saved)
+    later = state(light(rigid(1, 1, "GPU-0")), light(rigid(2)), count=1)
+    assert restored.decide(later, NOW + 20).packed == ()
+    fresh = GpuqPolicy(population=16, generations=10)
+    fresh.restore({"version": 2, "rng": saved["rng"], "classes": saved["classes"]})
+    assert fresh.decide(later, NOW + 20).packed == ((1, 2),), "version 2 knew no packing"
+
+
 # -- memory between decisions -----------------------------------------------------------------
 
 
@@ -434,14 +633,17 @@ def test_every_job_is_placed_or_says_why_and_no_gpu_is_over_committed(
         assert job.id in decision.allocations or decision.notes.get(job.id), job
         if job.gpu_uuids and not job.preemptible:
             assert decision.allocations.get(job.id) == job.allocation, "kept its GPUs"
-    # Jobs that stay and jobs started: whole GPUs hold one job, shares fit.
-    # (A job resized or moved restarts later, wherever it is placed then.)
+    # Jobs that stay or move, and jobs started: whole GPUs hold one job, shares fit.
+    # (A job resized restarts later, wherever it is placed then.)
     kept = {
-        job.id: job.gpu_uuids
+        job.id: decision.bindings.get(job.id, job.gpu_uuids)
         for job in cluster.jobs
         if job.gpu_uuids and decision.allocations.get(job.id) == job.allocation
     }
     jobs = {job.id: job for job in cluster.jobs}
+    for job_id, uuids in kept.items():
+        if set(uuids) != set(jobs[job_id].gpu_uuids):
+            assert jobs[job_id].preemptible, f"job {job_id} moved, but it cannot checkpoint"
     kept.update((i, uuids) for i, uuids in decision.bindings.items() if not jobs[i].gpu_uuids)
     for gpu in cluster.gpus:
         on = [jobs[j] for j, uuids in kept.items() if gpu.uuid in uuids]

@@ -24,7 +24,7 @@ from gpuq.daemon.server import Server
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import NewJob
 from gpuq.models import Job, JobSpec, JobState
-from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
+from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 from tests.daemon_harness import DaemonHarness
 
 G = 1024**3
@@ -211,3 +211,27 @@ def test_a_damaged_book_is_dropped_with_a_warning(
         assert "the book of moves is unreadable" in caplog.text
 
     in_daemon(tmp_path, body)
+
+
+def test_only_the_policys_own_bindings_are_moves_not_the_slicers_turns() -> None:
+    gpus = tuple(GpuView(f"GPU-{i}", "n", 16 * G, index=i) for i in range(3))
+    jobs = (
+        JobView(1, 0.0, allocation=(1,), gpu_uuids=("GPU-0",)),
+        JobView(2, 0.0, allocation=(1,), gpu_uuids=("GPU-1",)),
+        JobView(3, 0.0, allocation=(1,), gpu_uuids=("GPU-2",), suspended=True),
+        JobView(4, 0.0),
+    )
+    cluster = ClusterState(nodes=(NodeView("n", 3),), jobs=jobs, gpus=gpus)
+    wanted = Decision(
+        allocations={1: (1,), 2: (1,), 3: (1,), 4: (1,)},
+        bindings={1: ("GPU-2",), 2: ("GPU-0",), 3: ("GPU-1",), 4: ("GPU-1",)},
+    )
+    # The slicer kept job 1's move, took job 2 for turns on its own GPU.
+    decided = Decision(
+        allocations=wanted.allocations,
+        bindings={1: ("GPU-2",), 2: ("GPU-1",), 3: ("GPU-1",), 4: ("GPU-1",)},
+    )
+    assert moves.chosen(cluster, wanted, decided) == {1: ("GPU-2",)}
+    assert moves.chosen(cluster, wanted, wanted) == {1: ("GPU-2",), 2: ("GPU-0",)}, (
+        "a parked job (3) and a job starting (4) are not moved"
+    )

@@ -103,6 +103,20 @@ def test_the_view_has_the_gpus_ready_jobs_and_running_jobs_with_their_reservatio
     assert (three.start_time, three.time_limit) == (7.0, 60.0)
 
 
+def test_a_whole_gpu_job_started_with_a_reservation_as_a_packed_guest_is_no_memory_share() -> None:
+    guest = Job(
+        4,
+        JobSpec(command=("true",), cwd="/", gpus=1),
+        JobState.SUSPENDED,
+        submit_time=5.0,
+        start_time=7.0,
+        gpu_uuids=("g0",),
+        gpu_mem_reserved=6 * G,  # what the daemon reserved for it beside its host
+    )
+    (view,) = build_state([], [guest], snapshot(), 0.1, 0, lambda job: None).jobs
+    assert (view.gpu_uuids, view.gpu_mem, view.suspended) == (("g0",), None, True)
+
+
 def test_every_job_carries_its_run_time_and_service_and_running_ones_if_preemptible() -> None:
     spec = JobSpec(command=("true",), cwd="/", gpus=2)
     earlier = Job(1, spec, JobState.QUEUED, submit_time=1.0, run_seconds=30.0)

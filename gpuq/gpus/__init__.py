@@ -88,7 +88,9 @@ class FakeGpuDecl:
     jobs: k times it, at most 100); `share_slowdown` is how much longer each
     job's steps take while two jobs compute on one device at once (k jobs:
     1 + (k - 1) x (share_slowdown - 1)), which jobs emulating a device read
-    from the published load (`gpuq.gpus.fakeload`).
+    from the published load (`gpuq.gpus.fakeload`). `job_memory` is the
+    memory the process of a job holding a device whole shows on it (NVML
+    shows a CUDA process's own; a memory share shows its reservation).
     """
 
     name: str = "Fake GPU"
@@ -99,6 +101,7 @@ class FakeGpuDecl:
     utilization: float = 100.0
     share_slowdown: float = 1.0
     link_group: str = ""
+    job_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)

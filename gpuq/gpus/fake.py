@@ -8,8 +8,10 @@ restarts with the same configuration.
 What the fake reports:
 
 - `memory_used` is the declared foreign memory, plus foreign processes from
-  the state file, plus the memory of job processes the daemon `attach`-ed;
-  it is capped at `memory_total`, as a real device cannot exceed it.
+  the state file, plus the memory of job processes the daemon `attach`-ed
+  (a job's reservation, or the declared `job_memory` for a job holding the
+  device whole); it is capped at `memory_total`, as a real device cannot
+  exceed it.
 - `utilization` is 0.0 while no attached job process computes and the
   declared `utilization` (default 100.0) per computing one, at most 100.0,
   unless the state file sets it. A job the daemon says waits for its turn
@@ -64,6 +66,7 @@ class _FakeDevice:
     utilization: float = 100.0
     share_slowdown: float = 1.0
     link_group: str = ""
+    job_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,24 +203,27 @@ class FakeBackend:
         A job that is no longer held is detached, so its memory goes with its
         process, as a real GPU's would: a job whose process ended shows none,
         not foreign memory. A job whose memory changed (parked) is attached
-        again with its new size.
+        again with its new size. A job that reserved none (it holds its GPUs
+        whole) shows each device's declared `job_memory`.
         """
         for job_id in [job_id for job_id in self._observed if job_id not in holdings]:
             self.detach(self._observed.pop(job_id))
         self._waiting = {h.pid for h in holdings.values() if not h.computing}
         for job_id, holding in holdings.items():
             pid = self._observed.get(job_id)
-            if pid == holding.pid and all(
-                self._attached.get((uuid, pid)) == holding.memory
+            shown = {
+                uuid: holding.memory or self._by_uuid[uuid].job_memory
                 for uuid in holding.gpu_uuids
                 if uuid in self._by_uuid
+            }
+            if pid == holding.pid and all(
+                self._attached.get((uuid, pid)) == memory for uuid, memory in shown.items()
             ):
                 continue
             if pid is not None:
                 self.detach(pid)
-            for uuid in holding.gpu_uuids:
-                if uuid in self._by_uuid:
-                    self.attach(uuid, holding.pid, holding.memory)
+            for uuid, memory in shown.items():
+                self.attach(uuid, holding.pid, memory)
             self._observed[job_id] = holding.pid
 
     def driver_version(self) -> str | None:
@@ -311,6 +317,7 @@ def _declare(decls: Iterable[FakeGpuDecl], node: str) -> list[_FakeDevice]:
                     utilization=decl.utilization,
                     share_slowdown=decl.share_slowdown,
                     link_group=decl.link_group,
+                    job_memory=decl.job_memory,
                 )
             )
     return devices
@@ -330,5 +337,7 @@ def _check_decl(decl: FakeGpuDecl) -> None:
         problems.append(f"utilization must be in [0, 100], got {decl.utilization}")
     if decl.share_slowdown < 1.0:
         problems.append(f"share_slowdown must be at least 1, got {decl.share_slowdown}")
+    if not 0 <= decl.job_memory <= decl.memory:
+        problems.append(f"job_memory must be in [0, memory], got {decl.job_memory}")
     if problems:
         raise ConfigError(f"fake GPU {decl.name!r}: " + "; ".join(problems))

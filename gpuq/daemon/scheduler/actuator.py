@@ -9,9 +9,9 @@ the decision; here each change becomes a lifecycle or suspend call:
   (`suspend.preempt`): the intent is committed with the action's reason, the
   runner checkpoints at its next iteration boundary and the job is queued
   again, to restart from its checkpoint on the GPUs the policy gives it next;
-  a `move` to GPUs the decision names is booked first and restarts on
-  exactly those (`moves.begin`), unless the policy time-slices (the
-  slicer's bindings are turns);
+  a `move` to GPUs the policy itself chose (`moves.chosen`, never the
+  slicer's turns) is booked first and restarts on exactly those
+  (`moves.begin`);
 - a `suspend` in park or stop mode (the slicer's, for another job's turn):
   `suspend.take_turn`; the `resume` of a job parked or stopped that way:
   `suspend.give_turn`, once no other job computes on its GPUs (`resume_turns`);
@@ -28,7 +28,7 @@ still starting is left as it is, and the next pass sees it again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpuq.daemon import suspend
@@ -72,8 +72,15 @@ def _ids(ids: tuple[int, ...]) -> str:
     return ", ".join(map(str, ids))
 
 
-def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
-    """Carry out every suspend, resize and move the scheduler may (module docstring)."""
+def preempt(
+    state: DaemonState,
+    actions: tuple[Action, ...],
+    moved: Mapping[int, tuple[str, ...]],
+) -> Preemptions:
+    """Carry out every suspend, resize and move the scheduler may (module docstring).
+
+    `moved` holds the moves the policy chose (`moves.chosen`), each booked.
+    """
     started: list[int] = []
     refused: list[int] = []
     for action in actions:
@@ -88,7 +95,7 @@ def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
             suspend.take_turn(state, job, action.mode, action.reason)
             started.append(job.id)
         elif suspend.can_preempt(state, job):
-            if action.kind is Kind.MOVE and action.gpu_uuids and state.slicer is None:
+            if action.kind is Kind.MOVE and moved.get(job.id) == action.gpu_uuids:
                 if moves.begin(state, job, action):
                     started.append(job.id)
                 continue

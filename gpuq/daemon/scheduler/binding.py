@@ -11,13 +11,17 @@ free GPU is one no gpuq job holds whose foreign memory is within the
 tolerance. A job bound to GPUs a running job still holds (one the policy is
 preempting, shrinking or moving) waits until they are released, as an
 unbound one does: whole GPUs must hold no job, a memory share must fit
-beside the shares already there and no whole-GPU or exclusive job. Pure: no
-I/O, unit-tested without a daemon.
+beside the shares already there and no whole-GPU or exclusive job. A job
+starting its turn on GPUs the time-slicer chose (`turns`) counts only the
+jobs holding them that do not wait for a turn themselves: a parked or
+stopped job stays resident beside it (the slicer checked that its memory
+fits), and the tick starts the turn once the job computing there has left.
+Pure: no I/O, unit-tested without a daemon.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuq.policies.interface import ClusterState, Decision
 from gpuq.policies.placement import Capacity, Hold
@@ -41,8 +45,13 @@ class Placement:
     reason: str = ""
 
 
-def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement], dict[int, str]]:
-    """The pending jobs `decision` starts, bound to GPUs, and why each other pending job waits."""
+def placements(
+    state: ClusterState, decision: Decision, turns: frozenset[int] = frozenset()
+) -> tuple[list[Placement], dict[int, str]]:
+    """The pending jobs `decision` starts, bound to GPUs, and why each other pending job waits.
+
+    `turns` are the jobs the time-slicer shares nodes among (module docstring).
+    """
     taken = {uuid for job in state.jobs for uuid in job.gpu_uuids}
     taken.update(uuid for bound in decision.bindings.values() for uuid in bound)
     free: dict[str, list[str]] = {}
@@ -52,6 +61,10 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
             free.setdefault(gpu.node, []).append(gpu.uuid)
     pending = {job.id: job for job in state.jobs if not job.gpu_uuids}
     held: Capacity | None = None
+    computing: Capacity | None = None  # what jobs not waiting for a turn hold, for `turns`
+    if turns:
+        awake = tuple(job for job in state.jobs if not (job.suspended and job.id in turns))
+        computing = Capacity.from_state(replace(state, jobs=awake))
     starts: list[Placement] = []
     waiting: dict[int, str] = {}
     for job_id, allocation in decision.allocations.items():  # the policy's order
@@ -61,11 +74,13 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
         uuids = decision.bindings.get(job_id)
         if uuids is not None:
             held = held or Capacity.from_state(state)
-            hold = Hold(job_id, tuple(held.index.get(u, -1) for u in uuids), job.gpu_mem)
-            if not _free_for(held, hold, job.exclusive):
+            room = computing if job_id in turns and computing is not None else held
+            hold = Hold(job_id, tuple(room.index.get(u, -1) for u in uuids), job.gpu_mem)
+            if not _free_for(room, hold, job.exclusive):
                 waiting[job_id] = RELEASE_WAIT
                 continue
-            held.hold(Hold(job_id, hold.gpus, job.gpu_mem, job.exclusive))
+            for capacity in {id(held): held, id(room): room}.values():
+                capacity.hold(Hold(job_id, hold.gpus, job.gpu_mem, job.exclusive))
         if uuids is None:
             chosen: list[str] = []
             for node, count in zip(state.nodes, allocation, strict=False):

@@ -1,10 +1,13 @@
 """Moves carried out: a running job checkpointed and restarted on exactly the GPUs the policy chose.
 
 A policy moves a running job by binding it to other GPUs of its node
-(`Decision.bindings`; `fifo` does, through `gpuq.policies.consolidate`),
-which `plan` makes a `move` (where a time-slicing policy runs, bindings are
-the slicer's turns, and its moves are plain preemptions). The daemon
-carries it out in three steps, each committed before the next one acts:
+(`Decision.bindings`; `fifo` and `gpuq` do, through
+`gpuq.policies.consolidate`), which `plan` makes a `move`. Only the
+policy's own bindings are moves (`chosen`): where a time-slicing policy
+runs, the slicer binds the jobs of a node it shares to their turns, and a
+job it takes for turns is not moved (any other change of GPUs is a plain
+preemption). The daemon carries a move out in three steps, each committed
+before the next one acts:
 
 1. **book** (`begin`): the move is written to the store (the job, its
    attempt, the GPUs it leaves and those it goes to, its memory share, the
@@ -55,7 +58,7 @@ from gpuq.daemon.state import DaemonState
 from gpuq.errors import StateError
 from gpuq.models import Job, JobState
 from gpuq.policies.actions import Action
-from gpuq.policies.interface import ClusterState
+from gpuq.policies.interface import ClusterState, Decision
 from gpuq.policies.topology import gpus_label, positions_of
 
 log = logging.getLogger("gpuq.daemon")
@@ -267,6 +270,27 @@ def present(book: Book, state: DaemonState, cluster: ClusterState) -> ClusterSta
     return replace(cluster, jobs=tuple(jobs))
 
 
+def chosen(
+    cluster: ClusterState, wanted: Decision, decided: Decision
+) -> dict[int, tuple[str, ...]]:
+    """The moves the policy chose: running jobs it binds to other GPUs, as many as they hold.
+
+    `wanted` is the policy's decision and `decided` the one carried out
+    (after the time-slicer): a binding the slicer changed or dropped is a
+    turn, not a move.
+    """
+    found: dict[int, tuple[str, ...]] = {}
+    for view in cluster.jobs:
+        target = wanted.bindings.get(view.id)
+        if not view.gpu_uuids or view.suspended or not target:
+            continue
+        if len(target) != len(view.gpu_uuids) or set(target) == set(view.gpu_uuids):
+            continue
+        if tuple(decided.bindings.get(view.id, ())) == tuple(target):
+            found[view.id] = tuple(target)
+    return found
+
+
 def hold_back(
     state: DaemonState,
     cluster: ClusterState,
@@ -310,4 +334,14 @@ def hold_back(
     return kept
 
 
-__all__ = ["BOOK_KEY", "Book", "Booked", "begin", "hold_back", "load", "present", "settle"]
+__all__ = [
+    "BOOK_KEY",
+    "Book",
+    "Booked",
+    "begin",
+    "chosen",
+    "hold_back",
+    "load",
+    "present",
+    "settle",
+]

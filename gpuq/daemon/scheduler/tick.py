@@ -149,16 +149,16 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     actions = plan(cluster, decision)
     packs = packing.carry_out(state, cluster, wanted, decision, actions)
     actions = packs.rest(actions)
-    preemptions = actuator.preempt(state, actions)
+    moved = moves.chosen(cluster, wanted, decision)  # the policy's, not the slicer's turns
+    preemptions = actuator.preempt(state, actions, moved)
     turns = actuator.resume_turns(state, actions)
-    starts, waiting = placements(cluster, decision)
+    starts, waiting = placements(cluster, decision, sliced)
     starts = packs.starts(starts)
     waiting.update(packs.waiting)
     release = preemptions.release_reason()
     if release is not None:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
     starts = _after_turns(state, starts, sliced, waiting)
-    moved = decision.bindings if slicer is None else {}  # turns are the slicer's, not moves
     starts = moves.hold_back(state, cluster, moved, starts, waiting)
     reasons = dict(ready.waiting)
     reasons.update(waiting)

@@ -2,8 +2,10 @@
 
 Its GPUs with their foreign memory, its ready GPU jobs (with learned memory
 for `--gpu-mem auto`) and its running jobs with their GPUs and reservations.
-A job runs on at least the GPUs it asked for (`min_gpus`); an adaptive job
-(`--gpus MIN-MAX`) may use up to MAX, any other exactly its count.
+A running job is a memory share when it asked for memory (`--gpu-mem`),
+with the memory reserved for it. A job runs on at least the GPUs it asked
+for (`min_gpus`); an adaptive job (`--gpus MIN-MAX`) may use up to MAX,
+any other exactly its count.
 Every job carries its run time over all attempts and its attained service
 (run time x GPUs asked), the measure of least-attained-service policies; a
 running job is `preemptible` when the scheduler may take its GPUs (a
@@ -146,7 +148,7 @@ def build_state(
                     priority=job.spec.priority,
                     name=job.spec.name,
                     allocation=allocation(job.gpu_uuids),
-                    gpu_mem=job.gpu_mem_reserved,
+                    gpu_mem=_share(job),
                     exclusive=job.spec.exclusive,
                     time_limit=job.spec.time_limit,
                     gpu_uuids=job.gpu_uuids,
@@ -180,6 +182,16 @@ def build_state(
         memory_margin=memory_margin,
         foreign_tolerance=foreign_tolerance,
     )
+
+
+def _share(job: Job) -> int | None:
+    """A running job's memory share: its reservation, if it asked for memory rather than GPUs.
+
+    A whole-GPU job started with a reservation on another job's GPU (a
+    packed guest, `gpuq.daemon.scheduler.packing`) is still a whole-GPU job.
+    """
+    asked = job.spec.gpu_mem is not None or job.spec.gpu_mem_auto
+    return job.gpu_mem_reserved if asked else None
 
 
 def measurements(sample: Mapping[str, Any] | None, profiled: int = 0) -> dict[str, Any]:

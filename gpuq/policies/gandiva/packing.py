@@ -1,14 +1,18 @@
 """Gandiva's introspection: measured progress rates and greedy, measured packing.
 
+The measurements and judgements are shared with the `gpuq` policy
+(`gpuq.policies.packing`); this module applies them to Gandiva's `Book`.
+
 Measurement. Gandiva judges every change by the jobs' mini_batch_time before
 and after it. Where the caller measures step times (the daemon, from the
 runner: `JobView.step_seconds`), a job's rate is 1 / step_seconds: its solo
 rate when it computed alone (`step_shared_with` empty; time waiting for a
 turn is not in a step), and its packed rate, a fraction of solo, when it
-computed beside its packed partner. Elsewhere (the simulator) the policy
-sees no clock and no step times, so `Tracker` measures progress between two
-decisions from `JobView.remaining_iterations`: over the interval from the
-previous decision (at t0) to this one (at t1),
+computed beside its packed partner (`gpuq.policies.packing.Rates`).
+Elsewhere (the simulator) the policy sees no clock and no step times, so
+`Tracker` measures progress between two decisions from
+`JobView.remaining_iterations`: over the interval from the previous
+decision (at t0) to this one (at t1),
 
     rate = (remaining(t0) - remaining(t1)) / (t1 - t0)   iterations per second.
 
@@ -55,11 +59,12 @@ solo)"; a failed pair is never tried again, and the guest tries the next GPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuq.policies.gandiva.book import Book
 from gpuq.policies.interface import ClusterState, JobView
+from gpuq.policies.packing import Pack, Profile, Rates, judge, pair_fits, profile, trial_note
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,24 +77,12 @@ class _Seen:
     restarted: bool
 
 
-@dataclass(slots=True)
-class Pack:
-    """A packed pair under watch: its host and each member's latest packed rate."""
-
-    host: int
-    since: float
-    rates: dict[int, float] = field(default_factory=dict)
-
-
-class Tracker:
-    """Progress rates measured between decisions (see the module docstring)."""
+class Tracker(Rates):
+    """Progress rates: measured step times, else measured between decisions (module docstring)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._seen: dict[int, _Seen] = {}
-        self.solo: dict[int, float] = {}
-        """Each job's latest measured exclusive rate, iterations per second."""
-        self.packed: dict[int, tuple[int, float]] = {}
-        """Partner and packed rate measured at this decision, per packed job."""
 
     def save(self) -> dict[str, Any]:
         """What it measured, JSON-ready (the policy's `save`)."""
@@ -105,7 +98,7 @@ class Tracker:
                 ]
                 for job_id, seen in self._seen.items()
             },
-            "solo": {str(job_id): rate for job_id, rate in self.solo.items()},
+            **super().save(),
         }
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -123,46 +116,28 @@ class Tracker:
                 "seen"
             ].items()
         }
-        self.solo = {int(job_id): float(rate) for job_id, rate in saved["solo"].items()}
-        self.packed = {}
+        super().restore(saved)
 
-    def observe(self, state: ClusterState, now: float) -> None:
-        """Measure every job's rate over the interval that ends now."""
-        self.packed = {}
-        present = {job.id for job in state.jobs}
-        self.solo = {j: rate for j, rate in self.solo.items() if j in present}
-        for job in state.jobs:
-            if job.step_seconds is not None:
-                self._measured(job, job.step_seconds)
-                continue
-            seen = self._seen.get(job.id)
-            if (
-                seen is None
-                or seen.restarted
-                or seen.remaining is None
-                or job.remaining_iterations is None
-                or job.allocation != seen.allocation
-                or now <= seen.time
-                or seen.share <= 0.0
-            ):
-                continue
-            rate = (seen.remaining - job.remaining_iterations) / (now - seen.time)
-            if rate < 0.0:
-                continue
-            if seen.partner is None:
-                self.solo[job.id] = rate / seen.share
-            elif self.solo.get(job.id, 0.0) > 0.0:
-                self.packed[job.id] = (seen.partner, rate / (seen.share * self.solo[job.id]))
-
-    def _measured(self, job: JobView, step_seconds: float) -> None:
-        """Take a step time the caller measured: solo alone, else packed beside its partner."""
-        if step_seconds <= 0.0:
+    def unmeasured(self, job: JobView, now: float) -> None:
+        """Measure the job's rate over the interval that ends now, from its remaining work."""
+        seen = self._seen.get(job.id)
+        if (
+            seen is None
+            or seen.restarted
+            or seen.remaining is None
+            or job.remaining_iterations is None
+            or job.allocation != seen.allocation
+            or now <= seen.time
+            or seen.share <= 0.0
+        ):
             return
-        rate = 1.0 / step_seconds
-        if not job.step_shared_with:
-            self.solo[job.id] = rate
-        elif len(job.step_shared_with) == 1 and self.solo.get(job.id, 0.0) > 0.0:
-            self.packed[job.id] = (job.step_shared_with[0], rate / self.solo[job.id])
+        rate = (seen.remaining - job.remaining_iterations) / (now - seen.time)
+        if rate < 0.0:
+            return
+        if seen.partner is None:
+            self.solo[job.id] = rate / seen.share
+        elif self.solo.get(job.id, 0.0) > 0.0:
+            self.packed[job.id] = (seen.partner, rate / (seen.share * self.solo[job.id]))
 
     def record(self, book: Book, state: ClusterState, now: float) -> None:
         """Remember each job's configuration as decided now, for the next interval."""
@@ -203,24 +178,12 @@ def review_packs(
     for guest, pack in sorted(packs.items()):
         if book.host_of.get(guest) != pack.host:
             continue
-        for job_id, partner in ((guest, pack.host), (pack.host, guest)):
-            measured = tracker.packed.get(job_id)
-            if measured is not None and measured[0] == partner:
-                pack.rates[job_id] = measured[1]
         where = book.nodes[book.node_of(guest)].name
-        if len(pack.rates) < 2:
-            book.notes[guest] = book.notes[pack.host] = f"trial, measuring on {where}"
-            continue
-        total = pack.rates[guest] + pack.rates[pack.host]
-        rates = f"{pack.rates[guest]:.2f}+{pack.rates[pack.host]:.2f} of solo"
-        if total > keep_threshold:
-            text = f"kept, {total:.2f}x time-slicing ({rates}) on {where}"
-            book.notes[guest] = book.notes[pack.host] = text
-        else:
+        verdict = judge(pack, guest, tracker.packed, keep_threshold, where)
+        if verdict.undo:
             book.unpack(guest)
             failed.add(frozenset((guest, pack.host)))
-            text = f"packed throughput {total:.2f} of time-sliced ({rates}), undone on {where}"
-            book.notes[guest] = book.notes[pack.host] = text
+        book.notes[guest] = book.notes[pack.host] = verdict.note
 
 
 def try_packs(
@@ -235,35 +198,29 @@ def try_packs(
 ) -> None:
     """Greedy packing: lowest-utilization guest onto the lowest-utilization GPU."""
 
-    def profile(job_id: int) -> tuple[float, int] | None:
+    def candidate(job_id: int) -> Profile | None:
         job = book.jobs[job_id]
-        if job.gpus_requested != 1 or job.exclusive or job_id in book.base or book.packed(job_id):
+        if job_id in book.base or book.packed(job_id) or book.gpus(job_id) > 1:
             return None
-        if job.gpu_utilization is None or job.memory_peak is None:
-            return None
-        if tracker.solo.get(job_id, 0.0) <= 0.0 or book.gpus(job_id) > 1:
-            return None
-        return job.gpu_utilization, job.memory_peak
+        return profile(job, tracker.solo.get(job_id))
 
     def waits(job_id: int) -> bool:
         return job_id not in book.alloc or book.over(book.node_of(job_id))
 
-    profiles = {j: p for j in sorted(book.jobs) if (p := profile(j)) is not None}
-    guests = sorted((j for j in profiles if waits(j)), key=lambda j: (profiles[j][0], j))
+    profiles = {j: p for j in sorted(book.jobs) if (p := candidate(j)) is not None}
+    guests = sorted((j for j in profiles if waits(j)), key=lambda j: (profiles[j].utilization, j))
     for guest in guests:
         if book.packed(guest) or not waits(guest):
             continue
         home = book.node_of(guest) if guest in book.alloc else None
         mobile = migration or home is None
-        util, memory = profiles[guest]
         options = [
             host
             for host in profiles
             if host in book.alloc
             and book.can_pair(guest, host)
             and frozenset((guest, host)) not in failed
-            and memory + profiles[host][1] <= gpu_memory
-            and util + profiles[host][0] <= max_utilization
+            and pair_fits(profiles[guest], profiles[host], gpu_memory, max_utilization)
             and book.jobs[host].priority == book.jobs[guest].priority
             and (book.node_of(host) == home or (mobile and not book.over(book.node_of(host))))
         ]
@@ -271,10 +228,9 @@ def try_packs(
             continue
         host = min(
             options,
-            key=lambda h: (profiles[h][0], book.node_of(h) != home, book.node_of(h), h),
+            key=lambda h: (profiles[h].utilization, book.node_of(h) != home, book.node_of(h), h),
         )
         book.pack(guest, host)
         packs[guest] = Pack(host, now)
         where = book.nodes[book.node_of(host)].name
-        text = f"trial on {where} (utilization {util:.0f}% + {profiles[host][0]:.0f}%)"
-        book.notes[guest] = book.notes[host] = text
+        book.notes[guest] = book.notes[host] = trial_note(where, profiles[guest], profiles[host])

@@ -74,9 +74,10 @@ from typing import Any
 
 from gpuq.policies.gandiva.book import Book, overloaded, queue_key
 from gpuq.policies.gandiva.migration import defragment, dissolve_packs, lower_height
-from gpuq.policies.gandiva.packing import Pack, Tracker, review_packs, try_packs
+from gpuq.policies.gandiva.packing import Tracker, review_packs, try_packs
 from gpuq.policies.gandiva.placement import enforce_limits, place_pending
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
+from gpuq.policies.packing import Pack
 
 UNKNOWN_PACK_RATE = 0.5
 """A packed job's rate, as a fraction of solo, before it is measured (time-slicing's)."""

@@ -13,21 +13,28 @@
   time, id); a single-node job left without GPUs on its node is a **guest**
   of the time-sliced node: the rest of the decision sees it as waiting, with
   its node remembered (`guests`);
-- a `Capacity` (`gpuq.policies.placement`) with every holder's GPUs held.
+- a `Capacity` (`gpuq.policies.placement`) with every holder's GPUs held;
+- the **riders**: jobs packed onto another's GPU (`riders`, each with its
+  host, `gpuq.policies.gpuq.packing`). A rider holds nothing on the board:
+  its host holds the GPU, and the packing step alone decides whether it
+  rides on.
 
 As each priority class is decided, the board releases the GPUs of the jobs
 being decided or preempted and holds those the decision gives, so the next
-class sees what is left. Pure and deterministic; the caller's state is
-never changed.
+class sees what is left; a job moved to other GPUs (`moved`, with the
+move's reason) holds its new GPUs from then on. Pure and deterministic; the
+caller's state is never changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpuq.policies.fifo import numbered_gpus
 from gpuq.policies.interface import ClusterState, JobView
 from gpuq.policies.placement import Capacity, Hold
+from gpuq.policies.topology import pick_close
 
 
 def can_take_turns(job: JobView) -> bool:
@@ -50,10 +57,14 @@ class Board:
     guests: dict[int, int]
     node_of: list[int]
     started: dict[int, float] = field(default_factory=dict)
+    moved: dict[int, str] = field(default_factory=dict)
+    riders: dict[int, int] = field(default_factory=dict)
+    given: dict[int, JobView] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, state: ClusterState) -> Board:
-        """The board of `state` (module docstring)."""
+    def build(cls, state: ClusterState, riders: Mapping[int, int] | None = None) -> Board:
+        """The board of `state`, each of `riders` on its host's GPU (module docstring)."""
+        riders = dict(riders or {})
         listed = numbered_gpus(replace(state, jobs=())) if not state.gpus else state
         gpus = listed.gpus
         index = {gpu.uuid: i for i, gpu in enumerate(gpus)}
@@ -64,7 +75,7 @@ class Board:
         holders: dict[int, tuple[int, ...]] = {}
         guests: dict[int, int] = {}
         for job in state.jobs:
-            if job.gpu_mem is not None and job.gpu_uuids:
+            if job.gpu_mem is not None and job.gpu_uuids and job.id not in riders:
                 held = tuple(index[u] for u in job.gpu_uuids if u in index)
                 holders[job.id] = held
                 for i in held:
@@ -80,7 +91,11 @@ class Board:
             chosen = (mine + rest)[:count]
             return chosen if len(chosen) == count else None
 
-        wholes = [j for j in state.jobs if j.gpu_mem is None and (j.gpu_uuids or any(j.allocation))]
+        wholes = [
+            j
+            for j in state.jobs
+            if j.gpu_mem is None and (j.gpu_uuids or any(j.allocation)) and j.id not in riders
+        ]
         wholes.sort(key=lambda j: (_single_node(j) and can_take_turns(j), j.submit_time, j.id))
         for job in wholes:
             own = tuple(index[u] for u in job.gpu_uuids if u in index)
@@ -130,6 +145,8 @@ class Board:
             holds={},
             guests=guests,
             node_of=node_of,
+            riders=riders,
+            given={job.id: job for job in state.jobs},
         )
         for job in jobs:
             if job.gpu_uuids:
@@ -174,6 +191,33 @@ class Board:
             if self.whole_free(i):
                 counts[self.node_of[i]] += 1
         return counts
+
+    def pick(
+        self, free: set[int], target: tuple[int, ...], before: tuple[int, ...]
+    ) -> tuple[int, ...] | None:
+        """GPUs of `free` for an allocation: the job's own (`before`) where it keeps its count.
+
+        On each node: exactly its own GPUs where their count stays; else GPUs
+        from as few link groups as possible (`topology.pick_close`), its own
+        first, then free ones in GPU order. So a job that stays never moves,
+        and a job that starts, grows or shrinks gets GPUs of one link group
+        where one has room (with no topology known: its own, then GPU order).
+        None if a node has too few.
+        """
+        chosen: list[int] = []
+        groups = self.capacity.groups
+        for node, count in enumerate(target):
+            if not count:
+                continue
+            own = [i for i in before if self.node_of[i] == node]
+            mine = [i for i in own if i in free]
+            others = sorted(i for i in free if self.node_of[i] == node and i not in mine)
+            stays = len(mine) == len(own) == count
+            picked = mine if stays else pick_close(mine + others, groups.__getitem__, count)
+            if len(picked) < count:
+                return None
+            chosen.extend(picked)
+        return tuple(sorted(chosen))
 
     def holds_view(self, job_id: int, gpus: tuple[int, ...]) -> JobView:
         """The job as holding `gpus`, for a fifo pass (start time: when the decision starts it)."""

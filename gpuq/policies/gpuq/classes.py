@@ -1,21 +1,22 @@
 """One `gpuq` decision, priority class by priority class (rules: `gpuq.policies.gpuq.policy`).
 
 `decide_classes` walks the classes from the highest priority down on one
-`Board`; each class runs four steps, in order, on what the classes above
+`Board`; each class runs five steps, in order, on what the classes above
 left:
 
 1. `admit`: memory shares and jobs that need a minimum of whole GPUs, in
    queue order by fifo's rules (`gpuq.policies.fifo`: EASY backfill with
-   time limits, waiting reasons), preempting lower classes' checkpointable
+   time limits, waiting reasons, moves on one server taken up on the board:
+   `gpuq.policies.gpuq.moves`), preempting lower classes' checkpointable
    jobs for a job that fits no other way;
 2. `size`: the goodput search (`Search`) over the class's whole-GPU jobs on
-   the whole GPUs left, or queue order where no job's size can change;
-3. `slice`: over-subscribe a node for a job that would wait behind jobs of
+   the whole GPUs left (close GPUs where it chooses: `Board.pick`), or
+   queue order where no job's size can change;
+3. `pack`: review the class's packs and pack jobs that would wait behind it
+   (`gpuq.policies.gpuq.packing`);
+4. `slice`: over-subscribe a node for a job that would wait behind jobs of
    its own class (`gpuq.policies.gpuq.timeslice`);
-4. waiting reasons for the rest.
-
-Packing and topology-aware moves plug in between steps 2 and 3 (module
-docstring of the policy).
+5. waiting reasons for the rest.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gpuq.policies.fifo import FifoBackfill, queue_order
+from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
+from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
+from gpuq.policies.gpuq.packing import Packed, Packer
 from gpuq.policies.gpuq.preempt import make_room
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
@@ -43,10 +46,16 @@ class Outcome:
     allocations: dict[int, tuple[int, ...]] = field(default_factory=dict)
     bindings: dict[int, tuple[str, ...]] = field(default_factory=dict)
     notes: dict[int, str] = field(default_factory=dict)
+    packed: list[tuple[int, int]] = field(default_factory=list)
 
     def decision(self) -> Decision:
         """The finished `Decision`."""
-        return Decision(allocations=self.allocations, bindings=self.bindings, notes=self.notes)
+        return Decision(
+            allocations=self.allocations,
+            bindings=self.bindings,
+            notes=self.notes,
+            packed=tuple(sorted(self.packed)),
+        )
 
 
 def rigid(job: JobView) -> bool:
@@ -54,18 +63,22 @@ def rigid(job: JobView) -> bool:
     return job.min_gpus >= 1 and job.max_gpus <= job.min_gpus
 
 
-def decide_classes(
-    board: Board,
-    search: Search,
-    now: float,
-    slicing: Slicing | None,
-) -> Decision:
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The optional steps and their settings: moves, packing, time-slicing (None: not taken)."""
+
+    slicing: Slicing | None = None
+    moving: Moving | None = None
+    packer: Packer | None = None
+
+
+def decide_classes(board: Board, search: Search, now: float, steps: Steps) -> Decision:
     """Decide every priority class in turn, highest first (module docstring)."""
     out = Outcome()
     victims: dict[int, str] = {}
     shrunk: dict[int, str] = {}
     for priority in sorted({job.priority for job in board.jobs.values()}, reverse=True):
-        _Class(board, priority, search, now, out, (victims, shrunk), slicing).run()
+        _Class(board, priority, search, now, out, (victims, shrunk), steps).run()
     return out.decision()
 
 
@@ -80,7 +93,7 @@ class _Class:
         now: float,
         out: Outcome,
         yielded: tuple[dict[int, str], dict[int, str]],
-        slicing: Slicing | None,
+        steps: Steps,
     ) -> None:
         self.board = board
         self.priority = priority
@@ -88,7 +101,9 @@ class _Class:
         self.now = now
         self.out = out
         self.victims, self.shrunk = yielded
-        self.slicing = slicing
+        self.slicing = steps.slicing
+        self.moving = steps.moving
+        self.packer = steps.packer
         self.original = {job.id: job for job in board.state.jobs}
         jobs = [job for job in board.state.jobs if job.priority == priority]
         for job in jobs:
@@ -101,11 +116,12 @@ class _Class:
         ]
         moving = {job.id for job in self.movable}
         self.fixed = [job for job in held if job.id not in moving]
-        self.queue = queue_order([job for job in live if job.id not in board.holds])
+        waits = [job for job in live if job.id not in board.holds and job.id not in board.riders]
+        self.queue = queue_order(waits)
         self.waiting: dict[int, str] = {}
 
     def run(self) -> None:
-        """Admit, size, slice, and say why the rest wait."""
+        """Admit, size, pack, slice, and say why the rest wait."""
         for job in self.fixed:
             self._keep(job, self.board.jobs[job.id].allocation)
         gated = [job for job in self.queue if job.gpu_mem is not None or job.min_gpus >= 1]
@@ -122,19 +138,24 @@ class _Class:
                     )
         elif members:
             self._size(members, admitted)
+        hardware = Hardware(self.board.state)
+        left = [
+            job
+            for job in self.queue
+            if job.gpu_mem is None
+            and job.id not in self.out.allocations
+            and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
+        ]
+        blocked = [job for job in left if job.min_gpus >= 1 and job.id not in admitted]
+        packed = self._pack(blocked)
         if self.slicing is not None:
-            hardware = Hardware(self.board.state)
-            left = [
-                job
-                for job in self.queue
-                if job.gpu_mem is None
-                and job.id not in self.out.allocations
-                and (self.slicing.everyone or (job.min_gpus >= 1 and job.id not in admitted))
-                and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
-            ]
+            turns = left if self.slicing.everyone else blocked
+            turns = [job for job in turns if job.id not in self.out.allocations]
+            turns = queue_order([*turns, *packed.unpacked])
             self.out.notes.update(
-                self.slicing.place(self.board, self.out.allocations, left, self.now)
+                self.slicing.place(self.board, self.out.allocations, turns, self.now)
             )
+        self.out.notes.update(packed.notes)
         for job in self.queue:
             if job.id not in self.out.allocations:
                 self.out.notes.setdefault(job.id, self.waiting.get(job.id) or self._why(job))
@@ -150,11 +171,13 @@ class _Class:
         """
         board = self.board
         moving = {job.id for job in self.movable}
+        shown: set[int] = set(placed)  # shown other than they are: never moved by this pass
         views = []
         for job_id, hold in board.holds.items():
             gpus = hold.gpus
-            if shrink and job_id in moving:
+            if shrink and job_id in moving and len(gpus) > max(board.jobs[job_id].min_gpus, 1):
                 gpus = gpus[: max(board.jobs[job_id].min_gpus, 1)]
+                shown.add(job_id)
             views.append(board.holds_view(job_id, gpus))
         for job in asks:
             if job.id in placed:
@@ -163,6 +186,7 @@ class _Class:
                 views.append(replace(job, start_time=self.now))
             else:
                 views.append(job)
+        views = [pinned(view, board, self.priority, shown) for view in views]
         return replace(board.state, jobs=tuple(sorted(views, key=lambda job: job.id)))
 
     def _fifo(
@@ -170,12 +194,15 @@ class _Class:
     ) -> tuple[ClusterState, Decision]:
         """One fifo pass over the asks not yet placed; places them into `placed`."""
         state = self._fifo_state(asks, shrink, placed)
-        decision = FifoBackfill().decide(state, self.now)
+        decision = admission(self.moving, self.board).decide(state, self.now)
         placed.update(
             (job.id, decision.bindings[job.id])
             for job in asks
             if job.id not in placed and job.id in decision.bindings
         )
+        for job_id in take_moves(self.board, state, decision):
+            if job_id in self.out.allocations:  # kept already: kept where it goes now
+                self._keep(self.board.jobs[job_id], ())
         return state, decision
 
     def _index(self, uuids: tuple[str, ...]) -> tuple[int, ...]:
@@ -282,7 +309,7 @@ class _Class:
                 if job.id in before:
                     self.out.notes[job.id] = "its GPUs give other jobs more goodput"
                 continue
-            gpus = _pick(board, free, target, before.get(job.id, admitted.get(job.id, ())))
+            gpus = board.pick(free, target, before.get(job.id, admitted.get(job.id, ())))
             if gpus is None:  # cannot happen: the search respects each node's count
                 continue
             free.difference_update(gpus)
@@ -309,6 +336,30 @@ class _Class:
             if job.id not in before and job.id not in self.out.allocations
         )
 
+    # ---- step 3: packing -----------------------------------------------------------------
+
+    def _pack(self, blocked: list[JobView]) -> Packed:
+        """Review the class's packs and pack jobs that would wait (`Packer.step`)."""
+        if self.packer is None:
+            return Packed()
+        board = self.board
+        packed = self.packer.step(board, self.priority, blocked, self._stays, self.now)
+        for rider, host in sorted(packed.packs.items()):
+            gpus = board.holds[host].gpus
+            self.out.allocations[rider] = board.allocation(gpus)
+            self.out.bindings[rider] = board.uuids(gpus)
+            self.out.packed.append((host, rider))
+        return packed
+
+    def _stays(self, job_id: int) -> bool:
+        """True if the job keeps exactly the GPUs it holds on the board in this decision."""
+        hold = self.board.holds.get(job_id)
+        if hold is None or job_id in self.board.moved:
+            return False
+        return self.out.allocations.get(job_id) == self.board.allocation(
+            hold.gpus
+        ) and self.out.bindings.get(job_id) == self.board.uuids(hold.gpus)
+
     # ---- helpers ---------------------------------------------------------------------------
 
     def _start(self, job: JobView, gpus: tuple[int, ...], note: str) -> None:
@@ -320,7 +371,18 @@ class _Class:
         self.out.notes[job.id] = note
 
     def _keep(self, job: JobView, allocation: tuple[int, ...], note: str | None = None) -> None:
-        """The job stays where it is: its allocation, and the GPUs it names as the caller's."""
+        """The job stays where it is: its allocation, and the GPUs it names as the caller's.
+
+        A job moved by this decision stays where it goes: bound to its new
+        GPUs, with the move's reason.
+        """
+        moved = self.board.moved.get(job.id)
+        if moved is not None:
+            gpus = self.board.holds[job.id].gpus
+            self.out.allocations[job.id] = self.board.allocation(gpus)
+            self.out.bindings[job.id] = self.board.uuids(gpus)
+            self.out.notes[job.id] = moved
+            return
         original = self.original.get(job.id)
         self.out.allocations[job.id] = tuple(allocation)
         uuids = original.gpu_uuids if original is not None else ()
@@ -334,23 +396,6 @@ class _Class:
         need = max(job.min_gpus, 1) if job.gpu_mem is None else job.gpus_requested
         summary = self.board.capacity.summary()
         return summary.wait_reason(need, job.gpu_mem, job.exclusive)
-
-
-def _pick(
-    board: Board, free: set[int], target: tuple[int, ...], before: tuple[int, ...]
-) -> tuple[int, ...] | None:
-    """GPUs for an allocation: the job's own on each node first, then free ones in GPU order."""
-    chosen: list[int] = []
-    for node, count in enumerate(target):
-        if not count:
-            continue
-        mine = [i for i in before if board.node_of[i] == node and i in free]
-        others = sorted(i for i in free if board.node_of[i] == node and i not in mine)
-        picked = (mine + others)[:count]
-        if len(picked) < count:
-            return None
-        chosen.extend(picked)
-    return tuple(sorted(chosen))
 
 
 def _base_speedups(problem: SearchProblem) -> list[float]:
@@ -378,4 +423,4 @@ def _search_wait(board: Board, job: JobView, fits: bool) -> str:
     return summary.wait_reason(need, None, False)
 
 
-__all__ = ["Outcome", "Search", "decide_classes", "rigid"]
+__all__ = ["Outcome", "Search", "Steps", "decide_classes", "rigid"]

@@ -1,4 +1,4 @@
-"""gpuq's default policy, `gpuq`: a lab's queue with goodput allocation and time-slicing.
+"""gpuq's default policy, `gpuq`: a lab's queue with goodput, moves, packing and time-slicing.
 
 It does what a lab's daemon needs `fifo` for (priorities, memory shares,
 exclusive jobs, foreign memory, backfill with time limits, a reason for
@@ -36,9 +36,29 @@ Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
     except that a running job the search may resize holds only its minimum
     here: what it holds beyond that may go to an earlier-queued share or
     job, and the search then shrinks it (through its checkpoint). Memory
-    shares are never resized, moved or preempted for jobs of their own
-    class. Jobs that run on any count (`min_gpus` 0: the simulator's Pollux
-    jobs) are not gated: the search alone decides for them, as in Pollux.
+    shares are never resized or preempted for jobs of their own class (they
+    may be moved, below). Jobs that run on any count (`min_gpus` 0: the
+    simulator's Pollux jobs) are not gated: the search alone decides for
+    them, as in Pollux.
+Moves on one server (`moves`, on; `gpuq.policies.gpuq.moves`)
+    Admission lets fifo plan its moves (`gpuq.policies.consolidate`) for the
+    first job of a class that does not fit: memory-share jobs moved onto
+    other shared GPUs until it gets the free GPU it needs ("frees GPU 0 for
+    job 9"), or single-GPU jobs moved out of a link group so that a
+    multi-GPU job gets GPUs of one PCIe switch or NVLink. Only a job the
+    caller can checkpoint, that has run `move_after` seconds (60) since it
+    started or was last moved, and of the waiting job's priority or lower
+    (a move costs the moved job a restart: never for a lower class) is
+    moved, at most one set of moves per decision. The moved job runs on in
+    the decision on its new GPUs, bound to exactly those, with the move's
+    reason, and the waiting job starts on the GPUs freed once the moved job
+    has left them. Why: a job holding a sliver of a GPU would otherwise keep
+    a whole-GPU job waiting, or taking turns, until it ends.
+Topology (`gpuq.policies.topology`)
+    Where gpuq chooses GPUs itself (a job the goodput search starts, grows
+    or shrinks), a multi-GPU job gets GPUs of one link group where one has
+    room (`pick_close`), its own first; a job whose count stays keeps
+    exactly its GPUs. Admission's GPUs are fifo's, close by the same rule.
 Goodput allocation (Pollux's search, `gpuq.policies.pollux.policy`)
     The class's whole-GPU jobs that can change GPUs (running jobs whose
     caller can preempt them, and those admitted or not gated) are sized by
@@ -97,22 +117,39 @@ Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
 Reasons
     Every job gets a note: where it runs and why ("speedup 1.62 over a fair
     share", "goodput +38% (...)" for a resize, "a 6.0G memory share", "next
-    in the queue at priority 0"), or why it waits (fifo's "waiting for 2 free
+    in the queue at priority 0", "frees GPU 0 for job 9" for a move, "trial
+    on n1 (...)" for a pack), or why it waits (fifo's "waiting for 2 free
     GPUs (0 free)", "behind job 12 (reserved GPUs)", "needs 4 GPUs; this
     server has 2"; the search's "the goodput allocation keeps the GPUs with
     running jobs for now"; a guest's "time-sliced on n1 with job 3").
-Steps still to come
-    Packing with introspection (Gandiva's packs carried out live) and moves
-    on one server with GPU topology plug in per class between the goodput
-    allocation and time-slicing: a pack is tried before a waiting job is
-    time-sliced, and a move step rebinds the class's jobs to GPUs (the
-    board's `_pick`) before the next class sees what is left.
+Packing with introspection (`packing`, on; `gpuq.policies.gpuq.packing`)
+    Before a job waiting behind its own class takes turns, it is packed
+    with a job of its class running on one whole GPU, where both are
+    gpuq.runner jobs measured alone (their step times), of one GPU, with
+    low measured utilization (the two add up to at most
+    `pack_utilization`, 100%) and memory peaks that fit in that GPU
+    together, and not a pair that failed before ("trial on n1 (utilization
+    30% + 30%)"). The caller then measures both jobs' steps packed; once
+    both are measured the pack is kept while their packed rates (each a
+    fraction of its rate alone) add up to more than `keep_threshold` (1.0,
+    what time-slicing gives the two) and undone the first time they do not
+    ("packed throughput 0.71 of time-sliced (0.36+0.35 of solo)"): the pair
+    then takes turns and is never packed again, nor is a pair of which one
+    ran out of GPU memory packed. A pack also ends when its host leaves its
+    GPU, or when a whole GPU is free on its node. Why: a job waiting behind
+    its own class otherwise runs in turns, at half speed; two light jobs (a
+    small model, a data-bound loop) often each run faster than that on one
+    GPU at once, and measuring them is the only reliable way to know
+    (Gandiva, sections 4.1 and 4.2.2; the rules are shared with `gandiva`:
+    `gpuq.policies.packing`). Jobs the simulator runs report no utilization
+    or memory, so packing never happens there.
 
 `restart_penalty`, `population` and `generations` are Pollux's options; the
 random generator is seeded once and each class keeps its own warm-start
 population (saved and restored: `Remembers`). With one class of jobs that
 run on any count and no shares (Pollux's workloads), the decisions are
-exactly those of the search alone, time-slicing on or off.
+exactly those of the search alone, time-slicing on or off (and no job is
+moved or packed there: no shares, no topology, no utilization measured).
 """
 
 from __future__ import annotations
@@ -124,9 +161,12 @@ from typing import Any
 
 import numpy as np
 
+from gpuq.policies.consolidate import DEFAULT_SETTLE
 from gpuq.policies.gpuq.board import Board
-from gpuq.policies.gpuq.classes import decide_classes
+from gpuq.policies.gpuq.classes import Steps, decide_classes
 from gpuq.policies.gpuq.estimates import remaining_time
+from gpuq.policies.gpuq.moves import Moving
+from gpuq.policies.gpuq.packing import Packer
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.policy import (
@@ -145,7 +185,7 @@ TIMESLICE = ("blocked", "all", "off")
 
 
 class GpuqPolicy(PolluxPolicy):
-    """gpuq's default policy: classes, admission, goodput, time-slicing (see module)."""
+    """gpuq's default policy: classes, admission, moves, goodput, packing, turns (see module)."""
 
     name = "gpuq"
 
@@ -158,6 +198,11 @@ class GpuqPolicy(PolluxPolicy):
         timeslice: str = "blocked",
         quantum: float = 60.0,
         oversubscription: float = 2.0,
+        moves: bool = True,
+        move_after: float = DEFAULT_SETTLE,
+        packing: bool = True,
+        keep_threshold: float = 1.0,
+        pack_utilization: float = 100.0,
         restart_penalty: float | None = None,
         population: int = 100,
         generations: int = 100,
@@ -181,11 +226,14 @@ class GpuqPolicy(PolluxPolicy):
         self.timeslice = timeslice
         on = timeslice != "off"
         self.slicing = Slicing(oversubscription, quantum, timeslice == "all") if on else None
+        self.moving = Moving(float(move_after)) if moves else None
+        self.packer = Packer(keep_threshold, pack_utilization) if packing else None
         self._populations: dict[int, Population | None] = {}
         # Remaining work is read only by the option that charges moves over it.
         self.capabilities = Capabilities(
             adaptive_jobs=True,
             time_slicing=on,
+            packing=packing,
             preemption=True,
             remaining_work=remaining_aware,
             remembers=True,
@@ -196,8 +244,13 @@ class GpuqPolicy(PolluxPolicy):
         """Decide each priority class in turn on a board of the cluster (module docstring)."""
         if not state.jobs or not state.nodes:
             return Decision()
-        board = Board.build(state)
-        return decide_classes(board, lambda c, s: self._search(c, s, now), now, self.slicing)
+        riders: dict[int, int] = {}
+        if self.packer is not None:
+            self.packer.observe(state, now)
+            riders = self.packer.riders(state)
+        board = Board.build(state, riders)
+        steps = Steps(slicing=self.slicing, moving=self.moving, packer=self.packer)
+        return decide_classes(board, lambda c, s: self._search(c, s, now), now, steps)
 
     def _search(self, priority: int, state: ClusterState, now: float) -> Solution:
         """Pollux's search for one class, warm-started from that class's last population."""
@@ -226,13 +279,15 @@ class GpuqPolicy(PolluxPolicy):
         return jobs, replace(problem, realloc_factor=factors)
 
     def save(self) -> dict[str, Any]:
-        """Its memory: the random generator and each class's last population (`Remembers`)."""
-        saved: dict[str, Any] = {"version": 2, "rng": self._rng.bit_generator.state}
+        """Its memory (`Remembers`): the random generator, each class's population, packing's."""
+        saved: dict[str, Any] = {"version": 3, "rng": self._rng.bit_generator.state}
         saved["classes"] = {
             str(priority): dump_population(population)
             for priority, population in sorted(self._populations.items())
             if population is not None
         }
+        if self.packer is not None:
+            saved["packing"] = self.packer.save()
         return saved
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -242,11 +297,13 @@ class GpuqPolicy(PolluxPolicy):
             super().restore(saved)
             self._populations = {0: self._previous} if self._previous is not None else {}
             return
-        if version != 2:
+        if version not in (2, 3):  # 2: before packing
             raise ValueError(f"not a saved {self.name} policy: unknown version {version!r}")
         super().restore({"version": 1, "rng": saved.get("rng")})
         try:
             populations = {int(k): load_population(v) for k, v in saved["classes"].items()}
+            if self.packer is not None and version == 3:
+                self.packer.restore(saved["packing"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"not a saved {self.name} policy: {exc}") from None
         self._populations = dict(populations)

@@ -4,7 +4,7 @@ A job of a higher priority class that admission cannot place (it does not
 fit in what is free, and it is not merely behind another job's
 reservation) takes room from running jobs of lower priority that the
 caller can preempt without losing work (`JobView.preemptible`, not waiting
-for a turn, not started by this decision). Steps are tried in this order
+for a turn, not started or moved by this decision). Steps are tried in this order
 until the job fits: shrink a job to its minimum (giving up the GPUs it holds
 beyond, through a resize), then preempt a job whole; each kind lowest
 priority first, then the most recently started, then the highest id. Steps
@@ -46,6 +46,7 @@ def make_room(
             and board.jobs[job_id].preemptible
             and not board.jobs[job_id].suspended
             and job_id not in board.started
+            and job_id not in board.moved
         ),
         key=lambda job: (job.priority, -job.start_time, -job.id),
     )
