@@ -59,6 +59,7 @@ from gpuq.control import (
 )
 from gpuq.daemon import faults, jobfiles
 from gpuq.daemon.executor import Outcome
+from gpuq.daemon.scheduler.view import new_model
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import SuspendRecord
 from gpuq.errors import ConflictError, UsageError
@@ -356,7 +357,10 @@ class ChannelListener:
             sample = sample_to_dict(message.sample)
             sample["gpus"] = len(job.gpu_uuids)  # what it ran on when it measured this
             self.state.store.add_sample(job_id, job.attempts, sample)
+            previous = self.state.latest_samples.get(job_id, {})
             self.state.latest_samples[job_id] = sample
+            if new_model(previous, sample) and self.state.policy.capabilities.adaptive_jobs:
+                self.state.wake.set()  # a goodput policy decides from the new model now
             profiled = self.state.profiled_gpus.get(job_id, 0)
             self.state.profiled_gpus[job_id] = max(profiled, sample["gpus"])
             self.state.publish({"type": "metrics", "job": job_id, "sample": sample})
