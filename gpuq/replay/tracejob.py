@@ -8,11 +8,15 @@ driven by the wall clock. On the GPUs it holds (`GPUQ_GPU_UUIDS`, else
 the job advances as the simulator advances it alone on those GPUs: step
 times from the Pollux tables for its per-GPU batch, progress by the
 statistical gain of its total batch, completion when the simulator's job
-would complete (all epochs of the application). Iterations are grouped so
-that each `gq.step()` lasts about `--tick` seconds of real time; sleeps aim
-at absolute deadlines, so time does not drift and a late wake-up (a busy
-machine) is made up, except after a park or a stop (`Pauses`), where the
-schedule moves by the time lost.
+would complete (all epochs of the application). It advances in slices of
+`SLICE` real seconds and groups them so that each `gq.step()` comes about
+`--tick` seconds of real time after the previous one, or at the end of the
+slice in which the daemon asked for a suspend: a job at real speed reaches
+its next iteration boundary in a fraction of a second, so it leaves its
+GPUs about when the simulator's job does. Sleeps aim at absolute deadlines,
+so time does not drift and a late wake-up (a busy machine) is made up,
+except after a park or a stop (`Pauses`), where the schedule moves by the
+time lost.
 
 With `--adaptive` it runs as the simulator runs a job under a policy with
 adaptive jobs (`Capabilities.adaptive_jobs`; an application with a fixed
@@ -91,6 +95,8 @@ if TYPE_CHECKING:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 REFIT_SECONDS = 60.0
 """Simulated seconds between refits of the model: the simulator's tick."""
+SLICE = 0.02
+"""Real seconds the job advances between two looks at a suspend request."""
 
 
 def process_age() -> float:
@@ -306,20 +312,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     penalty = args.restart_penalty / args.speedup
     tick_start = schedule_start(started, saved["saved_at"], penalty)
     pauses = Pauses(job)
+    last_step = started
     while not trace.complete:
-        used = trace.advance(args.tick * args.speedup, refit=loader.solver.is_set())
-        if job.metrics is not None:
-            trace.report(job.metrics)
+        used = trace.advance(SLICE * args.speedup, refit=loader.solver.is_set())
         tick_end = tick_start + used / args.speedup
         before = time.monotonic()
         if tick_end > before:
             time.sleep(tick_end - before)
         if state is None and loader.done:
             state = gq.State(trace=saved)  # a first attempt: nothing to restore
-        if state is not None:
+        boundary = time.monotonic() - last_step >= args.tick or job.suspend_requested
+        if state is not None and boundary:
+            if job.metrics is not None:
+                trace.report(job.metrics)
             saved.update(trace.state(), saved_at=time.time())
             job.epoch = trace.job.epoch
             gq.step()
+            last_step = time.monotonic()
         # Time lost to a park or a stop moves the schedule; other delays are made up.
         lost = time.monotonic() - max(before, tick_end)
         tick_start = tick_end + (lost if pauses.paused() else 0.0)
