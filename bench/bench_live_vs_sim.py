@@ -40,14 +40,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuq.policies.registry import get_policy
 from gpuq.replay.forkserver import ForkServer
 from gpuq.replay.run import ReplayProgress, ReplaySettings, replay
 from gpuq.replay.timescale import live_settings
-from gpuq.sim.run import SimSettings, resolve_workload, run_policy
+from gpuq.sim.engine import Simulator
+from gpuq.sim.metrics import SimResult
+from gpuq.sim.run import resolve_workload
 from gpuq.sim.workload import WorkloadJob
 from tests.daemon_harness import running_daemon
 
@@ -65,8 +68,16 @@ def fake_gpus(count: int) -> str:
 
 
 def simulate(policy: str, workload: tuple[WorkloadJob, ...], gpus: int) -> dict[str, Any]:
-    """The simulator's summary of `policy` on one node of `gpus` GPUs."""
-    return run_policy(policy, workload, SimSettings(nodes=1, gpus_per_node=gpus))
+    """The simulator's summary of `policy` on one node of `gpus` GPUs, with its jobs."""
+    simulator = Simulator(get_policy(policy), workload, nodes=1, gpus_per_node=gpus)
+    return with_jobs(simulator.run())
+
+
+def with_jobs(result: SimResult) -> dict[str, Any]:
+    """A result's summary, with each job's record under "jobs" (for the JSON file)."""
+    summary: dict[str, Any] = result.summary()
+    summary["jobs"] = [asdict(job) for job in result.jobs]
+    return summary
 
 
 def live(
@@ -100,7 +111,7 @@ def live(
                 speedup=speedup, cwd=str(root), fork_server=str(server.path)
             )
             result = replay(client, workload, replay_settings, show)
-    summary = result.summary()
+    summary = with_jobs(result)
     summary["real_seconds"] = time.monotonic() - started
     return summary
 
