@@ -20,7 +20,10 @@ CPU time with the evaluations left out: the bench runs on shared machines,
 where another process's load would move wall-clock times by more than the
 differences being measured. Wall time is kept too. For the same reason the
 tuner times its steps on this CPU clock too (`gpuq.runner.tuning.step_clock`),
-which is right for CPU training, the only kind this bench does.
+which is right for CPU training, the only kind this bench does, and with the
+validations left out as well: they come every eighth of the dataset, every
+other step at the largest batches, and the tuner would take them for part of
+the step.
 """
 
 from __future__ import annotations
@@ -64,11 +67,31 @@ class Outcome:
         return "adaptive" if self.batch is None else f"fixed {self.batch}"
 
 
+class TrainingClock:
+    """This thread's CPU time, less the time spent validating: training time only."""
+
+    def __init__(self) -> None:
+        self.paused = 0.0
+
+    def __call__(self) -> float:
+        """Seconds of training so far."""
+        return time.thread_time() - self.paused
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Time spent inside is not counted."""
+        start = time.thread_time()
+        try:
+            yield
+        finally:
+            self.paused += time.thread_time() - start
+
+
 @contextlib.contextmanager
-def cpu_clock() -> Iterator[None]:
-    """While inside, tuners time steps on this thread's CPU clock."""
+def cpu_clock(clock: TrainingClock) -> Iterator[None]:
+    """While inside, tuners time steps on `clock`."""
     saved = gpuq.runner.tuning.step_clock
-    gpuq.runner.tuning.step_clock = time.thread_time
+    gpuq.runner.tuning.step_clock = clock
     try:
         yield
     finally:
@@ -77,13 +100,18 @@ def cpu_clock() -> Iterator[None]:
 
 @contextlib.contextmanager
 def pinned() -> Iterator[None]:
-    """While inside, tuners keep their configuration (they never have enough measurements)."""
-    saved = gpuq.runner.tuning.MIN_MEASUREMENTS
-    gpuq.runner.tuning.MIN_MEASUREMENTS = 2**62
+    """While inside, tuners keep their configuration: no step boundary is due to decide.
+
+    Everything else runs as in an adaptive run: the noise measurements (which
+    AdaScale's gain needs), the step timing, the progress count.
+    """
+    tuner = gpuq.runner.tuning.BatchTuner
+    saved = tuner.decision_due
+    tuner.decision_due = lambda self: False  # type: ignore[method-assign]
     try:
         yield
     finally:
-        gpuq.runner.tuning.MIN_MEASUREMENTS = saved
+        tuner.decision_due = saved  # type: ignore[method-assign]
 
 
 def _loader(task: Task, data: Samples, batch: int | None) -> gq.AdaptiveDataLoader:
@@ -124,9 +152,10 @@ def train(
     gq.State(model=model, optimizer=optimizer, lr_scaling=rule)
     outcome = Outcome(task.name, batch, False, 0.0, 0.0, 0, 0, float("inf"))
     next_eval = eval_every
-    with cpu_clock(), contextlib.closing(job):
+    clock = TrainingClock()
+    with cpu_clock(clock), contextlib.closing(job):
         loader = _loader(task, data, batch)
-        cpu, wall = time.thread_time(), time.perf_counter()
+        cpu, wall = clock(), time.perf_counter()
         for _ in gq.epochs(10**6):
             for x, y in loader:
                 torch.autograd.backward(task.loss(model, (x, y)))
@@ -136,10 +165,11 @@ def train(
                 outcome.samples += len(x)
                 if outcome.samples < next_eval:
                     continue
-                outcome.seconds += time.thread_time() - cpu
+                outcome.seconds += clock() - cpu
                 outcome.wall_seconds += time.perf_counter() - wall
                 next_eval += eval_every
-                outcome.loss = _validation_loss(task, model, validation)
+                with clock.pause():
+                    outcome.loss = _validation_loss(task, model, validation)
                 outcome.batches.append(loader.batch_size * (loader.accumulation_steps + 1))
                 outcome.losses.append(outcome.loss)
                 outcome.times.append(outcome.seconds)
@@ -149,7 +179,7 @@ def train(
                 if outcome.reached or outcome.samples >= max_samples:
                     outcome.steps = loader.tuner.steps if loader.tuner else job.step
                     return outcome
-                cpu, wall = time.thread_time(), time.perf_counter()
+                cpu, wall = clock(), time.perf_counter()
             schedule.step()
     return outcome
 

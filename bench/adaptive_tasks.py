@@ -18,6 +18,7 @@ gradient noise grows as the loss falls and large batches stay useful:
 
 The SGD tasks scale their learning rate with AdaScale, the Adam ones with
 the square root of the batch-size ratio, as `gpuq.runner.tuning` recommends.
+Every task allows batches up to 64 times its initial one.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ TASKS: dict[str, Task] = {
         lambda model: torch.optim.SGD(model.parameters(), lr=0.1),
         "adascale",
         init_batch=16,
-        max_batch=512,
+        max_batch=1024,
         lr_decay=0.8,
     ),
     "cnn": Task(
@@ -223,7 +224,7 @@ TASKS: dict[str, Task] = {
         lambda model: torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
         "adascale",
         init_batch=16,
-        max_batch=512,
+        max_batch=1024,
         lr_decay=0.8,
     ),
     "transformer": Task(
@@ -233,7 +234,7 @@ TASKS: dict[str, Task] = {
         lambda model: torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01),
         "sqrt",
         init_batch=20,
-        max_batch=320,
+        max_batch=1280,
         lr_decay=0.8,
     ),
     "lstm": Task(
@@ -243,7 +244,7 @@ TASKS: dict[str, Task] = {
         lambda model: torch.optim.Adam(model.parameters(), lr=3e-3),
         "sqrt",
         init_batch=16,
-        max_batch=256,
+        max_batch=1024,
         lr_decay=0.8,
     ),
 }

@@ -65,7 +65,7 @@ class SchedulerConfig:
     thresholds) act within it.
     """
 
-    policy: str = "fifo"
+    policy: str = "gpuq"
     memory_margin: float = 0.05
     foreign_tolerance: int = 512 * 1024**2
     auto_mem_margin: float = 0.10
@@ -119,7 +119,7 @@ _EXPECTED: dict[str, str] = {
     "daemon.node_name": "a host name (letters, digits, '.', '_', '-')",
     "daemon.kill_grace": 'seconds (0 or more) or a duration such as "30s"',
     "daemon.allow_network_fs": "true or false",
-    "scheduler.policy": 'a policy name such as "fifo"',
+    "scheduler.policy": 'a policy name such as "gpuq" or "fifo"',
     "scheduler.memory_margin": "a fraction from 0 up to but excluding 0.5",
     "scheduler.foreign_tolerance": _SIZE,
     "scheduler.auto_mem_margin": "a fraction from 0 up to but excluding 1",
@@ -142,6 +142,9 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.count": "a whole number from 1 to 1024",
     "gpus.fake.foreign_memory": _SIZE,
     "gpus.fake.foreign_pid": "a process id, 1 or more",
+    "gpus.fake.utilization": "a percentage from 0 to 100",
+    "gpus.fake.share_slowdown": "a number, 1 or more (1: sharing costs nothing)",
+    "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
 }
 """Every valid key, with what it accepts (the hint of a ConfigError)."""
 
@@ -297,6 +300,17 @@ def _fraction(below: float) -> Converter[float]:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
         return float(value) if 0 <= value < below else None
+
+    return convert
+
+
+def _number(minimum: float, maximum: float | None = None) -> Converter[float]:
+    """A converter accepting a number (not a boolean) in [minimum, maximum]."""
+
+    def convert(value: object) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if minimum <= value and (maximum is None or value <= maximum) else None
 
     return convert
 
@@ -478,4 +492,7 @@ def _fake_decl(data: object, name: str, source: Path | None) -> FakeGpuDecl:
         count=table.get("count", d.count, _integer(1, 1024)),
         foreign_memory=foreign_memory,
         foreign_pid=table.get("foreign_pid", d.foreign_pid, _integer(1)),
+        utilization=table.get("utilization", d.utilization, _number(0.0, 100.0)),
+        share_slowdown=table.get("share_slowdown", d.share_slowdown, _number(1.0)),
+        link_group=table.get("link_group", d.link_group, _instance(str)),
     )

@@ -48,6 +48,8 @@ SUSPEND_EXIT_CODE: Final = 75
 """Exit status of a job that saved a checkpoint and stopped because gpuq asked it to."""
 ACK_FILE: Final = "suspended.json"
 """Written into the checkpoint directory by a job that suspended in checkpoint mode."""
+OOM_FILE: Final = "out-of-memory.json"
+"""Written into the checkpoint directory by a runner job that dies of CUDA out-of-memory."""
 
 ControlSuspendMode = Literal["checkpoint", "park"]
 CONTROL_SUSPEND_MODES: Final = get_args(ControlSuspendMode)

@@ -28,6 +28,7 @@ CHECKPOINT_DIR = "GPUQ_CHECKPOINT_DIR"
 CONTROL_SOCKET = "GPUQ_CONTROL_SOCKET"
 ATTEMPT = "GPUQ_ATTEMPT"
 NODE = "GPUQ_NODE"
+FAKE_GPU_DIR = "GPUQ_FAKE_GPU_DIR"
 
 CONTRACT: dict[str, str] = {
     JOB_ID: "The job's id (an integer); unset outside gpuq.",
@@ -44,6 +45,10 @@ CONTRACT: dict[str, str] = {
     ),
     ATTEMPT: "1 for the first run, 2 for the first retry, and so on.",
     NODE: "Name of the server the job runs on.",
+    FAKE_GPU_DIR: (
+        "On fake GPUs only: where the daemon publishes each GPU's load (jobs computing on "
+        "it, their slowdown, memory used), for jobs that emulate a GPU's work."
+    ),
     "CUDA_VISIBLE_DEVICES": "Set to the GPU UUIDs, so CUDA sees only the job's GPUs.",
     "CUDA_DEVICE_ORDER": "Set to PCI_BUS_ID, so device order matches nvidia-smi.",
 }
@@ -117,3 +122,8 @@ def attempt(environ: Mapping[str, str] | None = None) -> int:
 def node(environ: Mapping[str, str] | None = None) -> str | None:
     """The name of the server running the job, or None outside gpuq."""
     return _get(environ, NODE)
+
+
+def fake_gpu_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the fake GPUs' load is published (`gpuq.gpus.fakeload`); None on real GPUs."""
+    return _get(environ, FAKE_GPU_DIR)

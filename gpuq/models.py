@@ -288,7 +288,10 @@ class GpuInfo:
     """One schedulable GPU (or MIG instance), identified by UUID.
 
     `memory_used` is everything in use on the device; the daemon splits it
-    into gpuq's jobs and other processes using `processes`.
+    into gpuq's jobs and other processes using `processes`. GPUs of a node
+    with the same non-empty `link_group` share a PCIe switch or an NVLink
+    (a multi-GPU job placed within one group talks fastest); empty where the
+    topology is unknown.
     """
 
     uuid: str
@@ -300,6 +303,7 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] = ()
     node: str = ""
     parent_uuid: str | None = None
+    link_group: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON encoding (part of the `gpuq gpus --json` object)."""
@@ -313,4 +317,5 @@ class GpuInfo:
             "processes": [{"pid": p.pid, "used_memory": p.used_memory} for p in self.processes],
             "node": self.node,
             "parent_uuid": self.parent_uuid,
+            "link_group": self.link_group,
         }

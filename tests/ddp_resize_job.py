@@ -20,7 +20,8 @@ took an optimizer step on (every rank's part, gathered), in order, with the
 count at the end of each epoch; samples of a step still accumulating are
 kept apart until the step is taken, and dropped if a resume on another
 number of ranks starts that step again. It also notes, at each attempt's
-first batch, the world size with the global and per-rank batch. With
+first whole batch (not half of a measured step), the world size with the
+global and per-rank batch. With
 ``--out``, rank 0 writes all of it and the final validation loss there as
 JSON.
 """
@@ -111,15 +112,20 @@ def main() -> None:
     for _epoch in gq.epochs(args.epochs):
         for x, y, ids in loader:
             tuner = loader.tuner
-            if not noted:
-                record["attempts"].append([world, loader.batch_size, len(x)])
-                noted = True
-            if tuner is None or tuner.gns.pending() == 0:
+            halves = tuner is not None and loader.accumulation_steps == 0
+            first_of_step = tuner is None or tuner.gns.pending() == 0
+            if first_of_step:
                 record["pending"] = []  # a step begins (or a resize made it begin again)
             loss_fn(ddp(x), y).backward()
             time.sleep(args.sample_seconds * len(x))  # the fake GPU's compute
             opt.step()
             opt.zero_grad(set_to_none=True)
+            # A measured step comes as two halves of its batch: note a whole one.
+            absorbed = tuner is not None and tuner.gns.accumulated
+            whole = not halves or (first_of_step and not absorbed)
+            if not noted and whole:
+                record["attempts"].append([world, loader.batch_size, len(x)])
+                noted = True
             most = -(-loader.batch_size // world)  # the largest rank's part of this batch
             taken = record["pending"] + gathered(ids, world, most)
             if tuner is not None and tuner.gns.accumulated:  # absorbed: no step yet

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuq.daemon.scheduler.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 
 G = 1024**3
@@ -74,3 +74,28 @@ def test_running_jobs_are_never_started_again_and_starts_follow_the_policys_orde
     decision = Decision(allocations={2: (0, 1), 9: (1, 0), 1: (0, 1)})
     starts, _ = placements(cluster, decision)
     assert [p.job_id for p in starts] == [2, 1]
+
+
+def test_a_job_bound_to_gpus_a_running_job_still_holds_waits_for_them() -> None:
+    # Job 9 is being preempted or shrunk off a1; the policy already gave a1 away.
+    cluster = state(running(9, "a0", "a1"), pending(1), pending(2, mem=6 * G))
+    decision = Decision(allocations={1: (1, 0), 2: (1, 0)}, bindings={1: ("a1",), 2: ("a0",)})
+    starts, waiting = placements(cluster, decision)
+    assert starts == []
+    assert waiting == {1: RELEASE_WAIT, 2: RELEASE_WAIT}
+
+
+def test_a_bound_share_waits_until_it_fits_beside_the_shares_there() -> None:
+    shares = JobView(9, 0.0, gpu_mem=30 * G, gpu_uuids=("a0",))
+    cluster = state(shares, pending(1, mem=10 * G), pending(2, mem=6 * G))
+    decision = Decision(allocations={1: (1, 0), 2: (1, 0)}, bindings={1: ("a0",), 2: ("a0",)})
+    starts, waiting = placements(cluster, decision)
+    assert starts == [Placement(2, ("a0",), 6 * G)]
+    assert waiting == {1: RELEASE_WAIT}
+
+
+def test_a_start_carries_the_policys_note_for_the_event_log() -> None:
+    cluster = state(pending(1))
+    decision = Decision(allocations={1: (1, 0)}, notes={1: "next in the queue at priority 0"})
+    [start], _ = placements(cluster, decision)
+    assert start.reason == "next in the queue at priority 0"

@@ -188,7 +188,7 @@ Job 1: three
       1  <TIME> .. <TIME>  ran <DURATION>  failed: exited with code 3
   History:
     <TIME>  queued      submitted
-    <TIME>  starting    starting on <GPU0>
+    <TIME>  starting    starting on <GPU0>: next in the queue at priority 5
     <TIME>  running     started
     <TIME>  failed      exited with code 3
 """

@@ -72,6 +72,7 @@ def test_help_names_every_policy_and_those_the_daemon_runs() -> None:
     text = " ".join(result.stdout.split())
     assert "Policies: " + ", ".join(POLICY_NAMES) + ";" in text
     assert f"the daemon runs {', '.join(LIVE_POLICY_NAMES)} (scheduler.policy)" in text
+    assert "gpuq is its default" in text
 
 
 def test_a_policy_variant_runs_beside_its_default_under_its_own_name(tiny: str) -> None:
@@ -84,8 +85,9 @@ def test_an_unknown_policy_option_exits_2_and_lists_the_options(tiny: str) -> No
     result = sim("--policy", "gpuq:fast=true", "--workload", tiny)
     assert result.exit_code == 2
     assert "policy 'gpuq' has no option fast" in result.stderr
-    assert "its options: generations, population, remaining_aware, restart_penalty, starts" in (
-        result.stderr
+    assert (
+        "its options: generations, oversubscription, population, quantum, remaining_aware, "
+        "restart_penalty, starts, timeslice" in result.stderr
     )
 
 

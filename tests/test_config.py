@@ -56,7 +56,7 @@ def test_defaults_without_any_file(tmp_path: Path, env: dict[str, str]) -> None:
     assert config.daemon.kill_grace == 10.0
     assert config.daemon.allow_network_fs is False
     assert config.scheduler == SchedulerConfig(
-        policy="fifo",
+        policy="gpuq",
         memory_margin=0.05,
         foreign_tolerance=512 * MiB,
         auto_mem_margin=0.10,
@@ -112,6 +112,8 @@ count = 4
 memory = 25769803776
 foreign_memory = "2G"
 foreign_pid = 4242
+utilization = 30
+share_slowdown = 2.8
 """
 
 
@@ -132,7 +134,13 @@ def test_every_key(tmp_path: Path, env: dict[str, str]) -> None:
         backend="fake",
         fake=(
             FakeGpuDecl(name="Fake A100", memory=80 * GiB, count=4),
-            FakeGpuDecl(memory=24 * GiB, foreign_memory=2 * GiB, foreign_pid=4242),
+            FakeGpuDecl(
+                memory=24 * GiB,
+                foreign_memory=2 * GiB,
+                foreign_pid=4242,
+                utilization=30.0,
+                share_slowdown=2.8,
+            ),
         ),
         fake_state_file="/tmp/fake.json",
         include=("GPU-abc", "1"),
@@ -363,6 +371,8 @@ def test_bad_values_are_named_with_what_is_accepted(
         ("count = 0", "count", "1 to 1024"),
         ("foreign_pid = 0", "foreign_pid", "process id"),
         ("name = ''", "name", "non-empty"),
+        ("utilization = 120", "utilization", "0 to 100"),
+        ("share_slowdown = 0.5", "share_slowdown", "1 or more"),
     ],
 )
 def test_bad_fake_gpus(
@@ -396,6 +406,9 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "count": 4,
         "foreign_memory": 0,
         "foreign_pid": 999999,
+        "utilization": 100.0,
+        "share_slowdown": 1.0,
+        "link_group": "",
     }
     assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
 

@@ -28,6 +28,7 @@ from gpuq.goodput import (
     SpeedupFunction,
     adascale_gain,
     efficiency,
+    fit_one_replica,
     fit_perf_params,
 )
 
@@ -417,6 +418,52 @@ def test_the_fit_objective_has_an_exact_gradient() -> None:
 def test_fit_refuses_malformed_measurements(measurements: tuple[list[float], ...]) -> None:
     with pytest.raises(ValueError):
         fit_perf_params(*measurements)
+
+
+def one_replica_error(perf: PerfParams, local_bsz: FloatArray, seconds: FloatArray) -> float:
+    """The fit objective on one replica: the RMSE of the log step times."""
+    predicted = np.log(perf.alpha_c + perf.beta_c * local_bsz)
+    return float(np.sqrt(np.mean((predicted - np.log(seconds)) ** 2)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 600), min_size=1, max_size=8, unique=True),
+    st.floats(-5.0, -1.0),
+    st.floats(-7.0, -3.0),
+    st.integers(0, 2**31),
+)
+def test_the_one_replica_fit_finds_the_solvers_optimum(
+    sizes: list[int], log_alpha: float, log_beta: float, seed: int
+) -> None:
+    m = np.array(sizes, dtype=np.float64)
+    noise = np.random.default_rng(seed).lognormal(0.0, 0.3, m.size)
+    seconds = (10**log_alpha + 10**log_beta * m) * noise
+    fast = fit_one_replica(m, seconds)
+    solver = fit_perf_params([1] * m.size, [1] * m.size, m, seconds, seconds)
+    assert one_replica_error(fast, m, seconds) <= one_replica_error(solver, m, seconds) + 1e-7
+    assert min(fast.alpha_c, fast.beta_c) >= 1e-8
+    # What only several replicas or nodes could teach stays where the solver leaves it.
+    assert dataclasses.astuple(fast)[2:6] == dataclasses.astuple(solver)[2:6]
+
+
+def test_the_one_replica_fit_splits_one_size_evenly_as_the_solver_does() -> None:
+    fast = fit_one_replica([64, 64], [0.10, 0.12])
+    solver = fit_perf_params([1, 1], [1, 1], [64, 64], [0.10, 0.12], [0.10, 0.12])
+    assert fast.alpha_c == pytest.approx(solver.alpha_c)
+    assert fast.alpha_c + 64 * fast.beta_c == pytest.approx(math.sqrt(0.10 * 0.12))
+
+
+@pytest.mark.parametrize(
+    ("local_bsz", "seconds"),
+    [([], []), ([32, 64], [0.1]), ([0], [0.1]), ([32], [0.0]), ([32], [math.inf])],
+    ids=["empty", "lengths-differ", "no-samples", "no-time", "infinite"],
+)
+def test_the_one_replica_fit_refuses_malformed_measurements(
+    local_bsz: list[float], seconds: list[float]
+) -> None:
+    with pytest.raises(ValueError):
+        fit_one_replica(local_bsz, seconds)
 
 
 # --- Speedups for the scheduler ---------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from gpuq.errors import ConfigError
 from gpuq.gpus import FakeGpuDecl, GpuConfig, JobHolding, make_backend
 from gpuq.gpus.fake import FakeBackend, fake_uuid
+from gpuq.gpus.fakeload import DeviceLoad, JobDevices, slowdown
 from gpuq.models import GpuProcess
 
 GIB = 1024**3
@@ -152,6 +154,8 @@ def test_attach_rejects_unknown_devices_and_bad_values() -> None:
         (FakeGpuDecl(memory=0), "memory must be positive"),
         (FakeGpuDecl(memory=GIB, foreign_memory=2 * GIB), "foreign_memory"),
         (FakeGpuDecl(foreign_memory=GIB, foreign_pid=0), "foreign_pid"),
+        (FakeGpuDecl(utilization=101.0), "utilization"),
+        (FakeGpuDecl(share_slowdown=0.9), "share_slowdown"),
     ],
 )
 def test_bad_declarations_are_config_errors(decl: FakeGpuDecl, problem: str) -> None:
@@ -282,3 +286,77 @@ def test_fake_without_declarations_has_no_devices() -> None:
     assert backend.devices() == []
     assert backend.driver_version() == "fake"
     backend.close()
+
+
+# Sharing: utilization per computing job, and the load jobs emulating a GPU read.
+
+SHARED = GpuConfig(
+    backend="fake",
+    fake=(FakeGpuDecl(name="Fake 40G", memory=40 * GIB, utilization=30.0, share_slowdown=2.8),),
+)
+
+
+def test_each_computing_job_adds_its_utilization_and_a_waiting_one_none() -> None:
+    backend = fake_backend(SHARED)
+    uuid = backend.devices()[0].uuid
+    backend.observe({1: JobHolding(100, (uuid,), 12 * GIB)})
+    assert backend.devices()[0].utilization == 30.0
+    backend.observe({1: JobHolding(100, (uuid,), 12 * GIB), 2: JobHolding(200, (uuid,), GIB)})
+    assert backend.devices()[0].utilization == 60.0
+    parked = JobHolding(200, (uuid,), 512 * 1024**2, computing=False)
+    backend.observe({1: JobHolding(100, (uuid,), 12 * GIB), 2: parked})
+    device = backend.devices()[0]
+    assert device.utilization == 30.0
+    assert device.processes == (GpuProcess(100, 12 * GIB), GpuProcess(200, 512 * 1024**2))
+
+
+def test_the_published_load_tells_jobs_their_slowdown_and_their_room(tmp_path: Path) -> None:
+    backend = fake_backend(SHARED)
+    backend.publish_to(tmp_path / "load")
+    uuid = backend.devices()[0].uuid
+    mine = JobDevices(tmp_path / "load", (uuid,), reserved=12 * GIB)
+    assert mine.slowdown() == 1.0 and mine.room() == 40 * GIB
+
+    backend.observe({1: JobHolding(100, (uuid,), 12 * GIB)})
+    backend.devices()
+    assert mine.slowdown() == 1.0, "alone"
+    backend.observe({1: JobHolding(100, (uuid,), 12 * GIB), 2: JobHolding(200, (uuid,), 12 * GIB)})
+    backend.devices()
+    assert mine.slowdown() == pytest.approx(2.8)
+    assert mine.room() == 28 * GIB, "40G less what the other job holds"
+    load = DeviceLoad.read(tmp_path / "load" / f"{uuid}.json")
+    assert load is not None
+    assert (load.memory_total, load.memory_used, load.computing) == (40 * GIB, 24 * GIB, 2)
+
+
+def test_a_load_older_than_the_jobs_turn_is_not_trusted(tmp_path: Path) -> None:
+    backend = fake_backend(SHARED)
+    backend.publish_to(tmp_path)
+    uuid = backend.devices()[0].uuid
+    mine = JobDevices(tmp_path, (uuid,))
+    assert mine.room(after=time.time() + 60) is None
+    assert JobDevices.from_env({}) is None, "outside gpuq, or on real GPUs"
+
+
+@pytest.mark.parametrize(
+    ("computing", "share_slowdown", "expected"),
+    [(0, 2.8, 1.0), (1, 2.8, 1.0), (2, 2.8, 2.8), (3, 1.5, 2.0)],
+)
+def test_the_slowdown_grows_with_each_job_computing_at_once(
+    computing: int, share_slowdown: float, expected: float
+) -> None:
+    assert slowdown(computing, share_slowdown) == pytest.approx(expected)
+
+
+def test_declared_link_groups_are_reported_per_gpu(tmp_path: Path) -> None:
+    config = tmp_path / "gpuq.toml"
+    config.write_text(
+        '[[gpus.fake]]\ncount = 2\nlink_group = "switch0"\n'
+        "[[gpus.fake]]\ncount = 1\n"
+        '[[gpus.fake]]\ncount = 1\nlink_group = "switch0"\n'
+    )
+    from gpuq.config import load_config
+
+    backend = fake_backend(load_config(str(config)).gpus)
+    assert [d.link_group for d in backend.devices()] == ["switch0", "switch0", "", "switch0"]
+    assert backend.devices()[0].to_dict()["link_group"] == "switch0"

@@ -56,6 +56,8 @@ class FakeDevice:
     mig: list[FakeDevice | None] | None = None
     samples: list[tuple[int, int, int]] = field(default_factory=list)  # pid, time, sm
     failures: dict[str, str] = field(default_factory=dict)  # function -> error name
+    switch: str | None = None  # its PCIe switch; None: topology NotSupported
+    nvlinks: tuple[str, ...] | None = None  # UUIDs NVLink joins it to; None: NotSupported
 
 
 class FakeNvml:
@@ -152,6 +154,17 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[Any]:
         return [types.SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in handle.processes]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeDevice, second: FakeDevice) -> int:
+        if first.switch is None or second.switch is None:
+            raise ERRORS["NotSupported"]()
+        return 10 if first.switch == second.switch else 50  # SINGLE, else SYSTEM
+
+    def nvmlDeviceGetP2PStatus(self, first: FakeDevice, second: FakeDevice, index: int) -> int:
+        assert index == 2  # NVML_P2P_CAPS_INDEX_NVLINK
+        if first.nvlinks is None or second.nvlinks is None:
+            raise ERRORS["NotSupported"]()
+        return 0 if second.uuid in first.nvlinks else 5  # OK, else NOT_SUPPORTED
 
     def nvmlDeviceGetProcessUtilization(self, handle: FakeDevice, since: int) -> list[Any]:
         self.since.append(since)
@@ -390,6 +403,59 @@ def test_exclude_applies_to_nvml(fake_nvml: FakeNvml) -> None:
         backend.close()
 
 
+def link_groups(backend: NvmlBackend) -> dict[str, str]:
+    return {device.uuid: device.link_group for device in backend.devices()}
+
+
+def test_gpus_under_one_pcie_switch_share_a_link_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(*(FakeDevice(f"GPU-{i}", switch=f"sw{i // 2}") for i in range(4)))
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    backend = NvmlBackend()
+    try:
+        assert link_groups(backend) == {
+            "GPU-0": "link0", "GPU-1": "link0", "GPU-2": "link1", "GPU-3": "link1",
+        }  # fmt: skip
+        assert backend.warnings == []
+    finally:
+        backend.close()
+
+
+def test_nvlink_joins_gpus_of_different_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    devices = [FakeDevice(f"GPU-{i}", switch=f"sw{i}", nvlinks=()) for i in range(3)]
+    devices[0].nvlinks, devices[2].nvlinks = ("GPU-2",), ("GPU-0",)
+    fake = FakeNvml(*devices)
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    backend = NvmlBackend()
+    try:
+        assert link_groups(backend) == {"GPU-0": "link0", "GPU-1": "link1", "GPU-2": "link0"}
+    finally:
+        backend.close()
+
+
+def test_topology_is_read_once_and_unknown_where_not_supported(
+    backend: NvmlBackend, fake_nvml: FakeNvml
+) -> None:
+    assert link_groups(backend) == {"GPU-aaaa": "", "GPU-bbbb": ""}
+    backend.devices()
+    assert fake_nvml.calls.count("nvmlDeviceGetTopologyCommonAncestor") == 1
+    assert backend.warnings == []  # NotSupported is normal: no warning
+
+
+def test_mig_instances_have_no_link_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    child = FakeDevice("MIG-1111", utilization=None, switch="sw0")
+    fake = FakeNvml(
+        FakeDevice("GPU-plain", switch="sw0"),
+        FakeDevice("GPU-other", switch="sw0"),
+        FakeDevice("GPU-mig0", mig=[child], switch="sw0"),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake.module)
+    backend = NvmlBackend()
+    try:
+        assert link_groups(backend) == {"GPU-plain": "link0", "GPU-other": "link0", "MIG-1111": ""}
+    finally:
+        backend.close()
+
+
 def test_per_process_utilization_continues_from_the_last_sample(
     backend: NvmlBackend, fake_nvml: FakeNvml
 ) -> None:
@@ -449,6 +515,10 @@ def test_real_devices_look_sane(real_backend: NvmlBackend) -> None:
         assert device.utilization is None or 0.0 <= device.utilization <= 100.0
         assert isinstance(device.name, str) and device.name
     assert len({d.uuid for d in devices}) == len(devices)
+    physical = [d for d in devices if d.parent_uuid is None]
+    assert all(d.link_group == "" for d in devices if d.parent_uuid is not None)
+    if len(physical) == 1:
+        assert physical[0].link_group in ("", "link0")
     assert real_backend.driver_version()
     for device in devices:
         for value in real_backend.per_process_utilization(device.uuid).values():

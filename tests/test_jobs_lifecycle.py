@@ -422,14 +422,14 @@ def test_daemon_status(daemon: DaemonHarness) -> None:
     status = json.loads(result.stdout)
     assert status["schema_version"] == 1
     assert status["pid"] == daemon.process.pid
-    assert (status["gpus"], status["backend"], status["policy"]) == (2, "fake", "fifo")
+    assert (status["gpus"], status["backend"], status["policy"]) == (2, "fake", "gpuq")
     assert status["jobs"] == {"running": 1, "held": 1}
     assert status["highest_job_id"] == held
     assert status["state_dir"] == str(daemon.state_dir)
     assert status["runtime_dir"] == str(daemon.runtime_dir)
-    assert set(status["decisions"]) == {"fifo"}  # the job was placed by a decision
-    fifo = status["decisions"]["fifo"]
-    assert fifo["count"] >= 1 and 0 < fifo["median"] <= fifo["max"]
+    assert set(status["decisions"]) == {"gpuq"}  # the job was placed by a decision
+    times = status["decisions"]["gpuq"]
+    assert times["count"] >= 1 and 0 < times["median"] <= times["max"]
     lag = status["loop_lag"]
     assert (lag["window"], lag["interval"]) == (60.0, 0.02)
     assert lag["wakeups"] > 0 and 0 <= lag["p99"] <= lag["max"]
@@ -437,7 +437,7 @@ def test_daemon_status(daemon: DaemonHarness) -> None:
     text = daemon.cli("daemon", "status").stdout
     assert text.startswith(f"gpuq daemon running: pid {daemon.process.pid}")
     assert "1 held, 1 running" in text
-    assert "  Decisions: fifo: last " in text
+    assert "  Decisions: gpuq: last " in text
     assert "  Loop lag:  max " in text
 
     daemon.cli("cancel", str(running))

@@ -14,9 +14,10 @@ import subprocess
 import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
-from tests.daemon_harness import DaemonHarness, listed, wait_for
+from tests.daemon_harness import DaemonHarness, listed, running_daemon, wait_for
 from tests.daemon_harness import submit_cli as submit
 
 GIB = 1024**3
@@ -166,15 +167,16 @@ def test_a_job_submitted_from_inside_a_job_does_not_inherit_its_gpuq_variables(
 
 
 def test_a_gpu_range_makes_an_adaptive_job_that_fifo_runs_on_its_minimum(
-    daemon: DaemonHarness,
+    tmp_path: Path,
 ) -> None:
-    job_id = submit(daemon, "--gpus", "1-2", "--", "sleep", "30")
-    job = daemon.wait_state(job_id, "running")
-    assert (job["gpus"], job["gpus_max"], len(job["gpu_uuids"])) == (1, 2, 1)
-    assert job["spec"]["gpus_max"] == 2
-    row = daemon.cli("ls").stdout.splitlines()[1].split()
-    assert row[3] == "1/1-2"  # holds 1 of 1-2
-    cancel(daemon, job_id)
+    with running_daemon(tmp_path, extra_toml='[scheduler]\npolicy = "fifo"\n') as daemon:
+        job_id = submit(daemon, "--gpus", "1-2", "--", "sleep", "30")
+        job = daemon.wait_state(job_id, "running")
+        assert (job["gpus"], job["gpus_max"], len(job["gpu_uuids"])) == (1, 2, 1)
+        assert job["spec"]["gpus_max"] == 2
+        row = daemon.cli("ls").stdout.splitlines()[1].split()
+        assert row[3] == "1/1-2"  # holds 1 of 1-2
+        cancel(daemon, job_id)
 
 
 def test_impossible_gpu_ranges_are_usage_errors(daemon: DaemonHarness) -> None:

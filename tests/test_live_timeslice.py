@@ -5,7 +5,11 @@ over-subscribing the server, and the daemon's slicer shares the GPUs in
 quanta of one second. A gpuq.runner job waits its turn parked on its GPU (or
 checkpointed, to take another GPU), a plain job with known memory stopped;
 each says whose turn it is. No GPU ever has two jobs computing on it at once;
-runner jobs end bit for bit as runs never interrupted.
+runner jobs end bit for bit as runs never interrupted, six real PyTorch ones
+on four GPUs all progressing in the same stretch of time. Six trace jobs
+over a window of 30 quanta (6 s each) share the GPUs near 4/6 each and lose
+under 3% of their throughput to switching, measured from the daemon's
+records as bench/bench_timeslice.py measures it over a long window.
 """
 
 from __future__ import annotations
@@ -13,13 +17,28 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpuq.replay.run import ReplaySettings, trace_command
+from bench.bench_timeslice import (
+    DEFAULT_QUANTUM,
+    GPUS,
+    JOBS,
+    LOSS_TARGET,
+    SHARE,
+    fake_gpus,
+    gandiva_config,
+    have_reported,
+    job_records,
+    reported_after,
+    window_shares,
+)
+from gpuq.daemon.scheduler.slicer import REBALANCE_QUANTA
+from gpuq.replay.run import ReplaySettings, submit_spec, trace_command
 from gpuq.sim.workload import WorkloadJob
 from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
 from tests.test_control_runner import JOB, job_env, same_state
@@ -28,7 +47,7 @@ FOUR_GPUS = '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 4\n'
 TWO_GPUS = FOUR_GPUS.replace("count = 4", "count = 2")
 GANDIVA = '[scheduler]\npolicy = "gandiva:quantum=1"\ninterval = 0.5\n'
 
-STARTED = re.compile(r"starting on (\S+)")
+STARTED = re.compile(r"starting on ([^\s:,]+)")
 
 
 def events(daemon: DaemonHarness, job_id: int) -> list[dict[str, Any]]:
@@ -77,11 +96,11 @@ pytestmark = [pytest.mark.torch]
 
 
 def test_six_trace_jobs_take_turns_on_four_gpus(tmp_path: Path) -> None:
-    settings = ReplaySettings(speedup=400)
+    settings = ReplaySettings(speedup=150)  # 27 s of computing each: longer than Python starts
     command = trace_command(WorkloadJob("t", 0.0, "cifar10", 1, 128), settings)
     with running_daemon(tmp_path, gpus_toml=FOUR_GPUS, extra_toml=GANDIVA) as daemon:
         ids = [daemon.submit(command, gpus=1, env=job_env()) for _ in range(6)]
-        jobs = wait_all(daemon, ids, timeout=180)
+        jobs = wait_all(daemon, ids, timeout=240)
         assert [job["state"] for job in jobs] == ["succeeded"] * 6
         logs = {job_id: [e["reason"] for e in events(daemon, job_id)] for job_id in ids}
         turns = [r for reasons in logs.values() for r in reasons if "quantum ended" in r]
@@ -90,6 +109,50 @@ def test_six_trace_jobs_take_turns_on_four_gpus(tmp_path: Path) -> None:
         for job_id in ids:  # everyone waited at least once, and computed again after
             assert any("time-sliced" in r or "quantum ended" in r for r in logs[job_id])
         assert_one_job_computes_per_gpu(daemon, ids)
+
+
+SHARE_SPEEDUP = 10.0
+"""Trace jobs' time compression in the share test: gandiva's 60 s quantum is 6 s real."""
+SHARE_WINDOW_QUANTA = 30
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_six_trace_jobs_share_four_gpus_in_turns_and_lose_little_to_switching(
+    tmp_path: Path,
+) -> None:
+    """Over a window of 30 quanta, measured as `bench.bench_timeslice` does.
+
+    The switching loss (all six jobs' progress against four GPUs computing
+    at solo speed) stays under the issue's 3%; moves cost a sixth of a
+    quantum here (a 10 s restart penalty), so it measures the switching
+    itself. Each job's GPU share is near 4/6: a job may fall up to
+    `REBALANCE_QUANTA` quanta behind before it moves, and turns last a
+    quantum or more, so over 30 quanta a share lies within (4 + 3) quanta
+    / 30 of 4/6; without moves pins would hold two jobs at a whole GPU and
+    four at half of one. The issue's 5% needs a long window
+    (bench/bench_timeslice.py, 200 quanta).
+    """
+    quantum = DEFAULT_QUANTUM / SHARE_SPEEDUP
+    settings = ReplaySettings(speedup=SHARE_SPEEDUP, restart_penalty=10.0, cwd=str(tmp_path))
+    penalty = settings.restart_penalty / SHARE_SPEEDUP
+    spec = submit_spec(WorkloadJob("slice", 0.0, "imagenet", 1, 200), settings)
+    config = gandiva_config(quantum)
+    with running_daemon(tmp_path, gpus_toml=fake_gpus(GPUS), extra_toml=config) as daemon:
+        ids = [int(daemon.call("submit", spec=spec)["ids"][0]) for _ in range(JOBS)]
+        wait_for(lambda: have_reported(daemon, ids), 240, 0.5, "all six jobs to report")
+        start = time.time() + 3 * quantum
+        end = start + SHARE_WINDOW_QUANTA * quantum
+        wait_for(lambda: time.time() >= end, end - time.time() + 10, 1.0, "the window's end")
+        reported_after(daemon, ids, end)
+        logs, samples = job_records(daemon, ids)
+    window = window_shares(logs, samples, start, end, 1 / settings.tick, penalty)
+    assert window.loss < LOSS_TARGET, window
+    tolerance = (REBALANCE_QUANTA + 3) / SHARE_WINDOW_QUANTA
+    for job in window.jobs:
+        assert abs(job.gpu_share - SHARE) <= tolerance, window
+    reasons = [event["reason"] for log in logs.values() for event in log]
+    assert any(re.search(r"quantum ended, job \d+'s turn; it moves: owed", r) for r in reasons)
 
 
 def test_runner_jobs_waiting_their_turn_end_bit_for_bit(tmp_path: Path) -> None:
@@ -108,6 +171,59 @@ def test_runner_jobs_waiting_their_turn_end_bit_for_bit(tmp_path: Path) -> None:
         ]
         jobs = wait_all(daemon, ids, timeout=240)
         assert [job["state"] for job in jobs] == ["succeeded"] * 3
+        reasons = [e["reason"] for i in ids for e in events(daemon, i)]
+        assert any("quantum ended" in r for r in reasons)
+        for out in outs:
+            same_state(alone, out)
+        assert_one_job_computes_per_gpu(daemon, ids)
+
+
+STEP_AT = re.compile(r"at step (\d+)")
+
+
+def reported_steps(daemon: DaemonHarness, job_id: int) -> list[tuple[float, int]]:
+    """(time, step) the job reported: its metrics samples, and the steps its suspends name."""
+    samples = daemon.call("metrics", id=job_id)["samples"]
+    points = [(float(s["time"]), int(s["step"])) for s in samples]
+    for event in events(daemon, job_id):
+        if found := STEP_AT.search(event["reason"]):
+            points.append((float(event["time"]), int(found.group(1))))
+    return sorted(points)
+
+
+def test_six_runner_jobs_on_four_gpus_all_progress_together_and_end_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    """Six real PyTorch runner jobs share four GPUs in turns, not one after another.
+
+    Between the moment the last of them has computed and the moment the first
+    ends, all six are active, and each one computes in that window (its step
+    count rises); each then ends with the parameters and optimizer state of
+    a run never interrupted, bit for bit.
+    """
+    args = ["--epochs", "16", "--step-delay", "0.05"]
+    alone = tmp_path / "alone.pt"
+    subprocess.run(
+        [sys.executable, str(JOB), *args, "--out", str(alone)], check=True, env=job_env()
+    )
+    with running_daemon(tmp_path, gpus_toml=FOUR_GPUS, extra_toml=GANDIVA) as daemon:
+        outs = [tmp_path / f"job{i}.pt" for i in range(6)]
+        ids = [
+            daemon.submit(
+                [sys.executable, str(JOB), *args, "--out", str(out)], gpus=1, env=job_env()
+            )
+            for out in outs
+        ]
+        jobs = wait_all(daemon, ids, timeout=600)
+        assert [job["state"] for job in jobs] == ["succeeded"] * 6
+        steps = {i: reported_steps(daemon, i) for i in ids}
+        opened = max(next(t for t, step in steps[i] if step > 0) for i in ids)
+        closed = min(float(job["end_time"]) for job in jobs)
+        assert opened < closed, "a job ended before the last one had computed"
+        for job_id in ids:
+            before = max((s for t, s in steps[job_id] if t <= opened), default=0)
+            inside = [s for t, s in steps[job_id] if opened < t < closed]
+            assert inside and max(inside) > before, f"job {job_id} made no progress in the window"
         reasons = [e["reason"] for i in ids for e in events(daemon, i)]
         assert any("quantum ended" in r for r in reasons)
         for out in outs:
@@ -147,8 +263,12 @@ def test_plain_jobs_are_stopped_for_a_turn_only_when_their_memory_is_known(
             what="the third plain job to say why it gets no turn",
         )
         assert "GPU memory unknown" in waiting["reason"]
-        running = [i for i in unknown if daemon.job(i)["state"] == "running"]
-        assert len(running) == 2
+
+        def both_others_running() -> list[int]:  # one may still be starting on a busy machine
+            running = [i for i in unknown if daemon.job(i)["state"] == "running"]
+            return running if len(running) == 2 else []
+
+        running = wait_for(both_others_running, timeout=30, what="the two other plain jobs to run")
         assert all("suspending" not in [e["state"] for e in events(daemon, i)] for i in running)
 
 

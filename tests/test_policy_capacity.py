@@ -229,9 +229,10 @@ def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
     declared = {name: get_policy(name).capabilities for name in POLICY_NAMES}
     assert all(isinstance(c, Capabilities) for c in declared.values())
     assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "gpuq"}
-    assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva"}
+    assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva", "gpuq"}
     assert {n for n, c in declared.items() if c.packing} == {"gandiva"}
-    assert {n for n, c in declared.items() if not c.preemption} == {"fifo"}
+    assert {n for n, c in declared.items() if not c.preemption} == set()  # fifo moves jobs
+    assert get_policy("fifo:moves=false").capabilities.preemption is False
     assert {n for n, c in declared.items() if c.remembers} == {
         "afs", "afs-p", "pollux", "gandiva", "ones", "gpuq",
     }  # fmt: skip

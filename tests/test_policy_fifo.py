@@ -99,7 +99,7 @@ def decide(
 ) -> Plan:
     state = cluster(gpus, pending, run)
     decision = FifoBackfill().decide(state, now)
-    for held in run or ():  # fifo never preempts: running jobs keep their GPUs
+    for held in run or ():  # no job here may move yet (tests/test_policy_consolidate.py)
         assert decision.bindings[held.id] == held.gpu_uuids
     starts, waiting = placements(state, decision)
     return Plan(tuple(starts), waiting)

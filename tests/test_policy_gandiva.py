@@ -407,7 +407,10 @@ def test_a_pair_that_regresses_is_unpacked_and_never_retried() -> None:
     first, trial, verdict, later = packing_run(packed_rate=0.4, ticks=4)
     assert trial.packed == ((2, 1),)
     assert verdict.packed == later.packed == ()
-    assert "unpacked from job 2: undone on n0, 0.80x time-slicing" in verdict.notes[1]
+    assert (
+        "packed throughput 0.80 of time-sliced (0.40+0.40 of solo), undone on n0"
+        in (verdict.notes[1])
+    )
     assert "time-sliced on n0" in later.notes[1]
 
 
@@ -441,6 +444,73 @@ def test_the_lowest_utilization_job_goes_onto_the_lowest_utilization_gpu() -> No
     assert decision.allocations[2] == (1, 0, 0), "no longer time-sliced, so not packed"
     measuring = policy.decide(advance(view, decision, solo={}), 2 * TICK)
     assert "trial, measuring" in measuring.notes[1], "the moved guest restarted: not measured yet"
+
+
+# Live, the daemon measures step times instead (gpuq.daemon.scheduler.introspect).
+
+MEASURED = {"gpu_utilization": 30.0, "memory_peak": 12 * G}
+
+
+def measured(view: ClusterState, decision: Decision, slowdown: float) -> ClusterState:
+    """The next pass as the daemon sees it: allocations applied, each job's latest step time.
+
+    A job alone takes 0.2 s a step (time waiting for its turn is not in a
+    step); beside its packed partner, `slowdown` times longer.
+    """
+    partners = {j: tuple(sorted(set(g) - {j})) for g in decision.packed for j in g}
+    jobs = []
+    for job_view in view.jobs:
+        beside = partners.get(job_view.id, ())
+        jobs.append(
+            replace(
+                job_view,
+                allocation=tuple(decision.allocations.get(job_view.id, ())),
+                step_seconds=0.2 * (slowdown if beside else 1.0),
+                step_shared_with=beside,
+            )
+        )
+    return replace(view, jobs=tuple(jobs))
+
+
+def measured_run(slowdown: float, **overrides: object) -> list[Decision]:
+    """Two light jobs on one 40G GPU, measured alone, then packed, over four passes."""
+    view = state(
+        cluster(1),
+        job(1, 1, (1,), **{**MEASURED, **overrides}),
+        job(2, 1, (1,), **MEASURED),
+        memory=38 * G,
+    )
+    view = measured(view, Decision(allocations={1: (1,), 2: (1,)}), slowdown)
+    policy, decisions = GandivaPolicy(), []
+    for tick in range(4):
+        decisions.append(policy.decide(view, tick * TICK))
+        view = measured(view, decisions[-1], slowdown)
+    return decisions
+
+
+def test_measured_step_times_pack_a_light_pair_and_keep_it_while_it_beats_time_slicing() -> None:
+    trial, verdict, *_ = measured_run(slowdown=1.25)
+    assert trial.packed == verdict.packed == ((2, 1),)
+    assert "trial on n0 (utilization 30% + 30%)" in trial.notes[1]
+    assert "kept, 1.60x time-slicing (0.80+0.80 of solo)" in verdict.notes[1]
+
+
+def test_measured_step_times_undo_a_pack_slower_than_time_slicing_for_good() -> None:
+    trial, verdict, *later = measured_run(slowdown=2.8)
+    assert trial.packed == ((2, 1),)
+    assert verdict.packed == () and all(d.packed == () for d in later)
+    assert "packed throughput 0.71 of time-sliced (0.36+0.36 of solo)" in verdict.notes[1]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"oom_partners": (2,)}, {"exclusive": True}, {"memory_peak": 27 * G}],
+    ids=["ran out of memory beside it", "exclusive", "memory does not fit"],
+)
+def test_a_pair_that_ran_out_of_memory_or_an_exclusive_job_is_never_packed(
+    overrides: dict[str, object],
+) -> None:
+    assert all(decision.packed == () for decision in measured_run(1.25, **overrides))
 
 
 def test_no_packing_without_overload() -> None:

@@ -1,200 +1,496 @@
-"""The `gpuq` policy: Pollux's decisions with honest restart charges (see its module)."""
+"""The `gpuq` policy, rule by rule (see the docstring of gpuq/policies/gpuq/policy.py).
+
+Lab-sized states with GPUs one by one, as the daemon builds them: jobs
+that ask for an exact count (`rigid`), a range (`adaptive`) or memory shares
+(`share`). Each decision is bound to GPUs as the daemon binds it
+(`gpuq.daemon.scheduler.binding`), so the tests read what the daemon would
+start, and why the rest waits. The restart charges on the goodput search are
+in tests/test_policy_gpuq_charges.py.
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpuq.policies.baselines import fixed_batch_step_time
-from gpuq.policies.gpuq.estimates import remaining_time
-from gpuq.policies.gpuq.policy import GpuqPolicy, remaining_factor
-from gpuq.policies.interface import ClusterState, JobView, capacity_violations
-from gpuq.policies.pollux.policy import PolluxPolicy, realloc_factor
-from gpuq.policies.registry import get_policy
-from tests.test_policy_pollux import LINEAR, LOCAL, NOW, POOR, cluster, job
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, placements
+from gpuq.policies.actions import Kind, plan
+from gpuq.policies.fifo import FifoBackfill
+from gpuq.policies.gpuq.policy import GpuqPolicy
+from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
+from gpuq.policies.pollux.policy import PolluxPolicy
+from tests.test_policy_pollux import LINEAR
 
-PENALTY = 30.0
-
-
-def remaining_aware(seed: int = 0) -> GpuqPolicy:
-    """The gpuq policy with its remaining-time move charge (off by default) turned on."""
-    return GpuqPolicy(seed=seed, remaining_aware=True)
+G = 1024**3
+NOW = 1000.0
 
 
-def busy_state() -> ClusterState:
-    """Running jobs of mixed scalability plus a newcomer: the search wants moves."""
-    jobs = (
-        job(1, LINEAR, allocation=(4, 0), max_profiled_gpus=2, remaining_iterations=1e6),
-        job(2, POOR, allocation=(0, 2), submit_time=NOW - 120.0, remaining_iterations=1e5),
-        job(3, LOCAL, allocation=(0, 1), submit_time=NOW - 60.0, remaining_iterations=1e5),
-        job(4, LOCAL, submit_time=NOW - 10.0, remaining_iterations=1e5),
+def gpus(count: int, foreign: tuple[int, ...] = (), node: str = "n1") -> tuple[GpuView, ...]:
+    return tuple(
+        GpuView(f"GPU-{i}", node, 40 * G, foreign[i] if i < len(foreign) else 0)
+        for i in range(count)
     )
-    return ClusterState(cluster(4, 4), jobs)
 
 
-def full_cluster_and_a_newcomer() -> ClusterState:
-    """A scalable job holds all 4 GPUs; job 2 arrives at the decision instant."""
-    jobs = (
-        job(1, LINEAR, allocation=(4,), max_profiled_gpus=4, remaining_iterations=1e6),
-        job(2, LOCAL, submit_time=NOW, max_profiled_gpus=0),
+def state(*jobs: JobView, count: int = 2, foreign: tuple[int, ...] = ()) -> ClusterState:
+    return ClusterState(
+        nodes=(NodeView("n1", count),),
+        jobs=tuple(sorted(jobs, key=lambda job: job.id)),
+        gpus=gpus(count, foreign),
     )
-    return ClusterState(cluster(4), jobs)
 
 
-def nearly_done_state(iterations: float) -> ClusterState:
-    """One adaptive job on 1 of 4 GPUs with `iterations` left: growing it is a gain."""
-    lone = job(1, LINEAR, allocation=(1,), max_profiled_gpus=4, remaining_iterations=iterations)
-    return ClusterState(cluster(4), (lone,))
+def rigid(job_id: int, count: int = 1, *on: str, **fields: object) -> JobView:
+    """A job asking for exactly `count` whole GPUs; running on `on` if given."""
+    base = JobView(
+        job_id,
+        float(job_id),
+        gpus_requested=count,
+        min_gpus=count,
+        max_gpus=count,
+        preemptible=bool(on),
+    )
+    if on:
+        base = replace(base, gpu_uuids=on, allocation=(len(on),), start_time=float(job_id))
+    return replace(base, **fields)  # type: ignore[arg-type]
 
 
-def factors(policy: PolluxPolicy, state: ClusterState) -> dict[int, float]:
-    """REALLOC_FACTOR per job id in the policy's search problem."""
-    jobs, problem = policy.problem(state, NOW)
-    return {j.id: float(f) for j, f in zip(jobs, problem.realloc_factor, strict=True)}
+def adaptive(job_id: int, low: int, high: int, *on: str, **fields: object) -> JobView:
+    """A job asking for `low` to `high` GPUs (`--gpus LOW-HIGH`), with a goodput model."""
+    base = rigid(job_id, low, *on, max_gpus=high, adaptive=True)
+    model = dict(
+        goodput=LINEAR,
+        init_batch_size=64,
+        max_batch_size=64 * 64,
+        local_bsz_bounds=(1, 64),
+        max_profiled_gpus=high,
+    )
+    return replace(base, **{**model, **fields})  # type: ignore[arg-type]
 
 
-def test_the_registry_builds_gpuq_as_the_default_policy() -> None:
-    assert isinstance(get_policy("gpuq"), GpuqPolicy)
+def share(job_id: int, mem: int, *on: str, **fields: object) -> JobView:
+    """A job asking for `mem` bytes on one shared GPU (`--gpu-mem`)."""
+    return rigid(job_id, 1, *on, gpu_mem=mem, **fields)
 
 
-def test_with_charged_starts_and_no_remaining_rule_it_decides_exactly_like_pollux() -> None:
-    state = busy_state()
-    ours = GpuqPolicy(seed=3, starts="charged", remaining_aware=False).decide(state, NOW)
-    theirs = PolluxPolicy(seed=3).decide(state, NOW)
+def decide(cluster: ClusterState, **options: object) -> Decision:
+    policy = GpuqPolicy(population=16, generations=10, **options)  # type: ignore[arg-type]
+    return policy.decide(cluster, NOW)
+
+
+def started(cluster: ClusterState, decision: Decision) -> dict[int, tuple[str, ...]]:
+    """The jobs the daemon would start now, on their GPUs."""
+    return {p.job_id: p.gpu_uuids for p in placements(cluster, decision)[0]}
+
+
+def waiting(cluster: ClusterState, decision: Decision) -> dict[int, str]:
+    """Why each pending job the daemon would not start waits."""
+    return placements(cluster, decision)[1]
+
+
+# -- priorities -------------------------------------------------------------------------
+
+
+def test_a_higher_priority_job_is_served_before_older_ones() -> None:
+    cluster = state(rigid(1), rigid(2), rigid(3, priority=5), count=1)
+    decision = decide(cluster)
+    assert started(cluster, decision) == {3: ("GPU-0",)}
+    assert waiting(cluster, decision) == {
+        1: "waiting for 1 free GPU (0 free)",
+        2: "waiting for 1 free GPU (0 free)",
+    }
+
+
+def test_a_higher_priority_job_preempts_the_newest_checkpointable_lower_one() -> None:
+    cluster = state(rigid(1, 1, "GPU-0"), rigid(2, 1, "GPU-1"), rigid(3, priority=5), count=2)
+    decision = decide(cluster)
+    assert set(decision.allocations) == {1, 3}
+    assert decision.bindings[3] == ("GPU-1",)
+    assert decision.notes[2] == "preempted for job 3 (priority 5 over 0)"
+    actions = plan(cluster, decision)
+    assert [(a.kind, a.job_id) for a in actions] == [(Kind.SUSPEND, 2), (Kind.START, 3)]
+    assert actions[0].reason == "suspended by the policy: preempted for job 3 (priority 5 over 0)"
+    # The GPU is still held until job 2 has checkpointed: job 3 waits for it.
+    assert waiting(cluster, decision) == {3: RELEASE_WAIT}
+
+
+def test_the_lowest_priority_goes_first_and_no_more_than_needed() -> None:
+    cluster = state(
+        rigid(1, 1, "GPU-0", priority=1),
+        rigid(2, 1, "GPU-1", priority=0),
+        rigid(3, 1, "GPU-2", priority=0),
+        rigid(4, priority=5),
+        count=3,
+    )
+    decision = decide(cluster)
+    assert set(decision.allocations) == {1, 2, 4}
+    assert decision.notes[3] == "preempted for job 4 (priority 5 over 0)"
+
+
+def test_an_adaptive_job_of_lower_priority_is_shrunk_before_any_job_is_preempted() -> None:
+    cluster = state(
+        rigid(1, 1, "GPU-0"), adaptive(2, 1, 2, "GPU-1", "GPU-2"), rigid(3, priority=5), count=3
+    )
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,), 2: (1,), 3: (1,)}
+    assert decision.bindings[3] == ("GPU-2",)
+    (resize, start) = plan(cluster, decision)
+    assert (resize.kind, resize.job_id, start.kind) == (Kind.RESIZE, 2, Kind.START)
+    assert resize.reason == "resized 2 -> 1 GPUs: shrunk for job 3 (priority 5 over 0)"
+
+
+def test_a_job_that_cannot_checkpoint_is_never_preempted() -> None:
+    cluster = state(rigid(1, 1, "GPU-0", preemptible=False), rigid(2, priority=5), count=1)
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,)}
+    assert waiting(cluster, decision) == {2: "waiting for 1 free GPU (0 free)"}
+
+
+def test_jobs_of_the_same_priority_are_not_preempted_for_one_another() -> None:
+    cluster = state(rigid(2, 1, "GPU-0"), rigid(1, submit_time=-5.0), count=1)
+    decision = decide(cluster, timeslice="off")
+    assert decision.allocations == {2: (1,)}
+    assert waiting(cluster, decision) == {1: "waiting for 1 free GPU (0 free)"}
+
+
+# -- memory shares, exclusive jobs, foreign memory ------------------------------------------
+
+
+def test_memory_shares_are_packed_exactly_as_fifo_packs_them() -> None:
+    cluster = state(
+        share(1, 6 * G), share(2, 6 * G), share(3, 30 * G), share(4, 20 * G), rigid(5, 1)
+    )
+    ours = decide(cluster)
+    theirs = FifoBackfill().decide(cluster, NOW)
+    assert started(cluster, ours) == started(cluster, theirs)
+    assert started(cluster, ours) == {1: ("GPU-0",), 2: ("GPU-0",), 3: ("GPU-1",), 4: ("GPU-0",)}
+    assert waiting(cluster, ours) == waiting(cluster, theirs)
+    assert ours.notes[1] == "a 6.0G memory share"
+
+
+def test_shares_never_over_commit_a_gpu_beside_foreign_memory() -> None:
+    cluster = state(share(1, 20 * G), share(2, 10 * G), count=1, foreign=(20 * G,))
+    decision = decide(cluster)
+    assert started(cluster, decision) == {2: ("GPU-0",)}
+    assert waiting(cluster, decision) == {
+        1: "waiting for 20.0G on a shared GPU (largest free 18.0G)"
+    }
+
+
+def test_foreign_memory_over_the_tolerance_keeps_a_gpu_from_whole_gpu_jobs() -> None:
+    cluster = state(rigid(1), adaptive(2, 1, 2), count=2, foreign=(0, 4 * G))
+    decision = decide(cluster)
+    assert started(cluster, decision) == {1: ("GPU-0",)}
+    assert waiting(cluster, decision) == {
+        2: "waiting for 1 free GPU (0 free, 1 used by other processes)"
+    }
+
+
+def test_an_exclusive_share_takes_its_gpu_alone() -> None:
+    cluster = state(share(1, 6 * G, exclusive=True), share(2, 6 * G), count=1)
+    decision = decide(cluster)
+    assert started(cluster, decision) == {1: ("GPU-0",)}
+    assert waiting(cluster, decision)[2].startswith("waiting for 6.0G on a shared GPU")
+    assert decision.notes[1] == "a 6.0G memory share alone"
+
+
+def test_an_adaptive_job_shrinks_for_a_share_queued_behind_its_minimum() -> None:
+    cluster = state(adaptive(1, 1, 2, "GPU-0", "GPU-1"), share(2, 6 * G))
+    decision = decide(cluster)
+    assert decision.allocations[1] == (1,), "resized 2 -> 1 through its checkpoint"
+    assert decision.bindings[2] == ("GPU-1",)
+    assert [a.kind for a in plan(cluster, decision)] == [Kind.RESIZE, Kind.START]
+    assert waiting(cluster, decision) == {2: RELEASE_WAIT}, "until job 1 leaves GPU-1"
+
+
+def test_a_share_takes_a_free_gpu_before_one_a_resizable_job_would_give_up() -> None:
+    cluster = state(adaptive(1, 1, 3, "GPU-0", "GPU-1"), share(2, 4 * G), count=3)
+    decision = decide(cluster)
+    assert decision.bindings[2] == ("GPU-2",)
+    assert plan(cluster, decision)[0].kind is Kind.START, "job 1 neither moves nor shrinks"
+
+
+# -- backfill with time limits ------------------------------------------------------------
+
+
+def test_a_short_job_backfills_around_the_head_and_a_long_one_waits_behind_it() -> None:
+    cluster = state(
+        rigid(1, 1, "GPU-0", time_limit=3000.0, preemptible=False),
+        rigid(2, 2),
+        share(3, 6 * G, time_limit=100.0),
+        share(4, 6 * G),
+    )
+    decision = decide(cluster)
+    assert started(cluster, decision) == {3: ("GPU-1",)}
+    assert waiting(cluster, decision) == {
+        2: "waiting for 2 free GPUs (1 free)",
+        4: "behind job 2 (reserved GPUs)",
+    }
+
+
+def test_a_large_request_is_not_passed_over_forever_by_small_ones() -> None:
+    cluster = state(
+        rigid(1, 1, "GPU-0", time_limit=3000.0, preemptible=False),
+        rigid(2, 2),
+        rigid(3),
+        rigid(4),
+    )
+    decision = decide(cluster, timeslice="off")
+    assert started(cluster, decision) == {}
+    assert waiting(cluster, decision)[3] == "behind job 2 (reserved GPUs)"
+
+
+# -- goodput allocation -------------------------------------------------------------------
+
+
+def test_rigid_jobs_start_in_queue_order_with_a_reason() -> None:
+    cluster = state(rigid(2), rigid(1), rigid(3), count=2)
+    decision = decide(cluster)
+    assert started(cluster, decision) == {1: ("GPU-0",), 2: ("GPU-1",)}
+    assert decision.notes[1] == "next in the queue at priority 0"
+
+
+def test_an_adaptive_job_grows_into_idle_gpus_and_says_what_it_gains() -> None:
+    cluster = state(adaptive(1, 1, 4, "GPU-0"), count=4)
+    decision = decide(cluster)
+    assert sum(decision.allocations[1]) > 1
+    (action,) = plan(cluster, decision)
+    assert action.kind is Kind.RESIZE
+    assert action.reason.startswith(f"resized 1 -> {sum(decision.allocations[1])} GPUs: goodput +")
+
+
+def test_adaptive_jobs_share_the_gpus_by_goodput_with_rigid_ones() -> None:
+    cluster = state(adaptive(1, 1, 4, "GPU-0", "GPU-1", "GPU-2", "GPU-3"), rigid(2, 2), count=4)
+    decision = decide(cluster)
+    assert decision.allocations == {1: (2,), 2: (2,)}
+    assert waiting(cluster, decision) == {2: RELEASE_WAIT}
+
+
+def test_a_running_job_that_cannot_be_preempted_keeps_its_gpus() -> None:
+    held = adaptive(1, 1, 4, "GPU-0", "GPU-1", "GPU-2", "GPU-3", preemptible=False)
+    cluster = state(held, adaptive(2, 1, 4), count=4)
+    decision = decide(cluster)
+    assert decision.allocations[1] == (4,)
+    assert decision.bindings[1] == held.gpu_uuids
+    assert 2 not in decision.allocations
+
+
+def test_with_one_class_of_jobs_on_any_count_it_decides_as_its_search_alone() -> None:
+    # Pollux's workloads: min_gpus 0, no GPU list, no shares, one priority.
+    nodes = (NodeView("n0", 4), NodeView("n1", 4))
+    jobs = tuple(
+        JobView(i, 100.0 * i, goodput=LINEAR, init_batch_size=64, max_batch_size=4096,
+                local_bsz_bounds=(1, 64), adaptive=True, max_profiled_gpus=4,
+                allocation=(2, 0) if i == 1 else ())
+        for i in range(1, 6)
+    )  # fmt: skip
+    cluster = ClusterState(nodes, jobs)
+    ours = GpuqPolicy(seed=3, starts="charged", timeslice="off").decide(cluster, NOW)
+    theirs = PolluxPolicy(seed=3).decide(cluster, NOW)
     assert dict(ours.allocations) == dict(theirs.allocations)
 
 
-def idle_gpus_and_a_newcomer() -> ClusterState:
-    """A job holds 2 of 4 GPUs and cannot use more; job 2 arrives at the decision instant."""
+# -- time-slicing ---------------------------------------------------------------------------
+
+
+def test_a_job_waiting_behind_its_own_class_takes_turns_on_a_node() -> None:
+    cluster = state(rigid(1, 1, "GPU-0"), rigid(2, 1, "GPU-1"), rigid(3))
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,), 2: (1,), 3: (1,)}, "n1 over-subscribed: 3 on 2"
+    assert decision.notes[3] == (
+        "time-sliced on n1 with jobs 1, 2: jobs of priority 0 waiting for GPUs take turns "
+        "(60 s quanta)"
+    )
+    assert GpuqPolicy().capabilities.time_slicing
+
+
+def test_without_timeslicing_it_waits() -> None:
+    cluster = state(rigid(1, 1, "GPU-0"), rigid(2, 1, "GPU-1"), rigid(3))
+    decision = decide(cluster, timeslice="off")
+    assert 3 not in decision.allocations
+    assert not GpuqPolicy(timeslice="off").capabilities.time_slicing
+
+
+def test_no_node_is_time_sliced_with_a_job_that_cannot_wait_its_turn() -> None:
+    cluster = state(rigid(1, 1, "GPU-0", preemptible=False), rigid(2), count=1)
+    assert 2 not in decide(cluster).allocations
+    known = state(rigid(1, 1, "GPU-0", preemptible=False, memory_peak=G), rigid(2), count=1)
+    assert decide(known).allocations[2] == (1,), "a job of known memory can be stopped"
+
+
+def test_a_job_is_never_time_sliced_with_another_priority() -> None:
+    cluster = state(rigid(1, 1, "GPU-0", priority=5, preemptible=False), rigid(2), count=1)
+    assert 2 not in decide(cluster).allocations
+
+
+def test_a_node_is_over_subscribed_at_most_twice() -> None:
+    cluster = state(rigid(1, 1, "GPU-0"), rigid(2), rigid(3), count=1)
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,), 2: (1,)}
+    assert waiting(cluster, decision)[3] == "waiting for 1 free GPU (0 free)"
+    assert decide(cluster, oversubscription=3.0).allocations[3] == (1,)
+
+
+def test_memory_shares_are_not_time_sliced_and_their_gpus_not_counted() -> None:
+    cluster = state(rigid(1, 1, "GPU-0"), share(2, 6 * G, "GPU-1"), rigid(3), rigid(4))
+    decision = decide(cluster)
+    assert decision.allocations[3] == (1,), "a guest of job 1 on GPU-0"
+    assert 4 not in decision.allocations, "GPU-0 alone takes two jobs at most"
+
+
+def test_a_guest_keeps_its_node_and_starts_for_real_when_a_gpu_frees() -> None:
+    # Two nodes counted per node (the simulator): n0 time-sliced (jobs 1, 2 on
+    # its one GPU), n1 idle now that its job ended.
+    nodes = (NodeView("n0", 1), NodeView("n1", 1))
     jobs = (
-        job(1, LOCAL, allocation=(2,), max_profiled_gpus=2, max_gpus=2),
-        job(2, LOCAL, submit_time=NOW, max_profiled_gpus=0),
+        rigid(1, 1, allocation=(1, 0), preemptible=True),
+        rigid(2, 1, allocation=(1, 0), preemptible=True),
     )
-    return ClusterState(cluster(4), jobs)
+    decision = GpuqPolicy(population=16, generations=10).decide(ClusterState(nodes, jobs), NOW)
+    assert decision.allocations == {1: (1, 0), 2: (0, 1)}, "job 2 moves to the free GPU"
+    busy = (*jobs, rigid(3, 1, allocation=(0, 1), preemptible=True), rigid(4))
+    again = GpuqPolicy(population=16, generations=10).decide(ClusterState(nodes, busy), NOW)
+    assert again.allocations[2] == (1, 0), "the guest stays where its turns are"
+    assert again.allocations[4] == (0, 1), "the newcomer goes to the less loaded node"
 
 
-def test_a_job_arriving_at_the_decision_instant_takes_idle_gpus_at_once() -> None:
-    state = idle_gpus_and_a_newcomer()
-    assert factors(PolluxPolicy(), state)[2] == 0.0, "Pollux: worth nothing yet"
-    assert factors(GpuqPolicy(), state)[2] == 1.0
-    decision = GpuqPolicy(seed=0).decide(state, NOW)
-    assert sum(decision.allocations.get(2, ())) >= 1
-    assert decision.allocations[1] == (2,), "the running job is not disturbed"
-    assert capacity_violations(state, decision) == []
+# -- memory between decisions -----------------------------------------------------------------
 
 
-def test_in_a_full_cluster_a_start_keeps_the_pollux_charge_by_default() -> None:
-    state = full_cluster_and_a_newcomer()
-    assert factors(GpuqPolicy(), state) == factors(PolluxPolicy(), state)
-    assert 2 not in GpuqPolicy(seed=0).decide(state, NOW).allocations
-
-
-def test_with_all_starts_free_a_newcomer_starts_at_once_in_a_full_cluster() -> None:
-    state = full_cluster_and_a_newcomer()
-    decision = GpuqPolicy(seed=0, starts="free").decide(state, NOW)
-    assert sum(decision.allocations.get(2, ())) >= 1
-    assert capacity_violations(state, decision) == []
-
-
-def test_with_gpus_idle_a_waiting_job_is_charged_nothing_however_often_it_restarted() -> None:
-    waiting = (
-        job(1, LOCAL, submit_time=NOW),
-        job(2, LOCAL, submit_time=NOW - 60.0, num_restarts=5),
+def two_classes() -> ClusterState:
+    return state(
+        adaptive(1, 1, 4, "GPU-0", "GPU-1", priority=5),
+        adaptive(2, 1, 4, "GPU-2"),
+        adaptive(3, 1, 4),
+        count=4,
     )
-    state = ClusterState(cluster(4), waiting)
-    assert factors(PolluxPolicy(), state) == {1: 0.0, 2: 0.0}
-    assert factors(GpuqPolicy(), state) == {1: 1.0, 2: 1.0}
 
 
-def test_an_unknown_start_rule_is_refused() -> None:
-    with pytest.raises(ValueError, match="starts must be one of idle, free, charged"):
-        GpuqPolicy(starts="sometimes")
+def test_each_class_keeps_its_population_across_a_restart() -> None:
+    first = GpuqPolicy(seed=2, population=16, generations=10)
+    first.decide(two_classes(), NOW)
+    saved = first.save()
+    assert set(saved["classes"]) == {"0", "5"}
+    restored = GpuqPolicy(seed=2, population=16, generations=10)
+    restored.restore(saved)
+    later = two_classes()
+    assert restored.decide(later, NOW + 60) == first.decide(later, NOW + 60)
 
 
-def test_a_nearly_finished_job_is_not_moved_for_a_gain_its_restart_would_eat() -> None:
-    state = nearly_done_state(iterations=30.0)
-    left = remaining_time(state.jobs[0], 1, 1)
-    assert left is not None and left < PENALTY / 3, "seconds left, well under one restart"
-    assert sum(PolluxPolicy(seed=0).decide(state, NOW).allocations[1]) > 1, "Pollux grows it"
-    assert remaining_aware(seed=0).decide(state, NOW).allocations[1] == (1,)
+def test_a_pollux_format_memory_is_taken_up_as_the_default_class() -> None:
+    pollux = PolluxPolicy(population=16, generations=10)
+    pollux.decide(two_classes(), NOW)
+    policy = GpuqPolicy(population=16, generations=10)
+    policy.restore(pollux.save())
+    assert set(policy.save()["classes"]) == {"0"}
+    with pytest.raises(ValueError, match="unknown version"):
+        policy.restore({"version": 7})
 
 
-def test_a_job_with_much_work_left_grows_as_under_pollux() -> None:
-    state = nearly_done_state(iterations=1e7)
-    ours = remaining_aware(seed=0).decide(state, NOW).allocations
-    assert ours == PolluxPolicy(seed=0).decide(state, NOW).allocations
-    assert sum(ours[1]) > 1
+# -- every job accounted for, nothing over-committed --------------------------------------------
 
 
-@pytest.mark.parametrize("iterations", [0.0, 30.0, 3e3, 3e5])
-def test_the_move_charge_is_remaining_time_over_remaining_time_plus_the_penalty(
-    iterations: float,
+@st.composite
+def lab_states(draw: st.DrawFn) -> ClusterState:
+    """A server of 1-4 GPUs with running and pending jobs of every kind and priority."""
+    count = draw(st.integers(1, 4))
+    foreign = tuple(draw(st.sampled_from([0, 0, 0, 2 * G])) for _ in range(count))
+    uuids = [f"GPU-{i}" for i in range(count)]
+    free = list(uuids)
+    jobs: list[JobView] = []
+    for job_id in range(1, draw(st.integers(1, 9))):
+        kind = draw(st.sampled_from(["rigid", "adaptive", "share"]))
+        fields = {
+            "priority": draw(st.sampled_from([0, 0, 3])),
+            "preemptible": draw(st.booleans()),
+            "time_limit": draw(st.none() | st.just(600.0)),
+        }
+        runs = draw(st.booleans())
+        want = 1 if kind == "share" else draw(st.integers(1, 2))
+        on: tuple[str, ...] = ()
+        if runs and len(free) >= want:
+            on, free = tuple(free[:want]), free[want:]
+        if kind == "rigid":
+            job = rigid(job_id, want, *on, **fields)
+        elif kind == "adaptive":
+            job = adaptive(job_id, 1, 3, *on, **fields)
+        else:
+            job = share(job_id, draw(st.sampled_from([4 * G, 20 * G])), *on, **fields)
+        jobs.append(replace(job, preemptible=bool(on) and job.preemptible))
+    return state(*jobs, count=count, foreign=foreign)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lab_states(), st.sampled_from(["blocked", "all", "off"]))
+def test_every_job_is_placed_or_says_why_and_no_gpu_is_over_committed(
+    cluster: ClusterState, timeslice: str
 ) -> None:
-    running = nearly_done_state(iterations).jobs[0]
-    left = remaining_time(running, 1, 1)
-    assert left is not None
-    assert remaining_factor(running, PENALTY) == pytest.approx(left / (left + PENALTY))
+    decision = decide(cluster, timeslice=timeslice)
+    assert decide(cluster, timeslice=timeslice) == decision, "deterministic"
+    for job in cluster.jobs:
+        assert job.id in decision.allocations or decision.notes.get(job.id), job
+        if job.gpu_uuids and not job.preemptible:
+            assert decision.allocations.get(job.id) == job.allocation, "kept its GPUs"
+    # Jobs that stay and jobs started: whole GPUs hold one job, shares fit.
+    # (A job resized or moved restarts later, wherever it is placed then.)
+    kept = {
+        job.id: job.gpu_uuids
+        for job in cluster.jobs
+        if job.gpu_uuids and decision.allocations.get(job.id) == job.allocation
+    }
+    jobs = {job.id: job for job in cluster.jobs}
+    kept.update((i, uuids) for i, uuids in decision.bindings.items() if not jobs[i].gpu_uuids)
+    for gpu in cluster.gpus:
+        on = [jobs[j] for j, uuids in kept.items() if gpu.uuid in uuids]
+        whole = [j for j in on if j.gpu_mem is None or j.exclusive]
+        assert not whole or len(on) == 1, f"{gpu.uuid}: {[j.id for j in on]}"
+        shares = sum(j.gpu_mem or 0 for j in on if j.gpu_mem is not None)
+        assert shares <= gpu.memory_total * 0.95 - gpu.memory_foreign
 
 
-def test_the_move_charge_is_never_lighter_than_pollux() -> None:
-    state = busy_state()
-    ours, theirs = factors(remaining_aware(), state), factors(PolluxPolicy(), state)
-    for view in state.jobs:
-        if view.running:
-            assert ours[view.id] <= theirs[view.id]
-    assert ours[1] == theirs[1], "a million iterations left: the age is the smaller charge"
+def test_no_job_takes_turns_ahead_of_an_older_one_that_gets_none() -> None:
+    # Two one-GPU nodes, each busy: job 3 needs two GPUs on one node, which no
+    # node can give in turns; job 4 would fit in turns but does not go first.
+    nodes = (NodeView("n0", 1), NodeView("n1", 1))
+    jobs = (
+        rigid(1, 1, allocation=(1, 0), preemptible=True),
+        rigid(2, 1, allocation=(0, 1), preemptible=True),
+        rigid(3, 2),
+        rigid(4),
+    )
+    decision = GpuqPolicy(population=16, generations=10).decide(ClusterState(nodes, jobs), NOW)
+    assert set(decision.allocations) == {1, 2}
+    without_3 = ClusterState(nodes, (jobs[0], jobs[1], jobs[3]))
+    decision = GpuqPolicy(population=16, generations=10).decide(without_3, NOW)
+    assert decision.allocations[4] in ((1, 0), (0, 1)), "alone, job 4 takes turns"
 
 
-def test_without_a_remaining_count_or_a_model_moves_are_charged_as_in_pollux() -> None:
-    unknown = replace(busy_state().jobs[0], remaining_iterations=None)
-    assert remaining_factor(unknown, PENALTY) == 1.0
-    assert remaining_factor(replace(unknown, goodput=None), PENALTY) == 1.0
+def test_a_job_whose_minimum_fits_is_left_to_the_search_not_sliced() -> None:
+    # Job 1 could shrink to one GPU for job 2; the search holds off (a young
+    # job, full cluster, restart charged), and turns do not overrule it.
+    cluster = state(adaptive(1, 1, 2, "GPU-0", "GPU-1"), adaptive(2, 1, 2, submit_time=NOW))
+    decision = decide(cluster, starts="charged")
+    assert decision.allocations == {1: (2,)}
+    assert decision.notes[2].startswith("waiting: the goodput allocation keeps the GPUs")
+    everyone = decide(cluster, starts="charged", timeslice="all")
+    assert everyone.allocations[2] == (1,), "with timeslice=all it takes turns"
 
 
-def test_more_gpus_shorten_the_remaining_time_of_a_scalable_job() -> None:
-    view = busy_state().jobs[0]
-    times = [remaining_time(view, 1, gpus) for gpus in (1, 2, 4)]
-    assert all(t is not None for t in times)
-    assert times[0] > times[1] > times[2]  # type: ignore[operator]
+def test_jobs_that_run_on_any_count_are_never_sliced_by_default() -> None:
+    nodes = (NodeView("n0", 1),)
+    jobs = (
+        JobView(1, 0.0, allocation=(1,), max_gpus=1),
+        JobView(2, NOW, max_gpus=1),
+    )
+    cluster = ClusterState(nodes, jobs)
+    assert 2 not in GpuqPolicy(starts="charged").decide(cluster, NOW).allocations
+    sliced = GpuqPolicy(starts="charged", timeslice="all").decide(cluster, NOW)
+    assert sliced.allocations[2] == (1,)
 
 
-def test_a_fixed_batch_job_needs_its_steps_times_the_step_time() -> None:
-    fixed = replace(busy_state().jobs[1], adaptive=False, batch_size=256)
-    expected = 1e5 * fixed_batch_step_time(fixed, 2, 2)
-    assert remaining_time(fixed, 1, 2) == pytest.approx(expected)
-
-
-def test_a_finished_or_unknown_job_has_a_trivial_estimate() -> None:
-    view = busy_state().jobs[0]
-    assert remaining_time(replace(view, remaining_iterations=0.0), 1, 1) == 0.0
-    assert remaining_time(replace(view, remaining_iterations=None), 1, 1) is None
-    assert remaining_time(replace(view, goodput=None), 1, 1) is None
-    assert remaining_time(view, 1, 0) is None
-
-
-def test_decisions_fit_the_cluster_and_are_deterministic_for_a_seed() -> None:
-    state = busy_state()
-    first = GpuqPolicy(seed=7).decide(state, NOW)
-    second = GpuqPolicy(seed=7).decide(state, NOW)
-    assert dict(first.allocations) == dict(second.allocations)
-    assert capacity_violations(state, first) == []
-
-
-def test_jobs_without_models_still_get_gpus() -> None:
-    fresh: JobView = replace(job(1, None), max_profiled_gpus=0)
-    decision = GpuqPolicy().decide(ClusterState(cluster(4), (fresh,)), NOW)
-    assert sum(decision.allocations.get(1, ())) >= 1
-
-
-def test_the_pollux_charge_it_replaces_is_the_age_based_one() -> None:
-    state = nearly_done_state(iterations=1e7)
-    expected = realloc_factor(NOW, 0, PENALTY)
-    assert factors(PolluxPolicy(), state)[1] == pytest.approx(expected)
-    assert math.isclose(factors(remaining_aware(), state)[1], expected)
-
-
-def test_by_default_a_running_job_is_charged_exactly_as_in_pollux() -> None:
-    state = nearly_done_state(iterations=30.0)
-    assert factors(GpuqPolicy(), state) == factors(PolluxPolicy(), state)
+def test_an_unknown_timeslice_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="timeslice must be one of blocked, all, off"):
+        GpuqPolicy(timeslice="sometimes")

@@ -2,7 +2,9 @@
 
 Whatever the cluster, applying the decision (bound to GPUs as the daemon
 binds it) never over-commits a GPU, never puts a job next to a whole-GPU or
-exclusive job, never places a job twice, never moves a running job, accounts
+exclusive job, never places a job twice, moves a running job only as
+`gpuq.policies.consolidate` allows (a settled, preemptible one-GPU job, on
+its node, with its shape, for a job placed on the GPUs it frees), accounts
 for every pending job, and is a deterministic function of the state.
 """
 
@@ -13,9 +15,9 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuq.daemon.scheduler.binding import Placement, placements
+from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.policies.fifo import FifoBackfill
-from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
+from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 
 G = 1024**3
 M = 1024**2
@@ -46,7 +48,9 @@ def states(draw: st.DrawFn) -> ClusterState:
     for i in range(draw(st.integers(1, 8))):
         total = draw(st.sampled_from([16 * G, 24 * G, 40 * G, 80 * G]))
         foreign = draw(st.sampled_from([0, 0, 256 * M, 512 * M, G, total // 3]))
-        gpus.append(GpuView(f"GPU-{i}", draw(st.sampled_from(["a", "b"])), total, foreign))
+        node = draw(st.sampled_from(["a", "b"]))
+        group = draw(st.sampled_from(["", "s0", "s1"]))
+        gpus.append(GpuView(f"GPU-{i}", node, total, foreign, link_group=group))
 
     loads = [Load() for _ in gpus]
     running: list[JobView] = []
@@ -81,6 +85,8 @@ def states(draw: st.DrawFn) -> ClusterState:
                 time_limit=limit,
                 gpu_uuids=uuids,
                 start_time=start,
+                preemptible=draw(st.booleans()),
+                moved_at=draw(st.one_of(st.none(), st.floats(0, 1000))),
             )
         )
 
@@ -108,20 +114,43 @@ def states(draw: st.DrawFn) -> ClusterState:
     )
 
 
-def decide(state: ClusterState, now: float) -> tuple[list[Placement], dict[int, str]]:
-    """What the daemon would start, and why each other pending job waits."""
-    decision = FifoBackfill().decide(state, now)
+SETTLE = 60.0
+
+
+def decide(state: ClusterState, now: float) -> tuple[list[Placement], dict[int, str], Decision]:
+    """What the daemon would start, why each other pending job waits, and the decision."""
+    decision = FifoBackfill(move_after=SETTLE).decide(state, now)
+    node_of = {gpu.uuid: gpu.node for gpu in state.gpus}
+    moved = {
+        held.id
+        for held in state.jobs
+        if held.gpu_uuids and decision.bindings[held.id] != held.gpu_uuids
+    }
+    freed: set[str] = set()
     for held in state.jobs:
-        if held.gpu_uuids:  # fifo never preempts or moves a running job
-            assert decision.bindings[held.id] == held.gpu_uuids
-    return placements(state, decision)
+        if held.id not in moved:
+            continue
+        target = decision.bindings[held.id]
+        assert held.preemptible and len(held.gpu_uuids) == len(target) == 1
+        assert now - max(held.start_time, held.moved_at or 0.0) >= SETTLE
+        assert node_of[target[0]] == node_of[held.gpu_uuids[0]], "a move left its node"
+        assert decision.notes[held.id].startswith("frees GPU")
+        freed.update(held.gpu_uuids)
+    starts, waiting = placements(state, decision)
+    if moved:  # never for nothing: a waiting job is placed on a GPU a move frees
+        pending = {job.id for job in state.jobs if not job.gpu_uuids}
+        placed = [
+            job_id for job_id in pending if freed.intersection(decision.bindings.get(job_id, ()))
+        ]
+        assert placed and all(waiting[job_id] == RELEASE_WAIT for job_id in placed)
+    return starts, waiting, decision
 
 
-def apply(state: ClusterState, starts: list[Placement]) -> dict[str, Load]:
-    """Every GPU's load after the starts, asserting each placement's own shape."""
+def apply(state: ClusterState, starts: list[Placement], decision: Decision) -> dict[str, Load]:
+    """Every GPU's load after the moves and starts, asserting each placement's own shape."""
     loads = {gpu.uuid: Load() for gpu in state.gpus}
     for held in state.jobs:
-        for uuid in held.gpu_uuids:
+        for uuid in decision.bindings.get(held.id, held.gpu_uuids) if held.gpu_uuids else ():
             if held.gpu_mem is None or held.exclusive:
                 loads[uuid].whole += 1
             else:
@@ -141,12 +170,58 @@ def apply(state: ClusterState, starts: list[Placement]) -> dict[str, Load]:
     return loads
 
 
+@st.composite
+def scattered(draw: st.DrawFn) -> ClusterState:
+    """Equal GPUs in two link groups, small shares scattered over them, and jobs waiting.
+
+    The states where moves matter: most share jobs can be moved (settled
+    and preemptible), single-GPU whole jobs sit in link groups, and the
+    queue holds whole-GPU, multi-GPU and share jobs.
+    """
+    count = draw(st.integers(2, 8))
+    gpus = [GpuView(f"GPU-{i}", "a", 16 * G, link_group=f"s{i * 2 // count}") for i in range(count)]
+    running: list[JobView] = []
+    job_id = 100
+    for gpu in gpus:
+        kind = draw(st.sampled_from(["free", "free", "shares", "shares", "whole"]))
+        sizes = [
+            draw(st.sampled_from([2 * G, 3 * G, 5 * G])) for _ in range(draw(st.integers(1, 2)))
+        ]
+        for size in sizes if kind == "shares" else [None] if kind == "whole" else []:
+            job_id += 1
+            running.append(
+                JobView(
+                    job_id,
+                    0.0,
+                    gpu_mem=size,
+                    gpu_uuids=(gpu.uuid,),
+                    start_time=draw(st.sampled_from([0.0, 90.0])),
+                    preemptible=draw(st.sampled_from([True, True, True, False])),
+                )
+            )
+    pending = [
+        JobView(
+            job_id,
+            float(job_id),
+            gpus_requested=draw(st.integers(1, 4)),
+            gpu_mem=draw(st.sampled_from([None, None, 4 * G, 12 * G])),
+        )
+        for job_id in range(1, 1 + draw(st.integers(1, 4)))
+    ]
+    return ClusterState(
+        nodes=(NodeView("a", count),),
+        jobs=tuple(sorted([*pending, *running], key=lambda job: job.id)),
+        gpus=tuple(gpus),
+        memory_margin=0.0,
+    )
+
+
 @settings(max_examples=300, deadline=None)
-@given(states(), st.floats(0, 3000))
+@given(st.one_of(states(), scattered()), st.floats(0, 3000))
 def test_decisions_respect_capacity_and_account_for_every_job(
     state: ClusterState, now: float
 ) -> None:
-    starts, waiting = decide(state, now)
+    starts, waiting, decision = decide(state, now)
 
     started = [placement.job_id for placement in starts]
     assert len(started) == len(set(started)), "a job was placed twice"
@@ -154,8 +229,15 @@ def test_decisions_respect_capacity_and_account_for_every_job(
     assert set(started) | set(waiting) == {job.id for job in state.jobs if not job.gpu_uuids}
     assert all(reason for reason in waiting.values())
 
-    loads = apply(state, starts)
+    loads = apply(state, starts, decision)
     new_gpus = {uuid for placement in starts for uuid in placement.gpu_uuids}
+    new_gpus.update(
+        uuid
+        for held in state.jobs
+        if held.gpu_uuids
+        for uuid in decision.bindings[held.id]
+        if uuid not in held.gpu_uuids
+    )
     requests = {job.id: job for job in state.jobs}
     for gpu in state.gpus:
         if gpu.uuid not in new_gpus:

@@ -150,6 +150,7 @@ def test_gpus_metrics_and_sim_tables_escape_their_cells() -> None:
         "mode": "idle",
         "jobs": [],
         "uuid": "GPU-\x9b",
+        "link_group": "switch\x1b[0m",
     }
     out = gpus_table([gpu])
     assert_safe(out)

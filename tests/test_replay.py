@@ -318,7 +318,8 @@ def test_a_live_replay_under_fifo_matches_the_simulator(tmp_path: Path) -> None:
     # b runs once both have ended. Each job lasts 10-20 s of real time.
     csv = tmp_path / "three.csv"
     csv.write_text(WORKLOAD)
-    with running_daemon(tmp_path / "d") as daemon:
+    fifo = '[scheduler]\npolicy = "fifo"\n'
+    with running_daemon(tmp_path / "d", extra_toml=fifo) as daemon:
         result = daemon.cli("replay", str(csv), "--speedup", "200", "--json", timeout=300)
     assert result.returncode == 0, result.stderr
     live = json.loads(result.stdout)["results"]["fifo (live)"]

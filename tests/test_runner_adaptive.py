@@ -26,7 +26,7 @@ import gpuq.runner.loop
 import gpuq.runner.tuning
 from gpuq.runner import checkpoint, distributed
 from gpuq.runner.data import split_in_halves
-from gpuq.runner.tuning import BatchTuner
+from gpuq.runner.tuning import DECISION_SHARE, BatchTuner, StepProfile
 
 pytestmark = [pytest.mark.torch]
 
@@ -136,11 +136,12 @@ def test_without_an_lr_rule_max_batch_size_only_bounds_a_fixed_batch(clock: Fake
 
 
 def test_at_its_initial_batch_an_adaptive_loader_trains_like_a_fixed_one_to_rounding(
-    clock: FakeClock,
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fixed = train(clock, 1, lr_scaling=None)
     gq.init(environ={}).close()
-    adaptive = train(clock, 1)  # the first epoch always runs at the initial batch size
+    monkeypatch.setattr(BatchTuner, "decision_due", lambda self: False)  # kept at M0
+    adaptive = train(clock, 1)
     tuner = gq.init().loaders["loader0"].tuner
     assert isinstance(tuner, BatchTuner)
     # Measured steps take their batch as two halves (one more gq.step() each), and step once
@@ -155,7 +156,7 @@ def test_at_its_initial_batch_an_adaptive_loader_trains_like_a_fixed_one_to_roun
 def test_with_cheap_large_batches_and_noisy_gradients_the_batch_grows(clock: FakeClock) -> None:
     run = train(clock, 4)
     sizes = [size * (accum + 1) for _, size, accum in run.batches]
-    assert sizes[0] == M0 and max(sizes) > 4 * M0
+    assert max(sizes) > 4 * M0
     grown = [i for i, size in enumerate(sizes) if size > M0]
     assert all(run.batches[i][2] >= 1 for i in grown)  # one process: accumulate at least once
     job = gq.init()
@@ -167,6 +168,52 @@ def test_with_cheap_large_batches_and_noisy_gradients_the_batch_grows(clock: Fak
     assert job.state.objects["optimizer"].param_groups[0]["lr"] == pytest.approx(0.002 * 0.9**4)
 
 
+def test_the_batch_changes_at_a_step_boundary_in_the_middle_of_a_pass(clock: FakeClock) -> None:
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)
+    gq.State(model=model, optimizer=opt, lr_scaling="adascale")
+    loader = gq.AdaptiveDataLoader(noisy_regression(), batch_size=M0, max_batch_size=256)
+    seen: list[tuple[int, int]] = []  # (where the step began in its pass, its batch size)
+    for _ in gq.epochs(3):
+        for x, y in loader:
+            seen.append((loader.index - loader.batch_size, loader.batch_size))
+            clock.work(len(x))
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            gq.step()
+    pairs = zip(seen[1:], seen[:-1], strict=True)
+    changes = [start for (start, size), (_, before) in pairs if size != before]
+    assert changes and any(start % SAMPLES for start in changes)  # not only where a pass begins
+    tuner = loader.tuner
+    assert tuner is not None and tuner.config.batch_size > M0
+
+
+def test_decisions_take_at_most_their_share_of_the_training_time(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fits, configs = [0], [0]
+    real_fit, real_use = StepProfile.fit, BatchTuner._use
+
+    def slow_fit(profile: StepProfile) -> Any:
+        fits[0] += 1
+        clock.now += 0.05  # a decision costs as much as five steps
+        return real_fit(profile)
+
+    def counted_use(tuner: BatchTuner, config: Any) -> None:
+        configs[0] += 1
+        real_use(tuner, config)
+
+    monkeypatch.setattr(StepProfile, "fit", slow_fit)
+    monkeypatch.setattr(BatchTuner, "_use", counted_use)
+    train(clock, 6)
+    deciding, changes = 0.05 * fits[0], configs[0] - 1  # the first is the initial batch
+    # Decisions that kept the configuration cost at most their share; each change is
+    # followed by one at once (the new batch size's times are in).
+    assert fits[0] > changes >= 1
+    assert deciding - 0.05 * changes <= DECISION_SHARE * (clock.now - deciding) + 0.05
+
+
 def test_an_epoch_of_less_efficient_large_batches_takes_more_than_one_pass(
     clock: FakeClock,
 ) -> None:
@@ -175,7 +222,7 @@ def test_an_epoch_of_less_efficient_large_batches_takes_more_than_one_pass(
     tuner = gq.init().loaders["loader0"].tuner
     grad = tuner.gns.cautious_estimate()
     assert grad is not None and grad.sqr > 0  # efficiency below 1 at larger batches
-    assert run.passes[0] == 1 and max(sizes) > M0
+    assert max(sizes) > M0
     assert any(passes > 1 for passes, size in zip(run.passes, sizes, strict=True) if size > M0)
     assert tuner.progress == pytest.approx(4 * SAMPLES, abs=max(sizes))
 
@@ -321,8 +368,9 @@ def test_on_cuda_the_tuner_learns_peaks_and_the_device_memory(clock: FakeClock) 
 
 
 def test_a_measured_step_takes_its_batch_as_two_halves_at_the_same_weights(
-    clock: FakeClock,
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(BatchTuner, "decision_due", lambda self: False)  # kept at M0
     received: list[int] = []
     model = nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.002, momentum=0.9)

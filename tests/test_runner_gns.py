@@ -373,3 +373,43 @@ def test_by_default_one_step_in_thirty_two_is_measured() -> None:
     assert GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), 4).every == 32
     with pytest.raises(ValueError, match="every"):
         GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), 4, every=0)
+
+
+def test_the_first_measurements_come_every_other_step_until_the_warmup_is_done() -> None:
+    model = Linear()
+    warm = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, every=16, warmup=4)
+    cold = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, every=16)
+    train(warm, model, 8, M0 // 2, 1)
+    train(cold, model, 8, M0 // 2, 1)
+    assert warm.average.updates >= 4 and cold.average.updates == 1
+    train(warm, model, 40, M0 // 2, 1)  # then one step in about 16
+    assert 4 + 2 <= warm.average.updates <= 4 + 3
+
+
+def test_a_whole_step_among_split_ones_waits_rather_than_restart_the_average() -> None:
+    model = Linear()
+    gns = GradientNoiseScale(torch.optim.SGD(model.parameters(), lr=0.1), M0, every=1)
+    train(gns, model, 10, M0 // 2, 1)  # measured from two micro-batches
+    updates = gns.average.updates
+    assert gns.average.estimator == "unbiased" and updates >= 3
+    train(gns, model, 3, M0, 0)  # steps left whole, one or two of them due: none measured
+    assert (gns.average.estimator, gns.average.updates) == ("unbiased", updates)
+    train(gns, model, 2, M0 // 2, 1)
+    assert gns.average.updates > updates  # the same average goes on
+    train(gns, model, 20, M0, 0)  # split steps stopped for good: steps are paired again
+    estimator: str | None = gns.average.estimator  # (mypy kept the narrowing above)
+    assert estimator == "differenced"
+
+
+def test_decisions_see_grad_sqr_as_measured_unless_it_is_within_its_error_of_zero() -> None:
+    resolved = NoiseAverage()
+    for sqr in [1.0, 1.1, 0.9, 1.0, 1.05, 0.95]:
+        resolved.update(sqr, 5.0, 1.0, "unbiased")
+    assert resolved.cautious() == resolved.params()
+    unresolved = NoiseAverage()  # small-batch estimates of |G|^2: mostly noise around 0
+    for sqr in [3.0, -2.9, 2.5, -2.6, 2.8, -2.7]:
+        unresolved.update(sqr, 5.0, 1.0, "unbiased")
+    measured, cautious = unresolved.params(), unresolved.cautious()
+    assert measured is not None and cautious is not None
+    assert measured.sqr < 0.1 and cautious.var == measured.var
+    assert cautious.sqr > 0.5  # about one standard error: a finite noise scale

@@ -3,7 +3,8 @@
 Each model of bench/adaptive_tasks.py (an MLP with SGD, a CNN with momentum,
 a transformer language model with embeddings and AdamW, an LSTM with Adam)
 trains for a while, then one epoch through `gq.AdaptiveDataLoader` at a fixed
-batch, where the runner measures its noise as it would in a real job (the
+batch (its tuner kept from deciding), where the runner measures its noise as
+it would in a real job (the
 average is made a plain mean, so it weighs every measurement alike). The
 brute-force estimate draws many independent batches at eight points of that
 epoch, computes each gradient directly, preconditioned as the optimizer does
@@ -80,6 +81,9 @@ class StepClock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[StepClock]:
     fake = StepClock()
     monkeypatch.setattr(gpuq.runner.tuning, "step_clock", fake)
+    # One epoch at a fixed batch: the tuner measures but never decides (it could switch
+    # between any two steps).
+    monkeypatch.setattr(gpuq.runner.tuning.BatchTuner, "decision_due", lambda self: False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     gq.init(environ={}).close()

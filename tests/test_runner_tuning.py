@@ -10,12 +10,20 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuq.goodput import GoodputFunction, GradParams, PerfParams, adascale_gain, efficiency
+from gpuq.goodput import (
+    GoodputFunction,
+    GradParams,
+    PerfParams,
+    adascale_gain,
+    efficiency,
+    fit_one_replica,
+)
 from gpuq.runner.tuning import (
     SPEEDUP_THRESHOLD,
     BatchConfig,
     StepProfile,
     choose_config,
+    extrapolation,
     gain,
     lr_factor,
     memory_bound,
@@ -193,3 +201,40 @@ def test_a_larger_batch_scales_adams_second_moments_to_its_smaller_noise() -> No
     rescale_second_moments(sgd, grad, 16, 16, 64)  # nothing to scale: no error
     rescale_second_moments(adam, None, 16, 16, 64)  # no estimate: left alone
     assert adam.state[model.weight]["exp_avg_sq"] is not None
+
+
+def test_beyond_the_sizes_timed_the_step_time_follows_their_power_law() -> None:
+    # An LSTM on a CPU: 16 -> 32 samples costs 10% more time, so 64 is predicted at
+    # 21% more than 32, where the line through 16 and 32 says 40%.
+    times = {(1, 16): 0.0050, (1, 32): 0.0055}
+    perf = fit_one_replica([16, 32], [0.0050, 0.0055])
+    top, beyond = extrapolation(times, 1, perf) or (0, perf)
+    predicted = GoodputFunction(beyond, GradParams(0.0, 1.0), 16).step_time(1, 1, 64, 0)
+    assert top == 32 and predicted == pytest.approx(0.0055 * 1.1, rel=1e-6)
+    line = GoodputFunction(perf, GradParams(0.0, 1.0), 16).step_time(1, 1, 64, 0)
+    assert line == pytest.approx(0.0065, rel=1e-3)
+    assert extrapolation({(1, 32): 0.0055}, 1, perf) is None  # one size: nothing to extrapolate
+    assert extrapolation(times | {(2, 32): 0.007}, 2, perf) is None  # times include all-reduce
+    slower = {(1, 16): 0.006, (1, 32): 0.0055}  # noise: never predicted to get faster
+    top, flat = extrapolation(slower, 1, perf) or (0, perf)
+    assert (flat.alpha_c, flat.beta_c) == pytest.approx((0.0055, 0.0))
+
+
+def test_a_size_beyond_the_largest_timed_is_tried_when_its_extrapolation_pays() -> None:
+    # Timed at 16 and 32, the line predicts 64 at 40 ms: no better than 32 at a noise
+    # scale of 32 M0 (efficiency 0.67 at 64). Its power law predicts 28.8 ms: tried.
+    perf = PerfParams(0.008, 0.0005, 0.0, 0.0, 0.0, 0.0, 1.0)
+    fn = GoodputFunction(perf, GradParams(1.0, 1.0), 32)
+    current = BatchConfig(32)
+    kept = choose_config(fn, current, max_batch_size=256, max_local=64, accumulation=False)
+    assert kept == current
+    beyond = extrapolation({(1, 16): 0.020, (1, 32): 0.024}, 1, perf)
+    tried = choose_config(
+        fn, current, max_batch_size=256, max_local=64, accumulation=False, beyond=beyond
+    )
+    assert 48 < tried.local_bsz <= 64
+    # Untried sizes are capped as before: never beyond max_local.
+    capped = choose_config(
+        fn, current, max_batch_size=4096, max_local=64, accumulation=False, beyond=beyond
+    )
+    assert capped.local_bsz <= 64

@@ -71,7 +71,7 @@ def test_an_array_limit_counts_running_tasks_and_tasks_started_in_this_pass() ->
 def snapshot() -> GpuSnapshot:
     devices = [
         GpuInfo("g0", 0, "Fake", 40 * G, 0, node="n1"),
-        GpuInfo("g1", 1, "Fake", 40 * G, 0, node="n1"),
+        GpuInfo("g1", 1, "Fake", 40 * G, 0, node="n1", link_group="link0"),
     ]
     return GpuSnapshot(devices=devices, foreign_memory={"g1": 2 * G})
 
@@ -89,7 +89,10 @@ def test_the_view_has_the_gpus_ready_jobs_and_running_jobs_with_their_reservatio
     ready = [queued(1, gpus=2, priority=4), queued(2, gpus=1, gpu_mem_auto=True, name="fit")]
     state = build_state(ready, [running], snapshot(), 0.1, 512 * 1024**2, lambda job: 9 * G)
     assert state.nodes == (NodeView("n1", 2),)
-    assert state.gpus == (GpuView("g0", "n1", 40 * G, 0), GpuView("g1", "n1", 40 * G, 2 * G))
+    assert state.gpus == (
+        GpuView("g0", "n1", 40 * G, 0, index=0),
+        GpuView("g1", "n1", 40 * G, 2 * G, link_group="link0", index=1),
+    )
     assert (state.memory_margin, state.foreign_tolerance) == (0.1, 512 * 1024**2)
     one, two, three = state.jobs  # in id order
     assert (one.gpus_requested, one.priority, one.gpu_uuids, one.allocation) == (2, 4, (), ())

@@ -36,6 +36,8 @@ class Server:
     blocked_until: dict[int, float] = field(default_factory=dict)
     moves: int = 0
     parks: int = 0
+    moved: dict[int, int] = field(default_factory=dict)
+    most_on_a_gpu: int = 0
     notes: dict[int, str] = field(default_factory=dict)
     modes: list[str] = field(default_factory=list)
     now: float = 0.0
@@ -72,10 +74,13 @@ class Server:
                     self.jobs[job_id] = replace(job, suspended=True)
                 else:
                     self.moves += 1
+                    self.moved[job_id] = self.moved.get(job_id, 0) + 1
                     self.jobs[job_id] = replace(job, gpu_uuids=(), allocation=())
         computing = [i for i, j in self.jobs.items() if j.gpu_uuids and not j.suspended]
         on_gpu = [uuid for i in computing for uuid in self.jobs[i].gpu_uuids]
         assert len(on_gpu) == len(set(on_gpu)), "two jobs computed on one GPU"
+        held = [uuid for job in self.jobs.values() for uuid in job.gpu_uuids]
+        self.most_on_a_gpu = max([self.most_on_a_gpu, *(held.count(u) for u in held)])
         for job_id in computing:
             self.computed[job_id] = self.computed.get(job_id, 0.0) + dt
             useful = min(dt, max(0.0, now + dt - self.blocked_until.get(job_id, 0.0)))
@@ -85,6 +90,11 @@ class Server:
         """A GPU no job holds (where the slicer no longer binds, the daemon's binding picks)."""
         held = {uuid for job in self.jobs.values() for uuid in job.gpu_uuids}
         return (next(f"g{i}" for i in range(self.gpus) if f"g{i}" not in held),)
+
+    def arrive(self, job_id: int) -> None:
+        """A new job joins the server, waiting as `waiting[0]` says."""
+        self.jobs[job_id] = JobView(id=job_id, submit_time=self.now)
+        self.waiting[job_id] = self.waiting[0]
 
     def run(self, seconds: float, dt: float = 5.0) -> None:
         """Passes every `dt` seconds for `seconds` more."""
@@ -103,6 +113,32 @@ def test_six_jobs_on_four_gpus_each_get_two_thirds_with_little_lost_to_switching
     lost = 1 - sum(server.progress.values()) / (4 * hours)
     assert lost < 0.03
     assert server.parks > server.moves > 0  # mostly parks; a few moves balance the pins
+
+
+def test_jobs_arriving_apart_share_the_restarts_that_even_out_their_turns() -> None:
+    """Moves take the GPU of a job computing alone, and the job moved least moves.
+
+    Jobs arrive a little apart, so their turns end at different times. No
+    GPU ever holds more than two jobs (a move onto a shared GPU would leave
+    the mover behind, to move again), each job moves about as often as the
+    others, and so each job's progress, not only its GPU time, is near 4/6.
+    """
+    server = Server.of(4, 0, slicer=Slicer(quantum=6.0), penalty=3.0)
+    server.waiting = {0: RUNNER}
+    for job_id, arrival in enumerate((0.0, 0.8, 2.0, 2.6, 40.4, 43.2), start=1):
+        server.run(arrival - server.now, dt=0.2)
+        server.arrive(job_id)
+    server.run(120.0 - server.now, dt=0.2)
+    computed, progress, moved = dict(server.computed), dict(server.progress), dict(server.moved)
+    window = 200 * 6.0
+    server.run(window, dt=0.2)
+    assert server.most_on_a_gpu == 2
+    moves = [server.moved.get(i, 0) - moved.get(i, 0) for i in server.jobs]
+    assert max(moves) - min(moves) <= 2, moves
+    shares = [(server.computed[i] - computed[i]) / window for i in server.jobs]
+    assert shares == pytest.approx([4 / 6] * 6, rel=0.05)
+    progressed = [(server.progress[i] - progress[i]) / window for i in server.jobs]
+    assert progressed == pytest.approx([4 / 6] * 6, rel=0.05)
 
 
 def test_without_moves_pins_would_fix_each_gpus_share() -> None:
@@ -178,6 +214,32 @@ def test_a_job_leaving_its_gpus_holds_them_until_it_has_left() -> None:
     assert dict(out.decision.allocations) == {}
 
 
+def one_gpu_hand_over(leaving: Waiting, parked: Waiting) -> Decision:
+    """Job 1 leaves g0 by checkpoint, job 2 waits parked on g0: what computes now."""
+    slicer = Slicer(quantum=60.0)
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",), suspended=True),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    decision = Decision(allocations={1: (1,), 2: (1,)})
+    return slicer.slice(state, decision, {1: leaving, 2: parked}, 100.0).decision
+
+
+def test_a_checkpointed_job_hands_its_gpu_over_once_its_checkpoint_is_saved() -> None:
+    """Its process only exits then: the next job need not wait for that."""
+    saving = Waiting(RUNNER.modes, 2 * GIB, leaving=True)
+    assert dict(one_gpu_hand_over(saving, RUNNER).allocations) == {}
+    saved = replace(saving, saved=True)
+    assert one_gpu_hand_over(saved, RUNNER).bindings == {2: ("g0",)}
+
+
+def test_the_next_job_waits_for_an_exit_when_its_memory_does_not_fit_beside_it() -> None:
+    saved = Waiting(RUNNER.modes, 9 * GIB, leaving=True, saved=True)
+    big = Waiting(RUNNER.modes, 9 * GIB)
+    assert dict(one_gpu_hand_over(saved, big).allocations) == {}
+
+
 def test_a_node_no_longer_over_subscribed_brings_its_waiting_jobs_back() -> None:
     server = Server.of(2, 3)
     server.run(600.0)
@@ -212,3 +274,83 @@ def test_a_non_positive_quantum_is_refused() -> None:
 def test_a_parked_jobs_resident_memory_is_its_context() -> None:
     assert RUNNER.resident("park") == PARK_RESIDENT_BYTES
     assert RUNNER.resident("stop") == 2 * GIB
+
+
+def test_a_packed_pair_takes_its_turns_as_one_job() -> None:
+    """Jobs 1 and 2 packed on g0 beside job 3: the pair adds one GPU of demand, not two.
+
+    On one GPU, the pair and job 3 take turns: when job 3's turn comes both
+    members wait (parked); when the pair's comes, the guest computes on its
+    anchor's GPU beside it.
+    """
+    pair = {i: JobView(id=i, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)) for i in (1, 2)}
+    jobs = {**pair, 3: JobView(id=3, submit_time=0.0, allocation=(1,))}
+    gpus = (GpuView("g0", "n", 16 * GIB),)
+    decision = Decision(allocations={i: (1,) for i in jobs}, packed=((1, 2),))
+    slicer = Slicer(quantum=60.0)
+    waiting = dict.fromkeys(jobs, RUNNER)
+
+    def state() -> ClusterState:
+        return ClusterState(nodes=(NodeView("n", 1),), jobs=tuple(jobs.values()), gpus=gpus)
+
+    first = slicer.slice(state(), decision, waiting, 0.0).decision
+    assert set(first.allocations) == {3} and first.bindings[3] == ("g0",)
+    assert first.suspend_modes[1] == first.suspend_modes[2] == "park"
+    assert "packed with job 1: waiting for its turn with it" in first.notes[2]
+    jobs.update({i: replace(job, suspended=True) for i, job in pair.items()})
+    jobs[3] = replace(jobs[3], gpu_uuids=("g0",))
+
+    later = slicer.slice(state(), decision, waiting, 61.0).decision
+    assert 3 not in later.allocations, "the pair's turn"
+    assert later.bindings[1] == later.bindings[2] == ("g0",)
+
+
+def test_a_packed_guest_on_a_node_not_over_subscribed_is_left_to_compute() -> None:
+    jobs = (
+        JobView(id=1, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+        JobView(id=2, submit_time=0.0, allocation=(1,), gpu_uuids=("g0",)),
+    )
+    state = ClusterState(nodes=(NodeView("n", 1),), jobs=jobs, gpus=(GpuView("g0", "n", 16 * GIB),))
+    decision = Decision(allocations={1: (1,), 2: (1,)}, packed=((1, 2),))
+    out = Slicer(quantum=60.0).slice(state, decision, {1: RUNNER, 2: RUNNER}, 0.0)
+    assert out.decision == decision and out.sliced == frozenset()
+
+
+def test_memory_shares_are_not_members_and_their_gpus_are_not_shared_in_turns() -> None:
+    # Two GPUs: g1 holds two memory-share jobs (the decision binds them there);
+    # jobs 1 and 2 want one whole GPU each.
+    gpus = tuple(GpuView(f"g{i}", "n", 16 * GIB) for i in range(2))
+    shares = [
+        JobView(id=i, submit_time=0.0, gpu_mem=GIB, gpu_uuids=("g1",), allocation=(1,))
+        for i in (3, 4)
+    ]
+    whole = [JobView(id=1, submit_time=0.0, gpu_uuids=("g0",), allocation=(1,))]
+    whole.append(JobView(id=2, submit_time=0.0))
+    state = ClusterState(nodes=(NodeView("n", 2),), jobs=tuple([*whole, *shares]), gpus=gpus)
+    decision = Decision(
+        allocations={i: (1,) for i in (1, 2, 3, 4)}, bindings={3: ("g1",), 4: ("g1",)}
+    )
+    slicer = Slicer(quantum=60.0)
+    assert slicer.needed(state, decision), "two whole-GPU jobs on the one unshared GPU"
+    out = slicer.slice(state, decision, {i: RUNNER for i in (1, 2, 3, 4)}, 0.0)
+    assert set(out.sliced) == {1, 2}
+    assert out.decision.allocations[3] == out.decision.allocations[4] == (1,)
+    assert out.decision.bindings.get(2, ()) != ("g1",)
+
+
+def test_no_turns_are_needed_while_no_node_is_over_subscribed() -> None:
+    server = Server.of(2, 2)
+    decision = Decision(allocations={i: (1,) for i in server.jobs})
+    assert not server.slicer.needed(server.state(), decision)
+    crowded = Server.of(2, 3)
+    assert crowded.slicer.needed(crowded.state(), Decision(allocations={1: (1,), 2: (1,), 3: (1,)}))
+
+
+def test_a_job_with_known_memory_the_decision_does_not_bind_takes_turns() -> None:
+    # gandiva gives --gpu-mem jobs whole GPUs in turns: their memory says they can be stopped.
+    server = Server.of(1, 2, waiting=PLAIN_KNOWN)
+    server.jobs = {i: replace(job, gpu_mem=GIB) for i, job in server.jobs.items()}
+    decision = Decision(allocations={1: (1,), 2: (1,)})
+    assert server.slicer.needed(server.state(), decision)
+    out = server.slicer.slice(server.state(), decision, server.waiting, 0.0)
+    assert set(out.sliced) == {1, 2}

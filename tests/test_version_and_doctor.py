@@ -73,6 +73,13 @@ def test_doctor_names_the_policy_and_which_policies_run_live(tmp_path: Path) -> 
     )
 
 
+def test_doctor_says_when_the_policy_is_the_default_gpuq(tmp_path: Path) -> None:
+    config_file = tmp_path / "config.toml"
+    config_file.write_text("")
+    check = doctor.check_policy(load_config(str(config_file)))
+    assert check.message.startswith("gpuq (the default) (the daemon runs: fifo,")
+
+
 def test_doctor_fails_the_config_check_on_a_simulator_only_policy(tmp_path: Path) -> None:
     config_file = tmp_path / "config.toml"
     config_file.write_text('[scheduler]\npolicy = "ones"\n')

@@ -10,7 +10,7 @@ Two things differ from a plain `gpuq.runner` script: ``lr_scaling`` in the
 `gq.State`, and a ``max_batch_size`` above the ``batch_size`` of the loader.
 The loader then measures step times and the gradient noise scale, picks the
 batch size and gradient-accumulation steps with the best predicted goodput
-at each epoch start (only when that beats the current choice by 5%), and the
+between steps (only when that beats the current choice by 5%), and the
 learning rate follows the rule. ``--lr-scaling none`` trains at the fixed
 initial batch size, for comparison. Inside gpuq it also reports its batch
 size and goodput to the daemon (`gpuq show ID`).

@@ -202,13 +202,16 @@ def check_python() -> Check:
 
 def check_policy(config: Config) -> Check:
     """The scheduling policy the daemon will run (the config has already refused others)."""
+    from gpuq.config import SchedulerConfig
     from gpuq.policies.registry import LIVE_POLICY_NAMES, POLICY_NAMES
 
     sim_only = [name for name in POLICY_NAMES if name not in LIVE_POLICY_NAMES]
+    policy = config.scheduler.policy
+    default = " (the default)" if policy == SchedulerConfig().policy else ""
     return Check(
         "policy",
         "ok",
-        f"{config.scheduler.policy} (the daemon runs: {', '.join(LIVE_POLICY_NAMES)}; "
+        f"{policy}{default} (the daemon runs: {', '.join(LIVE_POLICY_NAMES)}; "
         f"gpuq sim also: {', '.join(sim_only)})",
     )
 

@@ -243,10 +243,15 @@ def metrics_table(samples: Sequence[dict[str, Any]]) -> str:
 
 
 def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
-    """The `gpuq gpus` table: memory split by owner, utilization, jobs."""
+    """The `gpuq gpus` table: memory split by owner, utilization, jobs.
+
+    A LINK column (the PCIe switch or NVLink group) appears where any GPU has one.
+    """
+    links = any(gpu.get("link_group") for gpu in gpus)
     rows = []
     for gpu in gpus:
         util = "-" if gpu["utilization"] is None else f"{gpu['utilization']:.0f}%"
+        link = (gpu.get("link_group") or "-",) if links else ()
         rows.append(
             (
                 str(gpu["index"]),
@@ -258,8 +263,9 @@ def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
                 util,
                 gpu["mode"],
                 ",".join(map(str, gpu["jobs"])) or "-",
+                *link,
                 gpu["uuid"],
             )
         )
-    header = ("GPU", "NAME", "TOTAL", "GPUQ", "OTHER", "FREE", "UTIL", "MODE", "JOBS", "UUID")
-    return table(header, rows)
+    header = ("GPU", "NAME", "TOTAL", "GPUQ", "OTHER", "FREE", "UTIL", "MODE", "JOBS")
+    return table((*header, *(("LINK",) if links else ()), "UUID"), rows)

@@ -169,7 +169,7 @@ def sim_command(
 
     Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, gandiva,
     ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
-    (scheduler.policy), the others only here so far.
+    (scheduler.policy), the others only here so far; gpuq is its default.
     """
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies

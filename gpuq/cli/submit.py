@@ -51,7 +51,14 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     ),
     Option(("--exclusive",), "exclusive", "flag", "", "Share the GPU with no other gpuq job."),
     Option(("--name", "-n"), "name", "str", "NAME", "Job name. Default: the command's name."),
-    Option(("--priority", "-p"), "priority", "int", "N", "Higher runs first. Default 0."),
+    Option(
+        ("--priority", "-p"),
+        "priority",
+        "int",
+        "N",
+        "Higher runs first (under the default policy it may also preempt lower-priority "
+        "jobs through their gpuq.runner checkpoint). Default 0.",
+    ),
     Option(
         ("--after", "-d"),
         "after",

@@ -22,6 +22,11 @@ SCHEDULER_POINTS = (
     "preempt-committed",  # a preemption's intent written, request not yet sent
     "turn-committed",  # a turn's end (park or stop) written, not yet asked of the job
     "resume-committed",  # a turn's start written, the job not yet resumed
+    "pack-committed",  # a pack's intent written, the guest not yet joining the GPU
+    "unpack-committed",  # an unpack's intent written, the leaving job not yet asked to go
+    "move-booked",  # a move's GPUs booked, the job not yet asked to checkpoint
+    "move-committed",  # a move's checkpoint intent written, request not yet sent
+    "move-checkpointed",  # a moved job checkpointed and queued, not yet restarted
 )
 """The points of the scheduler's actions, each tested with its action (tests/test_live_*.py)."""
 _counts: dict[str, int] = {}

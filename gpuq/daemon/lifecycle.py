@@ -2,8 +2,10 @@
 
 held -> queued -> starting -> running -> succeeded | failed | cancelled | lost,
 with running -> suspending -> suspended -> running (stop and park modes) or
--> queued (checkpoint mode; see `gpuq.daemon.suspend`). Each step is
-committed (with its reason) before the process-level action it announces.
+-> queued (checkpoint mode; see `gpuq.daemon.suspend`), and running ->
+queued for a job that ran out of GPU memory while packed (`gpuq.daemon.oom`).
+Each step is committed (with its reason) before the process-level action it
+announces.
 
 Starting never blocks the event loop: `start` commits `starting`, writes the
 launch record and hands the spawn to the executor; the job turns `running`
@@ -25,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq import env as job_env
-from gpuq.daemon import faults, jobfiles, suspend
+from gpuq.daemon import faults, jobfiles, oom, suspend
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
@@ -122,6 +124,7 @@ def job_environment(
     )
     if placement.gpu_mem is not None:
         environ[job_env.GPU_MEM] = str(placement.gpu_mem)
+    environ.update(state.node.device_env())
     if control_socket is not None:
         environ[job_env.CONTROL_SOCKET] = str(control_socket)
     if spec.array_index is not None:
@@ -130,14 +133,19 @@ def job_environment(
     return environ
 
 
-def start(state: DaemonState, job: Job, placement: Placement) -> None:
-    """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked."""
+def start(state: DaemonState, job: Job, placement: Placement, note: str = "") -> None:
+    """Start one attempt of `job` on the placement's GPUs; returns once the spawn is asked.
+
+    `note` says why there, if the reason is worth telling ("moved to GPU 1: ...").
+    """
     stdout, stderr, below = output_targets(state, job)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
+    where = ", ".join(placement.gpu_uuids) or "CPU"
+    why = f": {placement.reason}" if placement.reason else ""
     job = state.transition(
         job,
         JobState.STARTING,
-        f"starting on {', '.join(placement.gpu_uuids) or 'CPU'}",
+        f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}",
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
         node=state.config.daemon.node_name,
@@ -275,7 +283,9 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
     fields = {"exit_code": outcome.exit_code, "signal": outcome.signal, "end_time": end_time}
     if cancel_requested(state, job):
         state.transition(job, JobState.CANCELLED, "cancelled by user", **fields)
-    elif suspend.suspended_by_exit(state, job, outcome):
+    elif suspend.suspended_by_exit(state, job, outcome) or oom.requeue_after_oom(
+        state, job, outcome
+    ):
         pass
     elif outcome.returncode == 0 and not outcome.time_limit:
         state.transition(job, JobState.SUCCEEDED, outcome.reason or "exited with code 0", **fields)
@@ -288,7 +298,8 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
             ended = JobState.FAILED
             sig = f" ({outcome.signal})" if outcome.signal else ""
             why = outcome.reason or f"exited with code {outcome.exit_code}{sig}"
-        tries = job.attempts - state.store.checkpoint_restarts(job.id, job.attempts)
+        restarts = state.store.checkpoint_restarts(job.id, job.attempts)
+        tries = job.attempts - restarts - oom.requeues(state, job.id)
         if tries <= job.spec.retries:
             delay = retry_delay(tries - 1)
             state.transition(

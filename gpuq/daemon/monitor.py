@@ -6,7 +6,8 @@ them itself), then attributes every GPU
 process to a gpuq job by its process group (a job's processes all live in
 the group its shim created) and counts the rest as foreign: memory the
 scheduler must leave alone. It also keeps each
-job's memory peak, which `--gpu-mem auto` learns from.
+job's memory peak, which `--gpu-mem auto` learns from, and credits each
+GPU's utilization to the job computing on it alone (`scheduler.introspect`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import contextlib
 import os
 import time
 
-from gpuq.daemon import jobfiles
+from gpuq.daemon import jobfiles, suspend
+from gpuq.daemon.scheduler.introspect import COMPUTING
+from gpuq.daemon.scheduler.slicer import PARK_RESIDENT_BYTES
 from gpuq.daemon.state import DaemonState, GpuSnapshot
 from gpuq.gpus import JobHolding
-from gpuq.models import GpuInfo
+from gpuq.models import GpuInfo, JobState
 
 
 def job_pgids(state: DaemonState) -> dict[int, int]:
@@ -34,15 +37,22 @@ def job_pgids(state: DaemonState) -> dict[int, int]:
 
 
 def holdings(state: DaemonState) -> dict[int, JobHolding]:
-    """What each running job holds: its live process group and its GPUs."""
-    return {
-        job.id: JobHolding(state.child_pgids[job.id], job.gpu_uuids, job.gpu_mem_reserved or 0)
-        for job in state.active.values()
-        if job.state.is_active
-        and job.gpu_uuids
-        and job.id in state.child_pgids
-        and _exists(state.child_pgids[job.id])
-    }
+    """What each running job holds: its live process group, its GPUs, whether it computes.
+
+    A job parked for another's turn keeps only its CUDA context on its GPUs
+    (`PARK_RESIDENT_BYTES`, at most its reservation); one stopped keeps all.
+    """
+    held = {}
+    for job in state.active.values():
+        pgid = state.child_pgids.get(job.id)
+        if not job.state.is_active or not job.gpu_uuids or pgid is None or not _exists(pgid):
+            continue
+        memory = job.gpu_mem_reserved or 0
+        computing = job.state in COMPUTING
+        if job.state is JobState.SUSPENDED and suspend.mode_of(state, job) == "park":
+            memory = min(memory, PARK_RESIDENT_BYTES)
+        held[job.id] = JobHolding(pgid, job.gpu_uuids, memory, computing)
+    return held
 
 
 def _exists(pid: int) -> bool:
@@ -91,6 +101,7 @@ async def sample_once(state: DaemonState) -> None:
         state.memory_peaks[job_id] = max(state.memory_peaks.get(job_id, 0), used)
     foreign_changed = snap.foreign_memory != state.gpus.foreign_memory
     state.gpus = snap
+    state.introspection.note_utilization(snap, state.active.values(), state.memory_peaks)
     if foreign_changed:
         state.wake.set()
     state.publish({"type": "gpus", "gpus": [g.to_dict() for g in devices], "time": snap.time})

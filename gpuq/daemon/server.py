@@ -22,6 +22,7 @@ import socket
 import time
 from pathlib import Path
 
+from gpuq import env as job_env
 from gpuq.config import Config
 from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
@@ -34,6 +35,7 @@ from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import Store
 from gpuq.errors import DaemonUnavailable, GpuqError, StateError
 from gpuq.gpus import make_backend
+from gpuq.gpus.fake import FakeBackend
 from gpuq.paths import (
     ensure_private_dir,
     filesystem_type,
@@ -50,6 +52,8 @@ LOCK_NAME = "gpuqd.lock"
 MAX_PASS_BACKOFF = 0.25
 HOUSEKEEPING_SECONDS = 1.0
 SHUTDOWN_GRACE_SECONDS = 1.0
+FAKE_GPU_DIR = "fake-gpus"
+"""Where, below the runtime directory, fake GPUs publish their load (`gpuq.gpus.fakeload`)."""
 """How long a shutdown waits for requests in progress to be answered before it cancels them."""
 
 
@@ -133,11 +137,16 @@ class Server:
         except OSError as exc:
             log.warning("%s; starting each shim as a new process instead (slower)", exc)
             self._spawner = None
+        device_env = {}
+        if isinstance(backend, FakeBackend):  # jobs emulating a GPU's work read its load
+            backend.publish_to(cfg.runtime_dir / FAKE_GPU_DIR)
+            device_env[job_env.FAKE_GPU_DIR] = str(cfg.runtime_dir / FAKE_GPU_DIR)
         node = LocalNode(
             cfg.node_name,
             Executor(jobs_dir, self._spawner),
             backend,
             ControlHub(cfg.runtime_dir / CONTROL_DIR, self._report_interval),
+            device_env,
         )
         state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
         state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
@@ -148,6 +157,7 @@ class Server:
         state.load()
         memory.restore(state)
         memory.restore_turns(state)
+        memory.restore_packs(state)
         await monitor.sample_once(state)
         counts = recovery.recover(state)
         log.info("recovered jobs: %s", counts)

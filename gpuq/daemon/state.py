@@ -25,6 +25,8 @@ from gpuq.daemon.executor import Outcome
 from gpuq.daemon.node.interface import Node
 from gpuq.daemon.reload import ConfigWatch
 from gpuq.daemon.scheduler import memory
+from gpuq.daemon.scheduler.introspect import Introspection
+from gpuq.daemon.scheduler.packs import PackBook
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
@@ -92,6 +94,11 @@ class DaemonState:
         """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.profiled_gpus: dict[int, int] = {}
         """The most GPUs each active job held while its runner reported: explored counts."""
+        self.introspection = Introspection()
+        """What the daemon measured of each job for packing (`scheduler.introspect`)."""
+        self.packs = PackBook()
+        """The packs carried out, and what they taught (`scheduler.packs`, `scheduler.packing`)."""
+        self.packs_saved: str | None = None
         self.policy_saved: str | None = None
         """The policy's memory as last kept in the store (`scheduler.memory`)."""
         self.decision_in_flight: asyncio.Future[Decision] | None = None

@@ -8,8 +8,11 @@
   `SuspendRequest` goes over the control channel. The runner saves at its
   next iteration boundary, acknowledges and exits with `SUSPEND_EXIT_CODE`,
   leaving `ACK_FILE` in its checkpoint directory; `suspended_by_exit` then
-  records the job `suspended` and frees its GPUs. Resume puts it back in the
-  queue; the next attempt restores the checkpoint.
+  records the job `suspended` and frees its GPUs. The acknowledgement,
+  which comes before the exit, completes the suspend: the state is safe, and
+  the time-slicer may give the GPUs to the next job while the process
+  exits. Resume puts it back in the queue; the next attempt restores the
+  checkpoint.
 - **park** (runner jobs): the runner moves its state to host memory at the
   next boundary and acknowledges; the job is `suspended` and keeps its GPUs.
   Resume sends `ResumeRequest` (and SIGCONT, which also ends a park, for a
@@ -104,8 +107,13 @@ def can_preempt(state: DaemonState, job: Job) -> bool:
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
 
 
-def preempt(state: DaemonState, job: Job, reason: str) -> Job:
-    """Checkpoint the job for the scheduler, which queues it again once saved (docstring)."""
+def preempt(
+    state: DaemonState, job: Job, reason: str, crash_point: str = "preempt-committed"
+) -> Job:
+    """Checkpoint the job for the scheduler, which queues it again once saved (docstring).
+
+    `crash_point` names the fault point between the intent and the request.
+    """
     if not can_preempt(state, job):
         raise ConflictError(
             f"cannot preempt job {job.id}: only a running job whose gpuq.runner checkpoints can be",
@@ -114,7 +122,7 @@ def preempt(state: DaemonState, job: Job, reason: str) -> Job:
     now = time.time()
     state.store.record_suspend(job.id, job.attempts, "checkpoint", now, "policy", reason)
     job = state.transition(job, JobState.SUSPENDING, f"{reason} (checkpoint requested)")
-    faults.crash_point("preempt-committed")
+    faults.crash_point(crash_point)
     state.node.control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job
@@ -380,7 +388,12 @@ class ChannelListener:
             else:
                 state.transition(job, job.state, f"the job refused a {ack.request}: {error}")
             return
-        if ack.request == "suspend" and detail.get("mode") == "park":
+        if ack.request == "suspend" and detail.get("mode") == "checkpoint":
+            if pending and record is not None and record.mode == "checkpoint":
+                # Saved: it computes no more, and the next job may take its GPUs as it exits.
+                state.store.complete_suspend(job.id, job.attempts, time.time())
+                state.wake.set()
+        elif ack.request == "suspend" and detail.get("mode") == "park":
             if pending and record is not None and record.mode == "park":
                 state.store.complete_suspend(job.id, job.attempts, time.time())
                 state.transition(

@@ -33,13 +33,15 @@ BACKEND_KINDS = ("auto", "nvml", "fake")
 class JobHolding:
     """What one running gpuq job holds, as the daemon knows it.
 
-    `pid` leads the job's process group; `memory` is the bytes reserved on
-    each of `gpu_uuids` (0 for whole GPUs).
+    `pid` leads the job's process group; `memory` is the bytes it holds on
+    each of `gpu_uuids` (its reservation; 0 for whole GPUs); `computing` is
+    False while it waits (parked or stopped for another job's turn).
     """
 
     pid: int
     gpu_uuids: tuple[str, ...]
     memory: int = 0
+    computing: bool = True
 
 
 class GpuBackend(Protocol):
@@ -79,7 +81,14 @@ class FakeGpuDecl:
     """One declared line of fake GPUs: `count` identical devices.
 
     `foreign_memory` bytes are reported as held by a process gpuq did not
-    start, with pid `foreign_pid` (a positive pid, never 0).
+    start, with pid `foreign_pid` (a positive pid, never 0). `link_group`
+    names the PCIe switch or NVLink group the line's GPUs share (GPUs of
+    lines with the same group share it too); empty: topology unknown.
+    `utilization` is the percentage one job computing on a device shows (k
+    jobs: k times it, at most 100); `share_slowdown` is how much longer each
+    job's steps take while two jobs compute on one device at once (k jobs:
+    1 + (k - 1) x (share_slowdown - 1)), which jobs emulating a device read
+    from the published load (`gpuq.gpus.fakeload`).
     """
 
     name: str = "Fake GPU"
@@ -87,6 +96,9 @@ class FakeGpuDecl:
     count: int = 1
     foreign_memory: int = 0
     foreign_pid: int = 999999
+    utilization: float = 100.0
+    share_slowdown: float = 1.0
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

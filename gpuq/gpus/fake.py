@@ -10,8 +10,15 @@ What the fake reports:
 - `memory_used` is the declared foreign memory, plus foreign processes from
   the state file, plus the memory of job processes the daemon `attach`-ed;
   it is capped at `memory_total`, as a real device cannot exceed it.
-- `utilization` is 0.0 while no job process is attached and 100.0 while any
-  is (a busy device is fully busy), unless the state file sets it.
+- `utilization` is 0.0 while no attached job process computes and the
+  declared `utilization` (default 100.0) per computing one, at most 100.0,
+  unless the state file sets it. A job the daemon says waits for its turn
+  (`JobHolding.computing` False) holds memory but does not compute.
+- With `publish_to(directory)`, each sample also publishes every device's
+  load (memory, jobs computing on it, their `share_slowdown`) for jobs that
+  emulate a GPU's work (`gpuq.gpus.fakeload`), when it changed.
+- `link_group` is the declared line's `link_group`: the topology that NVML
+  reads from PCIe switches and NVLinks on a real server.
 
 The optional state file lets a test change the world at run time. It is
 re-read at every `devices()` call and has this shape::
@@ -22,7 +29,7 @@ re-read at every `devices()` call and has this shape::
 Its foreign processes add to the declared ones. A missing file means no
 changes; a malformed one is ignored as a whole and reported once in
 `warnings` (until the file is read cleanly again). The backend starts no
-threads and does no other I/O.
+threads and does no other I/O than these two files.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import TypeGuard
 
 from gpuq.errors import ConfigError
 from gpuq.gpus import DeviceFilter, DeviceId, FakeGpuDecl, JobHolding
+from gpuq.gpus.fakeload import DeviceLoad, publish, slowdown
 from gpuq.models import GpuInfo, GpuProcess
 
 _UUID_NAMESPACE = uuid_lib.UUID("6f1d4a52-7c1e-4d0b-9a55-3a0f6b2c8e10")
@@ -53,6 +61,9 @@ class _FakeDevice:
     name: str
     memory_total: int
     foreign: tuple[GpuProcess, ...]
+    utilization: float = 100.0
+    share_slowdown: float = 1.0
+    link_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,15 @@ class FakeBackend:
         self._attached: dict[tuple[str, int], int] = {}
         # job id -> the pid `observe` attached for it.
         self._observed: dict[int, int] = {}
+        # pids of observed jobs that wait for their turn (hold memory, compute nothing).
+        self._waiting: set[int] = set()
+        self._publish_dir: Path | None = None
+        self._published: dict[str, DeviceLoad] = {}
+
+    def publish_to(self, directory: Path) -> None:
+        """Publish every device's load into `directory` at each sample (module docstring)."""
+        self._publish_dir = directory
+        self._published = {}
 
     def known_devices(self) -> list[DeviceId]:
         """Every declared device, before `include`/`exclude` filtering."""
@@ -104,6 +124,7 @@ class FakeBackend:
         """One sample of the declared devices that pass the filter."""
         overlays = self._read_state_file()
         infos = []
+        loads: dict[str, DeviceLoad] = {}
         for device in self._devices:
             if not self.device_filter.keeps(DeviceId(device.uuid, device.index, None)):
                 continue
@@ -115,9 +136,16 @@ class FakeBackend:
             )
             processes = device.foreign + overlay.foreign + jobs
             used = sum(p.used_memory or 0 for p in processes)
+            computing = sum(1 for job in jobs if job.pid not in self._waiting)
             utilization = overlay.utilization
             if utilization is None:
-                utilization = 100.0 if jobs else 0.0
+                utilization = min(100.0, device.utilization * computing)
+            loads[device.uuid] = DeviceLoad(
+                device.memory_total,
+                min(used, device.memory_total),
+                computing,
+                slowdown(computing, device.share_slowdown),
+            )
             infos.append(
                 GpuInfo(
                     uuid=device.uuid,
@@ -128,9 +156,25 @@ class FakeBackend:
                     utilization=utilization,
                     processes=processes,
                     node=self.node,
+                    link_group=device.link_group,
                 )
             )
+        self._publish(loads)
         return infos
+
+    def _publish(self, loads: dict[str, DeviceLoad]) -> None:
+        """Write the loads that changed since the last sample, if publishing (`publish_to`)."""
+        if self._publish_dir is None:
+            return
+        changed = {uuid: load for uuid, load in loads.items() if self._published.get(uuid) != load}
+        if not changed:
+            return
+        try:
+            publish(self._publish_dir, changed)
+        except OSError as exc:
+            self._warn(f"fake GPU load not published in {self._publish_dir}: {exc}")
+            return
+        self._published.update(changed)
 
     def attach(self, uuid: str, pid: int, memory: int) -> None:
         """Report process `pid` as holding `memory` bytes on device `uuid`.
@@ -151,19 +195,26 @@ class FakeBackend:
             del self._attached[key]
 
     def observe(self, holdings: Mapping[int, JobHolding]) -> None:
-        """Show each running job's process holding its reserved memory, as NVML would.
+        """Show each running job's process holding the memory it holds, as NVML would.
 
         A job that is no longer held is detached, so its memory goes with its
         process, as a real GPU's would: a job whose process ended shows none,
-        not foreign memory.
+        not foreign memory. A job whose memory changed (parked) is attached
+        again with its new size.
         """
         for job_id in [job_id for job_id in self._observed if job_id not in holdings]:
             self.detach(self._observed.pop(job_id))
+        self._waiting = {h.pid for h in holdings.values() if not h.computing}
         for job_id, holding in holdings.items():
-            if self._observed.get(job_id) == holding.pid:
+            pid = self._observed.get(job_id)
+            if pid == holding.pid and all(
+                self._attached.get((uuid, pid)) == holding.memory
+                for uuid in holding.gpu_uuids
+                if uuid in self._by_uuid
+            ):
                 continue
-            if job_id in self._observed:
-                self.detach(self._observed[job_id])
+            if pid is not None:
+                self.detach(pid)
             for uuid in holding.gpu_uuids:
                 if uuid in self._by_uuid:
                     self.attach(uuid, holding.pid, holding.memory)
@@ -257,6 +308,9 @@ def _declare(decls: Iterable[FakeGpuDecl], node: str) -> list[_FakeDevice]:
                     name=decl.name,
                     memory_total=decl.memory,
                     foreign=foreign if decl.foreign_memory else (),
+                    utilization=decl.utilization,
+                    share_slowdown=decl.share_slowdown,
+                    link_group=decl.link_group,
                 )
             )
     return devices
@@ -272,5 +326,9 @@ def _check_decl(decl: FakeGpuDecl) -> None:
         problems.append(f"foreign_memory must be in [0, memory], got {decl.foreign_memory}")
     if decl.foreign_pid <= 0:
         problems.append(f"foreign_pid must be a positive pid, got {decl.foreign_pid}")
+    if not 0.0 <= decl.utilization <= 100.0:
+        problems.append(f"utilization must be in [0, 100], got {decl.utilization}")
+    if decl.share_slowdown < 1.0:
+        problems.append(f"share_slowdown must be at least 1, got {decl.share_slowdown}")
     if problems:
         raise ConfigError(f"fake GPU {decl.name!r}: " + "; ".join(problems))

@@ -17,6 +17,16 @@ NVML is initialised lazily (at `open()` or the first read), once, under a
 lock, and shut down by `close()` or at interpreter exit. pynvml is imported
 only then, so importing this module stays cheap.
 
+Topology (`GpuInfo.link_group`) is read once per set of devices: two GPUs
+are linked when their closest common PCIe ancestor is a switch (NVML's
+SINGLE or MULTIPLE level: `nvidia-smi topo -m` shows PIX or PXB) or when
+NVLink joins them (P2P status over NVLink OK), and each group of GPUs
+linked directly or through others gets one label (`link0`, `link1`, ...,
+numbered by their first GPU). A query the driver does not support leaves
+that pair unlinked; a GPU no query could be asked of, and every MIG
+instance, gets an empty group (unknown). Where NVLink joins every GPU
+(NVSwitch) they all form one group, which is what they are.
+
 Memory is reported as NVML's v2 structure sees it where the driver has it:
 `memory_total` is the memory jobs can use (`used + free`, i.e. without the
 driver-reserved part) and `memory_used` is NVML's `used`, so that
@@ -68,6 +78,9 @@ _FATAL = (
 _V2_UNAVAILABLE = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch")
 _NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as an unsigned long long
 _MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
+_TOPOLOGY_MULTIPLE = 20  # NVML_TOPOLOGY_MULTIPLE: PCIe switches only, no host bridge between
+_P2P_CAPS_INDEX_NVLINK = 2  # NVML_P2P_CAPS_INDEX_NVLINK
+_P2P_STATUS_OK = 0  # NVML_P2P_STATUS_OK
 
 
 def load_nvml() -> Any:
@@ -121,6 +134,7 @@ class NvmlBackend:
         self._lib: Any = None
         self._memory_v2 = True
         self._last_seen_us: dict[str, int] = {}
+        self._link_groups: dict[tuple[str, ...], dict[str, str]] = {}
 
     def open(self) -> None:
         """Start NVML now rather than at the first read; raises GpuUnavailable."""
@@ -134,6 +148,7 @@ class NvmlBackend:
                 return
             atexit.unregister(self.close)
             self._last_seen_us.clear()
+            self._link_groups.clear()
         try:
             lib.nvmlShutdown()
         except lib.NVMLError as exc:
@@ -154,13 +169,50 @@ class NvmlBackend:
     def devices(self) -> list[GpuInfo]:
         """One sample of the schedulable devices that pass the filter."""
         lib = self._nvml()
+        kept = [(d, handle) for d, handle in self._enumerate(lib) if self.device_filter.keeps(d)]
+        groups = self._topology(lib, kept)
         infos = []
-        for device, handle in self._enumerate(lib):
-            if self.device_filter.keeps(device):
-                info = self._sample(lib, device, handle)
-                if info is not None:
-                    infos.append(info)
+        for device, handle in kept:
+            info = self._sample(lib, device, handle, groups.get(device.uuid, ""))
+            if info is not None:
+                infos.append(info)
         return infos
+
+    def _topology(self, lib: Any, devices: list[tuple[DeviceId, Any]]) -> dict[str, str]:
+        """Each physical GPU's link group (module docstring), read once per set of devices."""
+        physical = [(d.uuid, handle) for d, handle in devices if d.parent_uuid is None]
+        key = tuple(uuid for uuid, _ in physical)
+        cached = self._link_groups.get(key)
+        if cached is not None:
+            return cached
+        parent = list(range(len(physical)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        answered: set[int] = set()
+        for i, (_, first) in enumerate(physical):
+            for j in range(i + 1, len(physical)):
+                second = physical[j][1]
+                level = self._query(lib, "nvmlDeviceGetTopologyCommonAncestor", first, second)
+                nvlink = self._query(
+                    lib, "nvmlDeviceGetP2PStatus", first, second, _P2P_CAPS_INDEX_NVLINK
+                )
+                if level is not None or nvlink is not None:
+                    answered.update((i, j))
+                close = level is not None and int(level) <= _TOPOLOGY_MULTIPLE
+                if close or (nvlink is not None and int(nvlink) == _P2P_STATUS_OK):
+                    parent[root(j)] = root(i)
+        labels: dict[int, str] = {}
+        groups: dict[str, str] = {}
+        for i, (uuid, _) in enumerate(physical):
+            if i in answered:
+                groups[uuid] = labels.setdefault(root(i), f"link{len(labels)}")
+        self._link_groups = {key: groups}
+        return groups
 
     def per_process_utilization(self, uuid: str) -> dict[int, float]:
         """SM utilisation (percent) per pid on device `uuid` since the last call.
@@ -245,7 +297,9 @@ class NvmlBackend:
                 found.append((DeviceId(child_uuid, index, uuid), child))
         return found
 
-    def _sample(self, lib: Any, device: DeviceId, handle: Any) -> GpuInfo | None:
+    def _sample(
+        self, lib: Any, device: DeviceId, handle: Any, link_group: str = ""
+    ) -> GpuInfo | None:
         memory = self._memory(lib, handle)
         if memory is None:
             self._warn(f"GPU {device.uuid} skipped: its memory cannot be read")
@@ -261,6 +315,7 @@ class NvmlBackend:
             processes=self._processes(lib, handle),
             node=self.node,
             parent_uuid=device.parent_uuid,
+            link_group=link_group,
         )
 
     def _memory(self, lib: Any, handle: Any) -> tuple[int, int] | None:

@@ -20,8 +20,9 @@ free GPUs first:
 A job whose allocation stays as it is gets no action, and a pending or
 suspended job the decision leaves out stays as it is. Each action carries the
 decision's note for the job as its reason, after a description of the
-change ("resized 2 -> 4 GPUs: goodput +38%"). Pure: the daemon's actuator and
-the simulator read the same actions.
+change ("resized 2 -> 4 GPUs: goodput +38%"; a move to GPUs the decision
+binds names them: "moved to GPU 1: frees GPU 0 for job 9"). Pure: the
+daemon's actuator and the simulator read the same actions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from gpuq.policies.interface import ClusterState, Decision, JobView
+from gpuq.policies.topology import gpus_label, positions_of
 
 
 class Kind(StrEnum):
@@ -113,7 +115,8 @@ def _change(job: JobView, state: ClusterState, decision: Decision) -> Action | N
         bool(bound) and bool(job.gpu_uuids) and tuple(bound) != tuple(job.gpu_uuids)
     )
     if moved:
-        text = f"moved to {_per_node(state, target)}"
+        where = positions_of(state, bound) if bound else []
+        text = f"moved to {gpus_label(state, where) if where else _per_node(state, target)}"
         return Action(
             Kind.MOVE, job.id, _with_note(text, note), target, job.allocation, bound, mode
         )

@@ -30,9 +30,24 @@ Requests
       impossible, only waiting, since other users' processes come and go.
 
 Decision
-    Running jobs keep their GPUs (fifo never preempts). Every job placed gets
-    its allocation per node and, in `bindings`, the exact GPUs chosen: the
-    capacity rules decide them, so the caller must not rebind them.
+    Running jobs keep their GPUs (fifo never suspends or resizes a job), but
+    for moves. Every job placed gets its allocation per node and, in
+    `bindings`, the exact GPUs chosen: the capacity rules decide them, so
+    the caller must not rebind them. A multi-GPU job's GPUs come from one
+    link group (PCIe switch or NVLink) where one has room.
+
+Moves (`gpuq.policies.consolidate`; option `moves`, on by default)
+    The first job of the queue that does not fit (the head, before its
+    reservation) may get room by moving memory-share jobs onto other shared
+    GPUs until GPUs it needs are empty; a multi-GPU whole-GPU job that would
+    span link groups, while nobody waits ahead of it, may get GPUs of one
+    group by moving single-GPU jobs out of it. Only a job the caller can
+    checkpoint (`preemptible`) that has run `move_after` seconds since it
+    started or was last moved is moved, on its node, all or nothing, at most
+    one such set of moves per decision. A moved job keeps running in the
+    decision on its new GPUs (its binding), with the reason as its note
+    ("frees GPU 0 for job 9"), and the waiting job is placed on the GPUs
+    freed: the caller starts it once the moved jobs have left them.
 
 Backfill (EASY)
     Walking the order, the first job that does not fit (impossible ones
@@ -63,7 +78,9 @@ Cost
     Jobs of the same shape share one cached outcome and reason string until
     the next placement, and a request that does not fit is rejected in
     constant time from sorted free amounts, so a pass costs about
-    O(jobs log jobs + placements x GPUs log GPUs).
+    O(jobs log jobs + placements x GPUs log GPUs). Looking for moves costs
+    about O(GPUs^2 + running jobs) more, for the head of the queue and for
+    each multi-GPU job placed across link groups before it.
 """
 
 from __future__ import annotations
@@ -72,6 +89,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
+from gpuq.policies import consolidate
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, GpuView, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
@@ -149,22 +167,39 @@ def numbered_gpus(state: ClusterState) -> ClusterState:
 
 
 class FifoBackfill:
-    """First come, first served by priority, with EASY backfill (module docstring)."""
+    """First come, first served by priority, with EASY backfill (module docstring).
+
+    `moves` lets it move running jobs to make room for the head of the
+    queue or to keep a multi-GPU job within one link group; `move_after` is
+    how long (seconds) a job runs before it may be moved, again or at all.
+    """
 
     name: str = "fifo"
-    capabilities = Capabilities()
+
+    def __init__(self, moves: bool = True, move_after: float = consolidate.DEFAULT_SETTLE) -> None:
+        if move_after < 0:
+            raise ValueError(f"move_after must be 0 or more seconds, not {move_after}")
+        self.moves = moves
+        self.move_after = float(move_after)
+        self.capabilities = Capabilities(preemption=moves)
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Start what fits in queue order, backfilling around the head's reservation."""
-        return _Pass(numbered_gpus(state), now).run()
+        settle = self.move_after if self.moves else None
+        return _Pass(numbered_gpus(state), now, settle).run()
 
 
 class _Pass:
-    """One walk of the queue, with caches that hold until the next placement."""
+    """One walk of the queue, with caches that hold until the next placement.
 
-    def __init__(self, state: ClusterState, now: float) -> None:
+    `settle` is `move_after` where moves are allowed, None where they are not.
+    """
+
+    def __init__(self, state: ClusterState, now: float, settle: float | None = None) -> None:
         self.state = state
         self.now = now
+        self.settle = settle
+        self.moved: tuple[consolidate.Move, ...] = ()
         self.capacity = Capacity.from_state(state)
         self.hardware = Hardware(state)
         self.endings: list[tuple[float, int, Hold]] = [
@@ -197,7 +232,7 @@ class _Pass:
         index = self.capacity.index
         pending: list[JobView] = []
         for job in self.state.jobs:
-            if job.gpu_uuids:  # running: keeps its GPUs
+            if job.gpu_uuids:  # running: keeps its GPUs (unless moved below)
                 held = [index[uuid] for uuid in job.gpu_uuids if uuid in index]
                 allocations[job.id] = self.allocation(held)
                 bindings[job.id] = job.gpu_uuids
@@ -225,6 +260,10 @@ class _Pass:
                     continue
                 reason = self.reasons[key] = outcome
             waiting[job.id] = reason
+        for move in self.moved:
+            allocations[move.job_id] = self.allocation(move.target)
+            bindings[move.job_id] = tuple(uuids[i] for i in move.target)
+            waiting[move.job_id] = move.note
         return Decision(allocations=allocations, bindings=bindings, notes=waiting)
 
     def _try(self, job: JobView, restricted: bool) -> tuple[int, ...] | str:
@@ -243,12 +282,52 @@ class _Pass:
                     )
                 limits = self.thresholds[limit_key] = (here, anywhere)
             if job.gpu_mem > limits[0]:
-                return self.behind if job.gpu_mem <= limits[1] else self._waiting(job)
+                if job.gpu_mem <= limits[1]:
+                    return self.behind
+                room = self._make_room(job)
+                return self._waiting(job) if room is None else self._book(job, room)
         excluded = reservation.gpus if reservation is not None else frozenset()
         gpus = self.capacity.choose(job.gpus_requested, job.gpu_mem, job.exclusive, excluded)
         if gpus is None:
             fits = self.capacity.summary().fits(job.gpus_requested, job.gpu_mem, job.exclusive)
-            return self.behind if fits else self._waiting(job)
+            if fits:
+                return self.behind
+            room = self._make_room(job)
+            return self._waiting(job) if room is None else self._book(job, room)
+        if self._may_move() and job.gpus_requested > 1:
+            plan = consolidate.gather(
+                self.state, self.capacity, job, gpus, self.now, self.settle or 0.0
+            )
+            if plan is not None:
+                gpus = self._moved(plan)
+        return self._book(job, gpus)
+
+    def _may_move(self) -> bool:
+        """True while this pass may still plan moves: allowed, none yet, nobody waiting ahead."""
+        return self.settle is not None and not self.moved and self.head is None
+
+    def _make_room(self, job: JobView) -> tuple[int, ...] | None:
+        """GPUs for the head `job` once share jobs are moved out of its way, if moves can."""
+        if not self._may_move():
+            return None
+        plan = consolidate.free_gpus(self.state, self.capacity, job, self.now, self.settle or 0.0)
+        return None if plan is None else self._moved(plan)
+
+    def _moved(self, plan: consolidate.MovePlan) -> tuple[int, ...]:
+        """Take up a plan's moves: capacity, backfill endings; returns the waiting job's GPUs."""
+        self.capacity = plan.capacity
+        self.moved = plan.moves
+        targets = {move.job_id: move.target for move in plan.moves}
+        self.endings = [
+            (end, job_id, replace(hold, gpus=targets[job_id]) if job_id in targets else hold)
+            for end, job_id, hold in self.endings
+        ]
+        self.reasons.clear()
+        self.thresholds.clear()
+        return plan.gpus
+
+    def _book(self, job: JobView, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        """Hold `gpus` for `job` in the capacity; returns them."""
         hold = Hold(job.id, gpus, job.gpu_mem, job.exclusive)
         self.capacity.hold(hold)
         self.reasons.clear()

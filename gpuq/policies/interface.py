@@ -53,13 +53,19 @@ class GpuView:
     """One GPU of a node, where the caller knows GPUs one by one (the daemon does).
 
     `memory_foreign` is memory held by processes gpuq did not start; it is
-    never available to gpuq jobs.
+    never available to gpuq jobs. GPUs of a node with the same non-empty
+    `link_group` share a PCIe switch or NVLink, so a multi-GPU job placed
+    within one group communicates fastest (`gpuq.policies.topology`); empty:
+    unknown, the GPU counts as a group of its own. `index` is the number
+    users see in `gpuq gpus` (-1: unknown), for reasons.
     """
 
     uuid: str
     node: str
     memory_total: int
     memory_foreign: int = 0
+    link_group: str = ""
+    index: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,12 @@ class JobView:
     more iterations at `batch_size` it needs (exact in the simulator: an
     oracle; estimated in the daemon). `gpu_utilization` (0-100) and
     `memory_peak` (bytes per GPU) are its profile on one exclusive GPU, for
-    packing decisions. `epoch` counts epochs completed.
+    packing decisions. `step_seconds` is the job's latest measured time per
+    iteration while computing (time waiting for a turn left out), and
+    `step_shared_with` the jobs that computed on its GPUs at the same time
+    throughout that measurement (empty: alone); the daemon measures them
+    from the runner's step times, the simulator leaves them None. `epoch`
+    counts epochs completed.
 
     GPU-level fields, set where the caller knows GPUs one by one (the
     daemon): `gpu_mem` is the bytes the job needs on each of its GPUs when it
@@ -102,9 +113,13 @@ class JobView:
     State the caller carries out for the policy: `suspended` marks a job the
     caller has suspended (its `allocation` is what it still holds: the GPUs
     of a parked or stopped job, none for a checkpointed one); `packed_with`
-    names the jobs sharing its GPUs at once; `preemptible` says the caller
-    can take its GPUs without losing its work (a checkpointing runner, or
-    everywhere in the simulator).
+    names the jobs sharing its GPUs at once; `oom_partners` the jobs beside
+    which it ran out of GPU memory when packed (never pack them together
+    again); `preemptible` says the caller can take its GPUs without losing
+    its work (a checkpointing runner, or everywhere in the simulator);
+    `moved_at` is when the caller last began moving it to other GPUs (None:
+    never), so a policy does not move a job again before it has run a while
+    (`gpuq.policies.consolidate`).
     """
 
     id: int
@@ -130,6 +145,8 @@ class JobView:
     remaining_iterations: float | None = None
     gpu_utilization: float | None = None
     memory_peak: int | None = None
+    step_seconds: float | None = None
+    step_shared_with: tuple[int, ...] = ()
     gpu_mem: int | None = None
     exclusive: bool = False
     time_limit: float | None = None
@@ -137,7 +154,9 @@ class JobView:
     start_time: float = 0.0
     suspended: bool = False
     packed_with: tuple[int, ...] = ()
+    oom_partners: tuple[int, ...] = ()
     preemptible: bool = True
+    moved_at: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -191,8 +210,9 @@ class Decision:
     `packed`: groups of job ids that share the same GPUs at once (Gandiva
     packing), rather than being time-sliced.
     `bindings`: the exact GPUs (UUIDs of `state.gpus`) for a job, where the
-    policy chooses them itself (memory shares, backfill); the caller binds
-    every other allocation to GPUs of the right nodes.
+    policy chooses them itself (memory shares, backfill, a running job moved
+    to other GPUs of its node); the caller binds every other allocation to
+    GPUs of the right nodes, and restarts a moved job on exactly its binding.
     `suspend_modes`: how to suspend a job the decision leaves out or moves
     ("park", "checkpoint" or "stop"), where the policy cares; the caller
     picks otherwise.

@@ -16,6 +16,8 @@ The capacity rules (DESIGN.md section 6):
   most `foreign_tolerance`.
 - An exclusive job with `gpu_mem` needs a GPU no gpuq job holds whose memory
   beside the foreign processes fits the request; it then takes the GPU alone.
+- A multi-GPU job's GPUs come from one link group (a PCIe switch or NVLink)
+  where one has room, else from as few as possible (`gpuq.policies.topology`).
 
 Every fit check goes through a `Summary` (sorted free amounts, cached until the
 next change), so a job that cannot fit is rejected in constant time.
@@ -23,9 +25,11 @@ next change), so a job that cannot fit is rejected in constant time.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from gpuq.policies.interface import ClusterState, JobView
+from gpuq.policies.topology import group_keys, pick_close
 
 _GIB = 1024**3
 _MIB = 1024**2
@@ -117,6 +121,7 @@ class Capacity:
 
     __slots__ = (
         "_summaries",
+        "groups",
         "index",
         "nodes",
         "owners",
@@ -135,6 +140,7 @@ class Capacity:
         owners: list[int],
         sharers: list[int],
         shares: list[int],
+        groups: list[Hashable] | None = None,
     ) -> None:
         self.index = index
         self.nodes = nodes
@@ -143,6 +149,8 @@ class Capacity:
         self.owners = owners
         self.sharers = sharers
         self.shares = shares
+        self.groups: list[Hashable] = groups if groups is not None else list(range(len(nodes)))
+        """Each GPU's link-group key (`topology.group_key`); by default each GPU alone."""
         self._summaries: dict[frozenset[int], Summary] = {}
 
     @classmethod
@@ -158,6 +166,7 @@ class Capacity:
             owners=[0] * count,
             sharers=[0] * count,
             shares=[0] * count,
+            groups=group_keys(state),
         )
         for job in state.jobs:
             if job.gpu_uuids:
@@ -174,6 +183,7 @@ class Capacity:
             self.owners.copy(),
             self.sharers.copy(),
             self.shares.copy(),
+            self.groups,
         )
 
     def hold_of(self, job: JobView) -> Hold:
@@ -235,7 +245,8 @@ class Capacity:
         Whole GPUs go to as few nodes as possible (the fullest node that still
         fits, then GPU order); shares go best-fit, to the GPUs with the least
         memory left that still fits, so large holes stay open for large jobs
-        (ties in GPU order).
+        (ties in GPU order). Either way a multi-GPU job's GPUs come from as
+        few link groups as possible (`topology.pick_close`).
         """
         if gpus <= 0 or not self.summary(excluded).fits(gpus, gpu_mem, exclusive):
             return None
@@ -252,7 +263,7 @@ class Capacity:
         groups = list(by_node.values())
         fitting = [group for group in groups if len(group) >= gpus]
         if fitting:
-            return tuple(min(fitting, key=len)[:gpus])
+            return tuple(sorted(pick_close(min(fitting, key=len), self.groups.__getitem__, gpus)))
         chosen: list[int] = []
         for group in sorted(groups, key=len, reverse=True):
             chosen.extend(group[: gpus - len(chosen)])
@@ -271,7 +282,8 @@ class Capacity:
             if free >= gpu_mem:
                 candidates.append((free, i))
         candidates.sort()
-        return tuple(sorted(i for _, i in candidates[:gpus]))
+        order = [i for _, i in candidates]
+        return tuple(sorted(pick_close(order, self.groups.__getitem__, gpus)))
 
 
 class Hardware:

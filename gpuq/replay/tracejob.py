@@ -16,7 +16,9 @@ its next iteration boundary in a fraction of a second, so it leaves its
 GPUs about when the simulator's job does. Sleeps aim at absolute deadlines,
 so time does not drift and a late wake-up (a busy machine) is made up,
 except after a park or a stop (`Pauses`), where the schedule moves by the
-time lost.
+time lost. On fake GPUs shared with other jobs computing at once, each
+slice takes the fake GPU's sharing slowdown times longer
+(`gpuq.gpus.fakeload`), as packed jobs would on a real GPU.
 
 With `--adaptive` it runs as the simulator runs a job under a policy with
 adaptive jobs (`Capabilities.adaptive_jobs`; an application with a fixed
@@ -82,6 +84,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuq.env import gpu_uuids
+from gpuq.gpus.fakeload import JobDevices
 from gpuq.sim.apps import Application, BatchConfig, ProfileSample, get_application
 from gpuq.sim.jobs import FitMemo, SimJob
 from gpuq.sim.workload import WorkloadJob
@@ -313,9 +316,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     tick_start = schedule_start(started, saved["saved_at"], penalty)
     pauses = Pauses(job)
     last_step = started
+    devices = JobDevices.from_env()
+    slowdown, slowdown_read = 1.0, -math.inf
     while not trace.complete:
         used = trace.advance(SLICE * args.speedup, refit=loader.solver.is_set())
-        tick_end = tick_start + used / args.speedup
+        if devices is not None and time.monotonic() - slowdown_read >= args.tick:
+            slowdown, slowdown_read = devices.slowdown(), time.monotonic()
+        tick_end = tick_start + used * slowdown / args.speedup
         before = time.monotonic()
         if tick_end > before:
             time.sleep(tick_end - before)

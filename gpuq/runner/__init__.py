@@ -44,7 +44,10 @@ writing ``suspended.json`` next to its checkpoint. Not 143 (128 + SIGTERM, as
 AdaptDL exits): a shell reports 143 for a child killed by SIGTERM, so with
 ``sh -c 'python train.py'`` the daemon could not tell a clean suspend from a
 kill. The acknowledgement file, not the status alone, is the proof of a
-suspend: it names the attempt and the checkpoint.
+suspend: it names the attempt and the checkpoint. A job that dies of CUDA
+out-of-memory exits as Python does (1) after writing ``out-of-memory.json``
+there (`gpuq.runner.oom`); if it was packed beside another job, the daemon
+requeues it with more memory instead of failing it.
 """
 
 from __future__ import annotations

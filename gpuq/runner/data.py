@@ -41,10 +41,12 @@ rule, tunes its batch size for goodput (`gpuq.runner.tuning`)::
     state = gq.State(model=model, optimizer=opt, lr_scaling="adascale")
     loader = gq.AdaptiveDataLoader(dataset, batch_size=128, max_batch_size=4096)
 
-``batch_size`` is then the initial batch size M0. At the start of each epoch
-the loader may switch to another (local batch, accumulation steps) between M0
-and ``max_batch_size`` (accumulation only with ``gradient_accumulation=True``)
-and yields micro-batches of the local size; the State's optimizer absorbs all
+``batch_size`` is then the initial batch size M0. Between any two steps
+(when the tuner is due to decide, `gpuq.runner.tuning`) the loader may switch
+to another (local batch, accumulation steps) between M0 and
+``max_batch_size`` (accumulation only with ``gradient_accumulation=True``),
+and yields micro-batches of the local size from there on, the rest of the
+pass included; the State's optimizer absorbs all
 but the last micro-batch of a step and steps on their mean gradient, with the
 learning rate scaled by the rule. An epoch ends when the scale-invariant
 progress reaches a dataset's worth of samples at M0: exactly one pass at M0,
@@ -286,8 +288,6 @@ class AdaptiveDataLoader:
             self._finish_interrupted_pass = False
         else:
             self.epoch, self.pass_number, self.index = self.epoch + 1, 0, 0
-            if tuner is not None:
-                self._use(tuner.retune())
         self._generator.manual_seed(_seed_for(self.seed, self.epoch, 1))
         self._in_progress = True
         try:
@@ -315,24 +315,34 @@ class AdaptiveDataLoader:
                 self.index = min(self.index + sampler.batch_size, size)
                 yield batch
             return
-        tuner.start_pass()
         local, micro_batches = sampler.batch_size, self._accum_steps + 1
         # Measured steps are split only once the loop is seen to step in this pass (an
         # evaluation pass never does); a pass resumed in its middle was seen to before.
         gns, trained = tuner.gns, tuner.steps - (self.index > 0)
         announce, target = gns.micro_batch, tuner.epoch_target(self.epoch, size)
-        batches = iter(self._loader)
+        batches: Iterator[Any] | None = None  # created at the first batch, after any decision
         while True:  # runs once a batch: kept lean (see bench/bench_adaptive.py)
             start = self.index
-            end = min(start + local, size)
-            if start >= size or not sampler.takes(end - start):
+            if start >= size:
                 return
-            position = (start // local) % micro_batches
+            # The micro-batch's place in its step: those absorbed so far (checkpointed).
+            position = gns.pending() if micro_batches > 1 else 0
             resuming = micro_batches == 1 and gns.pending() > 0  # the second half is owed
-            if position == 0 and not resuming and tuner.progress >= target:  # the epoch is done
+            if position == 0 and not resuming:  # a step boundary
+                if tuner.progress >= target:  # the epoch is done
+                    return
+                if tuner.decision_due() and self._adopt(tuner.retune()):
+                    local, micro_batches = sampler.batch_size, self._accum_steps + 1
+                    batches = None  # the rest of the pass in batches of the new size
+            end = min(start + local, size)
+            if not sampler.takes(end - start):
                 return
             final = end + (local if sampler.drop_last else 1) > size
             last = position == micro_batches - 1 or final
+            if batches is None:
+                sampler.start = start
+                batches = iter(self._loader)
+                tuner.start_pass()  # its first step is not timed (workers start, caches warm)
             batch = next(batches)
             if micro_batches == 1 and (resuming or (gns.due() and tuner.steps > trained)):
                 halves = self._split(batch, end - start)
@@ -383,6 +393,16 @@ class AdaptiveDataLoader:
         """Run with the tuner's configuration: its per-rank batch on each of the replicas."""
         self._sampler.batch_size = config.local_bsz * config.replicas
         self._accum_steps = config.accum_steps
+
+    def _adopt(self, config: BatchConfig) -> bool:
+        """`_use` `config` if it differs from the one running; True if it did."""
+        if (config.local_bsz * config.replicas, config.accum_steps) == (
+            self._sampler.batch_size,
+            self._accum_steps,
+        ):
+            return False
+        self._use(config)
+        return True
 
     def _tuner(self) -> BatchTuner | None:
         """The goodput tuner, created on first need if this loader is adaptive."""

@@ -44,8 +44,9 @@ gradient. With the floor a coordinate counts at most as much as a typical
 coordinate of its tensor. A tensor whose second moment is still all zero
 is left out of the statistics. The estimates are averaged with an
 exponential moving average whose factor 0.999^S gives larger batches more
-weight, with Adam-style bias correction; `NoiseAverage.cautious` adds the
-uncertainty of the |G|^2 average for the decisions made on it.
+weight, with Adam-style bias correction; `NoiseAverage.cautious` keeps
+|G|^2 at or above the uncertainty of its average for the decisions made on
+it.
 
 `GradientNoiseScale` gets the gradients from public hooks only: an optimizer
 step pre-hook (``Optimizer.register_step_pre_hook``) sees each micro-batch's
@@ -71,7 +72,12 @@ left a language model at 8 steps an epoch with no new measurement for four
 epochs). The interval alternates between `every` and one more, so that
 measurements do not all fall on one parity of steps. The first
 measurement, and the first after the batch size changes, comes at once
-rather than after the interval. Each measurement is weighted as the steps it
+rather than after the interval, and the first `warmup` measurements (the
+tuner's `MIN_MEASUREMENTS`) come every other step whatever the interval:
+until then the tuner has nothing to act on. Once steps are measured from
+their halves, a step the loader leaves whole (a pass's first) is not
+measured with the step before it: the biased estimator would restart the
+average. Each measurement is weighted as the steps it
 stands for (since the previous one), so the average spans as many steps as
 Pollux's. Under
 DistributedDataParallel every gradient it sees is already the mean over
@@ -168,8 +174,13 @@ class GradientNoiseScale:
         *,
         hook: bool = True,
         clock: Callable[[], float] | None = None,
+        warmup: int = 0,
     ) -> None:
-        """Watch `optimizer`; with ``hook=False`` its owner calls `before_step` from its hook."""
+        """Watch `optimizer`; with ``hook=False`` its owner calls `before_step` from its hook.
+
+        The first `warmup` measurements are taken as often as `due` allows,
+        whatever `every` is: until then the estimate is too uncertain to act on.
+        """
         params = [p for group in optimizer.param_groups for p in group["params"]]
         every = MEASURE_EVERY if every is None else every
         if every < 1:
@@ -179,6 +190,7 @@ class GradientNoiseScale:
         self.every = every
         """Optimizer steps per measurement (`MEASURE_EVERY` until `pace` sets it)."""
         self.clock = clock
+        self.warmup = warmup
         self.measure_seconds = 0.0
         """Clock time spent measuring since the last `pace` (keeping a gradient included)."""
         self.measurements = 0
@@ -220,7 +232,7 @@ class GradientNoiseScale:
         return self.average.params()
 
     def cautious_estimate(self) -> GradParams | None:
-        """`estimate` with |G|^2 raised by its uncertainty (`NoiseAverage.cautious`)."""
+        """`estimate` with |G|^2 at least its uncertainty (`NoiseAverage.cautious`)."""
         return self.average.cautious()
 
     def due(self) -> bool:
@@ -246,6 +258,16 @@ class GradientNoiseScale:
         self._stash, self._stash_sqr, self._sizes = None, 0.0, []
         return samples
 
+    def _unbiased_recently(self, step: int) -> bool:
+        """True while steps are measured from two micro-batches (the unbiased estimator).
+
+        A step left whole among them (a pass's first, which the loader never
+        splits) waits for the next split one rather than be measured with the
+        previous step's gradient: the biased estimator would restart the average.
+        """
+        recent = step - self._measured <= 2 * (self.every + 1)
+        return self.average.estimator == "unbiased" and recent
+
     def _gap(self, step: int) -> int:
         """The steps a measurement at `step` stands for: those since the previous one.
 
@@ -261,7 +283,8 @@ class GradientNoiseScale:
         momentum near the edge of stability |G|^2 can swing with period two,
         and measuring every other step would see one side of the swing only.
         """
-        return self.every + self.average.updates % 2
+        updates = self.average.updates
+        return (1 if updates < self.warmup else self.every) + updates % 2
 
     def pace(self, step_seconds: float) -> None:
         """Set `every` from the measurements' cost since the last call and a step's time."""
@@ -284,7 +307,7 @@ class GradientNoiseScale:
                 self._next = min(self._next, step + 1)
             self.step_samples = size
             self.steps += 1
-            if step >= self._next - 1:  # measure, or keep for the next
+            if step >= self._next - 1 and not self._unbiased_recently(step):
                 params = [p for p in self._params if p.grad is not None]
                 if params:
                     start = self.clock() if self.clock is not None else 0.0

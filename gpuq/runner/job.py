@@ -41,6 +41,7 @@ from gpuq.errors import GpuqError, UsageError
 if TYPE_CHECKING:
     from gpuq.runner.control import ControlClient
     from gpuq.runner.metrics import MetricsRecorder
+    from gpuq.runner.oom import OomHook
     from gpuq.runner.state import State
 
 SuspendMode = Literal["checkpoint", "park"]
@@ -123,6 +124,8 @@ class Job:
         """What the boundaries measured, for the daemon; created by `init()` inside gpuq."""
         self.channel: ControlClient | None = None
         """The control-channel thread to the daemon, if `init()` started one."""
+        self.oom_hook: OomHook | None = None
+        """Records a death by CUDA out-of-memory for the daemon (`gpuq.runner.oom`)."""
 
     def __repr__(self) -> str:
         where = f"job {self.job_id} attempt {self.attempt}" if self.inside_gpuq else "outside gpuq"
@@ -191,6 +194,8 @@ class Job:
             signal.signal(signum, handler)
         self._previous_handlers.clear()
         self._restore_continue_handler()
+        if self.oom_hook is not None:
+            self.oom_hook.restore()
         if self.channel is not None:
             self.channel.stop()
         atexit.unregister(self.close)
@@ -322,9 +327,10 @@ def init(environ: Mapping[str, str] | None = None) -> Job:
     """Return this process's job handle, creating it on the first call.
 
     Outside gpuq the handle does nothing. Inside gpuq the first call installs
-    the SIGUSR1/SIGTERM handlers, removes the previous attempt's
-    acknowledgement file, creates `job.metrics` and starts the control
-    channel. Later calls return the same handle until it is closed.
+    the SIGUSR1/SIGTERM handlers and the out-of-memory hook
+    (`gpuq.runner.oom`), removes the previous attempt's acknowledgement
+    file, creates `job.metrics` and starts the control channel. Later calls
+    return the same handle until it is closed.
     """
     global _current
     if _current is not None and not _current.closed:
@@ -335,6 +341,10 @@ def init(environ: Mapping[str, str] | None = None) -> Job:
         atexit.register(job.close)
         if job.checkpoint_dir is not None:
             (job.checkpoint_dir / ACK_FILE).unlink(missing_ok=True)
+        from gpuq.runner.oom import OomHook
+
+        job.oom_hook = OomHook(job)
+        job.oom_hook.install()
         _start_reporting(job, environ)
     _current = job
     return job

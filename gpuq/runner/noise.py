@@ -16,8 +16,8 @@ from gpuq.goodput import GradParams
 Estimator = Literal["unbiased", "differenced"]
 SMOOTHING = 0.999
 """Per-M0-samples decay of the moving averages (Pollux's artifact)."""
-CAUTION = 2.0
-"""Standard errors added to |G|^2 in `NoiseAverage.cautious` (about 98% one-sided)."""
+CAUTION = 1.0
+"""Standard errors of its average below which |G|^2 is not taken (`NoiseAverage.cautious`)."""
 
 
 def noise_stats(
@@ -99,13 +99,21 @@ class NoiseAverage:
         return self._params
 
     def cautious(self) -> GradParams | None:
-        """The estimate with |G|^2 raised by `CAUTION` standard errors of its average.
+        """The estimate with |G|^2 never below `CAUTION` standard errors of its average.
 
         The standard error comes from the spread of the estimates and the
         moving average's effective number of them. What the batch size and
-        the learning rate act on: a noise scale the measurements support,
-        not one that their noise inflates. Equal to `params` when the
-        estimates agree; None before the first update.
+        the learning rate act on: the measured |G|^2 once the measurements
+        tell it from zero, and one standard error while they cannot, so that
+        the noise scale stays finite. Adding two standard errors to every
+        |G|^2 instead would bias every decision: at batches below the noise
+        scale a measurement's |G|^2 is mostly noise, the error stays near
+        |G|^2 itself for hundreds of steps, and the noise scale the
+        decisions saw would be a half to a third of the measured one (an
+        LSTM and a transformer language model in bench/bench_adaptive.py,
+        whose fixed-batch loss curves agree with the measured one).
+        Equal to `params` when the estimates agree; None before the first
+        update.
         """
         params = self.params()
         if params is None or self._cautious is not None:
@@ -113,7 +121,7 @@ class NoiseAverage:
         mean = self.biased_sqr / self.weight
         spread = max(self.biased_sqr2 / self.weight - mean**2, 0.0)
         error = math.sqrt(spread * self.weight2) / self.weight
-        self._cautious = GradParams(params.sqr + CAUTION * error, params.var)
+        self._cautious = GradParams(max(params.sqr, CAUTION * error), params.var)
         return self._cautious
 
     def state_dict(self) -> dict[str, Any]:

@@ -6,33 +6,50 @@
 - **Profile.** The loader times every optimizer step from the end of the
   previous one (data loading, forward, backward, update: all of it), per
   configuration (local batch m, accumulation steps s); the first step of
-  each pass and any step with a park in it are left out, and the median of
-  the latest `PROFILE_WINDOW` times of a configuration is used, so a stray
-  slow step (a checkpoint written in the loop) does not move the model. On
-  CUDA the per-iteration peak of allocated memory is kept per m too.
-- **Fit.** `gpuq.goodput.fit_perf_params` fits Pollux's step-time model to
-  these times (one process: T_iter = (s + 1) T_grad(m)). It minimizes the
-  RMSLE with scipy's bounded TNC solver rather than L-BFGS-B, as documented
-  in `gpuq.goodput`: same objective, bounds and optimum.
-- **Choose.** With the cautious noise estimate of `gpuq.runner.gns` (|G|^2
-  raised by two standard errors of its average, so that a |G|^2 the
-  measurements cannot yet resolve does not read as an infinite noise scale),
-  `GoodputFunction.optimize` picks the (m, s) of best goodput for batch sizes
-  between the initial one and the loader's ``max_batch_size``, with m under
-  the memory bound: from the profiled peaks (linear in m), 90% of the
-  device's memory, or no bound on the CPU, and at most twice the largest local
-  batch timed so far (`EXPLORE_FACTOR`, after Pollux's cap of twice the most
-  GPUs a job has had): the model is a line through step times, and a
-  transformer's on the CPU, measured at 10 and 20 samples, predicted a third
-  of the time a step of 123 takes. The tuner switches only when the
+  each pass, the first after a change of configuration (memory for the new
+  size is allocated then) and any step with a park in it are left out, and
+  the median of the latest `PROFILE_WINDOW` times of a configuration is
+  used, so a stray slow step (a checkpoint written in the loop) does not
+  move the model. On CUDA the per-iteration peak of allocated memory is
+  kept per m too.
+- **Fit.** Pollux's step-time model is fitted to these times (one process:
+  T_iter = (s + 1) T_grad(m)) by minimizing the RMSLE:
+  `gpuq.goodput.fit_one_replica` on one replica, where the objective comes
+  down to a line in log space and needs no solver (well under a millisecond,
+  so the fit can run between any two steps), `gpuq.goodput.fit_perf_params`
+  (scipy's bounded TNC solver, as documented there) on several.
+- **Choose.** With the noise estimate of `gpuq.runner.gns` as the decisions
+  see it (|G|^2 as measured, but never below one standard error of its
+  average, so that a |G|^2 the measurements cannot tell from zero does not
+  read as an infinite noise scale), `GoodputFunction.optimize` picks the
+  (m, s) of best goodput for batch sizes between the initial one and the
+  loader's ``max_batch_size``, with m under the memory bound: from the
+  profiled peaks (linear in m), 90% of the device's memory, or no bound on
+  the CPU, and at most twice the largest local batch timed so far
+  (`EXPLORE_FACTOR`, after Pollux's cap of twice the most GPUs a job has
+  had). A local batch beyond the largest timed one is predicted by the
+  power law through the two largest sizes timed (`extrapolation`), not the
+  fitted line, whose slope overstates what larger batches cost wherever the
+  time per sample still falls (the CPU); once timed, its own times decide.
+  Pollux's priors make new GPU counts look perfectly scalable for the same
+  reason: a size never tried is never learned. The tuner switches only when the
   prediction beats the current configuration by more than 5%
-  (`SPEEDUP_THRESHOLD`), only once the noise average holds `MIN_MEASUREMENTS`
-  measurements (the |G|^2 of a few small-batch measurements is mostly noise,
-  and a near-zero one reads as "every batch size is efficient"), and only at
-  the start of an epoch, so every decision depends on checkpointed numbers
-  alone. The noise measurements keep pace with the step time (`pace` in
-  `gpuq.runner.gns`: every other step when steps are long), so several fall between
-  decisions however few steps an epoch has.
+  (`SPEEDUP_THRESHOLD`), and only once the noise average holds
+  `MIN_MEASUREMENTS` measurements (the |G|^2 of a few small-batch
+  measurements is mostly noise); until then the noise is measured every
+  other step.
+- **When.** Decisions are made at step boundaries, any of them
+  (`decision_due`, asked by the loader before each step), not only at
+  epoch starts: a model that reaches its best batch size in a few hundred
+  steps would otherwise spend its first epoch at the initial one. After a
+  change the next decision comes once the new configuration has run
+  `SETTLE_STEPS` steps, `MIN_TIMINGS` of them whole and timed, so a batch held
+  back by the exploration cap keeps growing within a few steps; otherwise
+  decisions are spaced so that their cost (the fit and the choice, timed)
+  stays under `DECISION_SHARE` of the step time. When a decision is next
+  due is part of the checkpoint, so every decision depends on checkpointed
+  numbers alone. The noise measurements keep pace with the step time
+  (`pace` in `gpuq.runner.gns`: every other step when steps are long).
 - **Scale the learning rate.** Around each optimizer step the learning rate
   of every parameter group is multiplied by the rule's factor and put back
   afterwards, so the script's own scheduler never sees it: ``"adascale"``
@@ -40,7 +57,7 @@
   for Adam and AdamW) or ``"linear"`` (S), with S = batch / initial batch. At
   or below the initial batch size the factor is 1.
 - **Count progress.** Each step adds its samples times min(1, efficiency)
-  (from the same cautious estimate as the gain):
+  (from the same estimate as the gain):
   samples of the initial batch size's worth. An epoch ends when progress
   reaches (epoch + 1) x dataset size, which at the initial batch size is
   exactly one pass; with larger, less efficient batches an epoch takes more
@@ -82,7 +99,13 @@ from typing import Any, Literal, get_args
 
 import torch
 
-from gpuq.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
+from gpuq.goodput import (
+    GoodputFunction,
+    GradParams,
+    PerfParams,
+    fit_one_replica,
+    fit_perf_params,
+)
 from gpuq.runner import distributed
 from gpuq.runner.gns import GradientNoiseScale
 from gpuq.runner.job import Job, StepInfo
@@ -93,12 +116,24 @@ SPEEDUP_THRESHOLD = 1.05
 """A new configuration must be predicted this much faster (goodput) to be taken."""
 PROFILE_WINDOW = 32
 """Step times kept per configuration; their median is what the fit sees."""
+MIN_TIMINGS = 3
+"""Steps a new configuration runs untimed by nothing but its own work before the next
+decision (whole, not its first): the median of three resists one stray step."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
 EXPLORE_FACTOR = 2
 """How far beyond the largest local batch timed so far the step-time model is trusted."""
-MIN_MEASUREMENTS = 16
-"""Noise measurements the average must hold before the tuner acts on it."""
+MIN_MEASUREMENTS = 8
+"""Noise measurements the average must hold before the tuner acts on it (taken at the
+highest rate the noise scale allows until then): enough for the spread of their |G|^2,
+behind `NoiseAverage.cautious`, to be known within about a quarter."""
+DECISION_SHARE = 0.01
+"""The share of the training time that decisions (a fit and a choice) may take: with the
+noise measurements (`gpuq.runner.gns.MEASURE_SHARE`) and the per-step hooks, tuning
+stays under 5% of a step."""
+SETTLE_STEPS = 5
+"""Steps a new configuration runs before the next decision: its first (not timed: memory
+for the new size is allocated), its noise measured at the second, then timed ones."""
 PRIOR = GradParams(0.0, 1.0)
 """Gradient statistics before any are measured: efficiency 1 at every batch size."""
 
@@ -210,6 +245,35 @@ def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
     return max(1, math.floor((capacity - base) / per_sample))
 
 
+def extrapolation(
+    times: dict[tuple[int, int], float], replicas: int, perf: PerfParams
+) -> tuple[int, PerfParams] | None:
+    """The largest local batch timed on `replicas`, and the step-time model to use beyond it.
+
+    Beyond it the step time is extrapolated as a power of the batch size
+    through the two largest sizes timed (their elasticity, between 0 and 1)
+    rather than along the fitted line: on the CPU the time per sample still
+    falls well past the initial batch (the vector units fill up), and a line
+    through the sizes timed so far overstates what a larger batch costs, so
+    a batch the goodput model would favour once timed is never tried (an
+    LSTM timed at 8 and 16 samples predicted 32 a third slower than it is;
+    the power law predicts it within a tenth). Returned as the line through
+    (top, T(top)) and (2 top, T(2 top)) in `perf`'s form: what the
+    exploration cap lets a decision reach. None with fewer than two sizes
+    timed, or on several replicas (their times include the all-reduce).
+    """
+    sizes = sorted(m for k, m in times if k == replicas)
+    if replicas > 1 or len(sizes) < 2:
+        return None
+    top, below = sizes[-1], sizes[-2]
+    top_seconds = times[(replicas, top)]
+    ratio = top_seconds / times[(replicas, below)]
+    elasticity = min(1.0, max(0.0, math.log(ratio) / math.log(top / below)))
+    beta = top_seconds * (2**elasticity - 1) / top
+    alpha = max(top_seconds - beta * top, 0.0)
+    return top, dataclasses.replace(perf, alpha_c=alpha, beta_c=beta)
+
+
 def choose_config(
     goodput_fn: GoodputFunction,
     current: BatchConfig,
@@ -218,13 +282,26 @@ def choose_config(
     max_local: int,
     accumulation: bool,
     threshold: float = SPEEDUP_THRESHOLD,
+    beyond: tuple[int, PerfParams] | None = None,
 ) -> BatchConfig:
-    """The configuration of best predicted goodput on `current`'s GPUs, if `threshold` x its."""
+    """The configuration of best predicted goodput on `current`'s GPUs, if `threshold` x its.
+
+    With `beyond` = (the largest local batch timed, a step-time model), local
+    batches above it (up to `max_local`) are predicted with that model instead
+    of the fitted one (`extrapolation`).
+    """
     k = current.replicas
     max_local = max(1, min(max_local, max_batch_size))
+    known = max_local if beyond is None else max(1, min(beyond[0], max_local))
     best, local, accum = goodput_fn.optimize(
-        1, k, max_batch_size, (1, max_local), accumulation=accumulation
+        1, k, max_batch_size, (1, known), accumulation=accumulation
     )
+    if beyond is not None and known < max_local:  # the sizes not timed yet
+        untried = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
+        bounds = (known + 1, max_local)
+        tried = untried.optimize(1, k, max_batch_size, bounds, accumulation=accumulation)
+        if tried[0] > best:
+            best, local, accum = tried
     if best <= 0:
         return current
     fits = current.local_bsz <= max_local
@@ -241,12 +318,15 @@ class StepProfile:
         `PROFILE_WINDOW` of each count."""
         self.peaks: dict[int, int] = {}
 
+    @staticmethod
+    def key(config: BatchConfig) -> str:
+        """The key of `config`'s step times in `times`."""
+        key = f"{config.local_bsz},{config.accum_steps}"
+        return key if config.replicas == 1 else f"{key},{config.replicas}"
+
     def window(self, config: BatchConfig) -> list[float]:
         """The list of `config`'s step times (created empty), which `record_time` appends to."""
-        key = f"{config.local_bsz},{config.accum_steps}"
-        if config.replicas > 1:
-            key += f",{config.replicas}"
-        return self.times.setdefault(key, [])
+        return self.times.setdefault(self.key(config), [])
 
     def record_time(self, config: BatchConfig, seconds: float) -> None:
         """Keep one optimizer step's wall time under its configuration."""
@@ -278,6 +358,8 @@ class StepProfile:
             return None
         replicas, sizes = [k for k, _ in times], [m for _, m in times]
         seconds = list(times.values())
+        if max(replicas) == 1:  # the same fit without a solver, cheap enough for any step
+            return fit_one_replica(sizes, seconds)
         compute = [t if k == 1 else math.nan for k, t in zip(replicas, seconds, strict=True)]
         return fit_perf_params([1] * len(sizes), replicas, sizes, compute, seconds)
 
@@ -310,7 +392,11 @@ class BatchTuner:
         self.init_batch_size, self.max_batch_size = init_batch_size, max_batch_size
         self.lr_scaling, self.accumulation = lr_scaling, accumulation
         self.gns = GradientNoiseScale(  # hook=False: see _before_step
-            optimizer, init_batch_size, hook=False, clock=lambda: step_clock()
+            optimizer,
+            init_batch_size,
+            hook=False,
+            clock=lambda: step_clock(),
+            warmup=MIN_MEASUREMENTS,
         )
         self.config = BatchConfig(-(-init_batch_size // replicas), 0, replicas)
         self.profile = StepProfile()
@@ -319,8 +405,15 @@ class BatchTuner:
         """Scale-invariant samples trained on (see the module docstring)."""
         self.steps = 0
         """Optimizer steps taken (micro-batches absorbed by accumulation excluded)."""
+        self.next_decision = 0
+        """The step count from which the next step boundary decides (`decision_due`)."""
+        self.changed_at = 0
+        """The step count at the latest change of configuration."""
+        self.updates_at_change = 0
+        """Noise measurements in the average at the latest change of configuration."""
         self.capacity = _device_memory(optimizer)
         self._saved_lrs: list[Any] | None = None
+        self._decision_seconds: list[float] = []  # the latest few decisions' cost
         self._group_start: float | None = None
         self._group_suspends = 0
         self._pre_hook = optimizer.register_step_pre_hook(self._before_step)
@@ -383,11 +476,12 @@ class BatchTuner:
                 )
             if halves or self.gns.measurements:  # a measurement: its cost, and the cadence
                 usual = statistics.median(window[-PROFILE_WINDOW:]) if window else None
-                if halves:
+                if halves:  # two micro-batches of half the batch, and the statistics' own work
+                    own = self.gns.measure_seconds
                     halved = BatchConfig(self.config.local_bsz // 2, 1, self.config.replicas)
-                    self.profile.record_time(halved, seconds)
-                    if usual is not None:
-                        self.gns.measure_seconds += max(0.0, seconds - usual)
+                    self.profile.record_time(halved, seconds - own if seconds > own else seconds)
+                    if usual is not None:  # what the measurement cost beyond an unsplit step
+                        self.gns.measure_seconds = max(own, seconds - usual)
                 if usual is not None:
                     self.gns.pace(usual)
             if not halves:  # `StepProfile.record_time`, inlined: this runs every step
@@ -404,35 +498,63 @@ class BatchTuner:
         """True once progress reaches `epoch_target`."""
         return self.progress >= self.epoch_target(epoch, dataset_size)
 
+    def decision_due(self) -> bool:
+        """True when the next step boundary should decide (`retune`): cheap, asked at each one."""
+        return self.steps >= self.next_decision
+
     def retune(self) -> BatchConfig:
-        """Refit the model and adopt the best configuration if it is worth it (epoch starts)."""
+        """Refit the model, adopt the best configuration if it is worth it, set the next decision.
+
+        Before `MIN_MEASUREMENTS` the next step decides again (nothing is fitted).
+        After a change, the next decision comes once the new configuration has
+        been timed (`SETTLE_STEPS`), so a batch held back by the 2x exploration
+        cap keeps growing within a few steps; otherwise decisions are spaced so
+        that their cost stays under `DECISION_SHARE` of the step time.
+        """
+        if self.gns.average.updates < MIN_MEASUREMENTS or self._settling():
+            # Not yet: no estimate to act on, or a new configuration not yet timed enough.
+            self.next_decision = self.steps + 1
+            return self.config
+        started = step_clock()
         perf = self.profile.fit()
-        if perf is None or self.gns.average.updates < MIN_MEASUREMENTS:
+        if perf is None:
+            self.next_decision = self.steps + 1
             return self.config
         self.perf = perf
-        goodput_fn = GoodputFunction(
-            perf, self.gns.cautious_estimate() or PRIOR, self.init_batch_size
-        )
+        grad = self.gns.cautious_estimate() or PRIOR
+        goodput_fn = GoodputFunction(perf, grad, self.init_batch_size)
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
-        explored = EXPLORE_FACTOR * max(m for _, m in self.profile.compute_times())
+        times = self.profile.compute_times()
+        timed = max(m for _, m in times)
         chosen = choose_config(
             goodput_fn,
             self.config,
             max_batch_size=self.max_batch_size,
-            max_local=min(explored, self.max_batch_size if bound is None else bound),
+            max_local=min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
+            beyond=extrapolation(times, self.config.replicas, perf),
         )
-        if chosen.replicas > 1:  # rank 0's choice, lest the ranks differ by a rounding
-            local, accum = distributed.from_rank0([chosen.local_bsz, chosen.accum_steps])
-            chosen = BatchConfig(local, accum, chosen.replicas)
+        k = chosen.replicas
         if chosen != self.config:
+            interval = SETTLE_STEPS
+        else:
+            step_seconds = goodput_fn.step_time(1, k, chosen.local_bsz, chosen.accum_steps)
+            self._decision_seconds = [*self._decision_seconds[-3:], step_clock() - started]
+            spent = min(self._decision_seconds)  # one slow decision does not space them all
+            interval = max(1, math.ceil(spent / (DECISION_SHARE * step_seconds)))
+        if k > 1:  # rank 0's choice and cadence, lest the ranks differ by a rounding or a clock
+            local, accum, interval = distributed.from_rank0(
+                [chosen.local_bsz, chosen.accum_steps, interval]
+            )
+            chosen = BatchConfig(local, accum, k)
+        self.next_decision = self.steps + interval
+        if chosen != self.config:
+            self.changed_at, self.updates_at_change = self.steps, self.gns.average.updates
             old, new = self.config.batch_size, chosen.batch_size
-            grad = self.gns.cautious_estimate()
             rescale_second_moments(self.optimizer, grad, self.init_batch_size, old, new)
             self._use(chosen)
         metrics = self.job.metrics
         if metrics is not None:
-            k = chosen.replicas
             predicted = goodput_fn.evaluate(1, k, chosen.local_bsz, chosen.accum_steps)
             per_gpu = self.max_batch_size if bound is None else bound  # what memory allows
             metrics.update_goodput(
@@ -441,6 +563,19 @@ class BatchTuner:
                 batch_limits=(self.init_batch_size, self.max_batch_size, 1, per_gpu),
             )
         return self.config
+
+    def _settling(self) -> bool:
+        """True while a new configuration has run fewer than `MIN_TIMINGS` whole steps.
+
+        Counted from checkpointed numbers (steps, and the noise measurements,
+        which take their step in halves), not from the times recorded: a
+        resumed run, which has not timed the steps around its checkpoint,
+        decides at the same step as an uninterrupted one. At most
+        `4 * SETTLE_STEPS` steps, whatever was measured.
+        """
+        since = self.steps - self.changed_at
+        measured = max(0, self.gns.average.updates - self.updates_at_change)
+        return since < 4 * SETTLE_STEPS and since - 1 - measured < MIN_TIMINGS
 
     def use_replicas(self, replicas: int) -> int:
         """Run on `replicas` ranks from now on: a resumed job was resized (module docstring).
@@ -514,6 +649,9 @@ class BatchTuner:
             "config": [self.config.local_bsz, self.config.accum_steps, self.config.replicas],
             "progress": self.progress,
             "steps": self.steps,
+            "next_decision": self.next_decision,
+            "changed_at": self.changed_at,
+            "updates_at_change": self.updates_at_change,
             "profile": self.profile.state_dict(),
             "gns": self.gns.state_dict(),
         }
@@ -522,6 +660,9 @@ class BatchTuner:
         """Put back what `state_dict` returned."""
         local, accum, replicas = (*(int(v) for v in state["config"]), 1)[:3]
         self.progress, self.steps = float(state["progress"]), int(state["steps"])
+        self.next_decision = int(state.get("next_decision", self.steps))
+        self.changed_at = int(state.get("changed_at", 0))
+        self.updates_at_change = int(state.get("updates_at_change", 0))
         self.profile.load_state_dict(state["profile"])
         self.gns.load_state_dict(state["gns"])
         self._use(BatchConfig(local, accum, replicas))

@@ -341,6 +341,7 @@ def synthetic_lab(
                     "processes": [],
                     "node": "gpu1",
                     "parent_uuid": None,
+                    "link_group": "",
                     "memory_gpuq": gpuq_mem,
                     "memory_foreign": foreign,
                     "memory_reserved": sum(by_id[j]["gpu_mem"] or 0 for j in job_ids),

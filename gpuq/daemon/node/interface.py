@@ -64,6 +64,10 @@ class Node(Protocol):
         """The job's directory on this node (created on first use)."""
         ...
 
+    def device_env(self) -> dict[str, str]:
+        """Variables jobs get about their devices beyond the GPU UUIDs (`GPUQ_FAKE_GPU_DIR`)."""
+        ...
+
     def launch(self, job_id: int, spec: LaunchSpec, on_spawned: OnSpawned) -> None:
         """Start an attempt; `on_spawned` is called with its shim's pid (or an error)."""
         ...

@@ -26,12 +26,22 @@ class LocalNode:
     """This machine's jobs, GPUs and control channels (module docstring)."""
 
     def __init__(
-        self, name: str, executor: Executor, backend: GpuBackend, control: ControlHub
+        self,
+        name: str,
+        executor: Executor,
+        backend: GpuBackend,
+        control: ControlHub,
+        device_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.executor = executor
         self.backend = backend
         self.control = control
+        self._device_env = dict(device_env or {})
+
+    def device_env(self) -> dict[str, str]:
+        """What jobs learn of their devices beyond the GPU UUIDs (fake GPUs: their load)."""
+        return dict(self._device_env)
 
     @property
     def gpu_backend(self) -> str:

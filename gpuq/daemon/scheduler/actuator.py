@@ -9,10 +9,15 @@ the decision; here each change becomes a lifecycle or suspend call:
   (`suspend.preempt`): the intent is committed with the action's reason, the
   runner checkpoints at its next iteration boundary and the job is queued
   again, to restart from its checkpoint on the GPUs the policy gives it next;
+  a `move` to GPUs the decision names is booked first and restarts on
+  exactly those (`moves.begin`), unless the policy time-slices (the
+  slicer's bindings are turns);
 - a `suspend` in park or stop mode (the slicer's, for another job's turn):
   `suspend.take_turn`; the `resume` of a job parked or stopped that way:
   `suspend.give_turn`, once no other job computes on its GPUs (`resume_turns`);
-- `pack` and `unpack`: no policy the daemon runs packs yet, so none arrive.
+- `pack` and `unpack`: carried out before the rest by
+  `gpuq.daemon.scheduler.packing` (a guest joins a running job's GPU, or
+  leaves it), which also takes the joining and leaving jobs' other actions.
 
 Only what the scheduler owns is acted on: a preemption only of a running job
 whose runner checkpoints (the view tells the policy which are
@@ -27,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuq.daemon import suspend
+from gpuq.daemon.scheduler import moves
 from gpuq.daemon.scheduler.slicer import Waiting
 from gpuq.daemon.state import DaemonState
 from gpuq.models import Job, JobState
@@ -82,6 +88,10 @@ def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
             suspend.take_turn(state, job, action.mode, action.reason)
             started.append(job.id)
         elif suspend.can_preempt(state, job):
+            if action.kind is Kind.MOVE and action.gpu_uuids and state.slicer is None:
+                if moves.begin(state, job, action):
+                    started.append(job.id)
+                continue
             suspend.preempt(state, job, action.reason)
             started.append(job.id)
         elif job.state is JobState.RUNNING:
@@ -92,13 +102,27 @@ def preempt(state: DaemonState, actions: tuple[Action, ...]) -> Preemptions:
 
 
 def computing_on(state: DaemonState, uuids: Iterable[str], but: int) -> list[int]:
-    """The jobs other than `but` that may compute on any of `uuids` (or are leaving them)."""
+    """The jobs other than `but` that may compute on any of `uuids` (or are leaving them).
+
+    A job whose checkpoint is saved computes no more: its process only exits.
+    """
     wanted = set(uuids)
     return sorted(
         job.id
         for job in state.active.values()
-        if job.id != but and job.state in HOLDING and wanted.intersection(job.gpu_uuids)
+        if job.id != but
+        and job.state in HOLDING
+        and wanted.intersection(job.gpu_uuids)
+        and not _saved(state, job)
     )
+
+
+def _saved(state: DaemonState, job: Job) -> bool:
+    """True for a job leaving its GPUs whose checkpoint is saved (`suspend` completed it)."""
+    if job.state is not JobState.SUSPENDING:
+        return False
+    record = state.store.suspend_of(job.id, job.attempts)
+    return record is not None and record.mode == "checkpoint" and record.completed is not None
 
 
 def resume_turns(state: DaemonState, actions: tuple[Action, ...]) -> dict[int, str]:
@@ -160,6 +184,7 @@ def turn_info(
             state.memory_peaks.get(job.id),
             sample.get("memory_peak_bytes"),
             job.gpu_mem_reserved or job.spec.gpu_mem,
+            state.packs.raised.get(job.id),  # it ran out of memory packed: it needs more
         ]
         sizes = [int(n) for n in known if isinstance(n, int) and n > 0]
         info[view.id] = Waiting(
@@ -167,5 +192,6 @@ def turn_info(
             max(sizes) if sizes else None,
             leaving=job.state is JobState.SUSPENDING,
             resumable=job.state is not JobState.SUSPENDED or _sliced(state, job),
+            saved=_saved(state, job),
         )
     return info

@@ -4,9 +4,15 @@ A policy allocates GPU counts per node (`Decision.allocations`) and may name
 the exact GPUs itself (`Decision.bindings`: `fifo` does, since memory shares
 and backfill depend on which GPU). Here every pending job the decision runs
 becomes a `Placement` on GPU UUIDs: its own binding where the policy gave
-one, else free GPUs of the nodes it was allocated, in GPU order. A free GPU
-is one no gpuq job holds whose foreign memory is within the tolerance. Pure:
-no I/O, unit-tested without a daemon.
+one, else free GPUs of the nodes it was allocated, in GPU order, a
+multi-GPU job's from one link group (PCIe switch or NVLink) where one has
+enough free, else from as few as possible (`gpuq.policies.topology`). A
+free GPU is one no gpuq job holds whose foreign memory is within the
+tolerance. A job bound to GPUs a running job still holds (one the policy is
+preempting, shrinking or moving) waits until they are released, as an
+unbound one does: whole GPUs must hold no job, a memory share must fit
+beside the shares already there and no whole-GPU or exclusive job. Pure: no
+I/O, unit-tested without a daemon.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuq.policies.interface import ClusterState, Decision
+from gpuq.policies.placement import Capacity, Hold
+from gpuq.policies.topology import group_key, pick_close
 
 RELEASE_WAIT = "waiting for GPUs the policy expects running jobs to release"
 """Why a job the decision places waits: its GPUs are still held (being preempted, or ending)."""
@@ -23,12 +31,14 @@ RELEASE_WAIT = "waiting for GPUs the policy expects running jobs to release"
 class Placement:
     """Start job `job_id` on `gpu_uuids`, reserving `gpu_mem` bytes on each.
 
-    `gpu_mem` None means the GPUs are the job's alone.
+    `gpu_mem` None means the GPUs are the job's alone; `reason` is the
+    policy's note on why it starts there (for the event log), if any.
     """
 
     job_id: int
     gpu_uuids: tuple[str, ...]
     gpu_mem: int | None = None
+    reason: str = ""
 
 
 def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement], dict[int, str]]:
@@ -36,10 +46,12 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
     taken = {uuid for job in state.jobs for uuid in job.gpu_uuids}
     taken.update(uuid for bound in decision.bindings.values() for uuid in bound)
     free: dict[str, list[str]] = {}
+    groups = {gpu.uuid: group_key(gpu, i) for i, gpu in enumerate(state.gpus)}
     for gpu in state.gpus:
         if gpu.uuid not in taken and gpu.memory_foreign <= state.foreign_tolerance:
             free.setdefault(gpu.node, []).append(gpu.uuid)
     pending = {job.id: job for job in state.jobs if not job.gpu_uuids}
+    held: Capacity | None = None
     starts: list[Placement] = []
     waiting: dict[int, str] = {}
     for job_id, allocation in decision.allocations.items():  # the policy's order
@@ -47,19 +59,40 @@ def placements(state: ClusterState, decision: Decision) -> tuple[list[Placement]
         if job is None or not any(allocation):
             continue
         uuids = decision.bindings.get(job_id)
+        if uuids is not None:
+            held = held or Capacity.from_state(state)
+            hold = Hold(job_id, tuple(held.index.get(u, -1) for u in uuids), job.gpu_mem)
+            if not _free_for(held, hold, job.exclusive):
+                waiting[job_id] = RELEASE_WAIT
+                continue
+            held.hold(Hold(job_id, hold.gpus, job.gpu_mem, job.exclusive))
         if uuids is None:
             chosen: list[str] = []
             for node, count in zip(state.nodes, allocation, strict=False):
                 node_free = free.get(node.name, [])
-                chosen.extend(node_free[:count])
-                del node_free[:count]
+                picked = pick_close(node_free, groups.__getitem__, count)
+                chosen.extend(picked)
+                free[node.name] = [uuid for uuid in node_free if uuid not in picked]
             if len(chosen) < sum(allocation):
                 waiting[job_id] = RELEASE_WAIT
                 continue
             uuids = tuple(chosen)
-        starts.append(Placement(job_id, uuids, job.gpu_mem))
+        starts.append(Placement(job_id, uuids, job.gpu_mem, decision.notes.get(job_id, "")))
     started = {placement.job_id for placement in starts}
     for job_id in pending:
         if job_id not in started and job_id not in waiting:
             waiting[job_id] = decision.notes.get(job_id, "waiting for the policy to start it")
     return starts, waiting
+
+
+def _free_for(held: Capacity, hold: Hold, exclusive: bool) -> bool:
+    """True if the GPUs of `hold` can take it now, beside what running jobs hold."""
+    for i in hold.gpus:
+        if i < 0 or held.owners[i]:
+            return False
+        if hold.gpu_mem is None or exclusive:
+            if held.sharers[i]:
+                return False
+        elif held.usable[i] - held.shares[i] < hold.gpu_mem:
+            return False
+    return True

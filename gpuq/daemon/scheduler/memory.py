@@ -1,5 +1,9 @@
 """The policy's memory across daemon restarts (Pollux's last population, for one).
 
+Kept beside it, under keys of their own: the time-slicer's turns and the
+book of packs (`gpuq.daemon.scheduler.packs`), whose every step is committed
+before it is acted on (`commit_packs` raises when it cannot be written).
+
 A policy that remembers (`Capabilities.remembers`, `Remembers`) gets back,
 when the daemon starts or switches to it, what it saved before; after every
 decision what it saves now is kept in the store (the `policy_state` table,
@@ -108,3 +112,31 @@ def persist(state: DaemonState) -> None:
         log.warning("policy memory not kept: %s", exc)
         return
     state.policy_saved = text
+
+
+PACKS_KEY = "#packs"
+"""The book of packs is kept under this key, whatever the policy: packs outlive a switch."""
+
+
+def restore_packs(state: DaemonState) -> bool:
+    """Give the daemon its book of packs as last committed; True if there was one."""
+    text = state.store.policy_state(PACKS_KEY)
+    if text is None:
+        return False
+    try:
+        saved = json.loads(text)
+        state.packs.restore(saved if isinstance(saved, dict) else {})
+    except ValueError as exc:
+        log.warning("book of packs dropped (%s); packed jobs are unpacked as seen", exc)
+        return False
+    state.packs_saved = text
+    return True
+
+
+def commit_packs(state: DaemonState) -> None:
+    """Commit the book of packs now, if it changed (StateError if it cannot be written)."""
+    text = json.dumps(state.packs.save(), sort_keys=True, separators=(",", ":"))
+    if text == state.packs_saved:
+        return
+    state.store.save_policy_state(PACKS_KEY, text, time.time())
+    state.packs_saved = text

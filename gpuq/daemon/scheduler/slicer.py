@@ -21,16 +21,31 @@ on which GPUs, and how the others wait. Pure: unit-tested without a daemon.
   one; else *checkpointed* (a runner job, whose GPUs are freed). A job that
   cannot wait in any of these ways is not time-sliced: it keeps its GPUs
   and the jobs behind it wait, saying why.
-- **Pins**: a parked or stopped job can compute again only on the GPUs it
-  holds. Pins alone would fix each GPU's share by how many jobs it holds (six
-  jobs on four GPUs: two GPUs of two jobs and two of one), so a job leaving
-  its GPUs is checkpointed instead of parked, to take other GPUs at their
-  next turn, when a job computing elsewhere is owed `rebalance` seconds
-  less than it, or when GPUs of the node sit idle.
+- **Hand-over**: a job's GPUs pass to the next one as soon as it has parked
+  or stopped, or, checkpointed, as soon as its checkpoint is saved
+  (`Waiting.saved`): its process only exits then (seconds, for a PyTorch
+  process), which the next job need not wait for if its memory fits beside
+  the exiting one's.
+- **Packs**: a packed group (`Decision.packed`) takes turns as one job: its
+  anchor (`gpuq.daemon.scheduler.packs.anchor_of`) is sliced, and the others
+  compute on its GPUs in its turns and wait with it.
+- **Pins and moves**: a parked or stopped job can compute again only on the
+  GPUs it holds. Pins alone would fix each GPU's share by how many jobs it
+  holds (six jobs on four GPUs: two GPUs of two jobs and two of one), so a
+  job leaving its GPUs is checkpointed instead of parked, and takes the
+  GPUs of a job computing alone at that job's turn's end (`heading`), when
+  the jobs of its GPUs are owed `rebalance` seconds more than that one; of
+  the jobs sharing its GPUs, the one moved least so far moves (`moved`),
+  so restarts are shared, and the one most behind stays, to compute alone.
+  A job also moves when GPUs of the node sit idle. Over a long window each
+  job's share is within a few percent of G / D; over a shorter one, within
+  about `rebalance` plus a turn.
 
 What it remembers (each job's credit, its turn's start, the jobs it
-checkpointed for their turn and their share of the node) is saved with the
-policy's memory, so a restart keeps the turns.
+checkpointed for their turn and their share of the node, where moving jobs
+head and how often each moved) is saved with the policy's memory, so a
+restart keeps the turns. Where memory fits, and so how a job can wait, is
+`gpuq.daemon.scheduler.room`.
 """
 
 from __future__ import annotations
@@ -39,34 +54,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuq.daemon.scheduler.packs import guests_of
+from gpuq.daemon.scheduler.room import (
+    PARK_RESIDENT_BYTES,
+    SlicedNode,
+    Waiting,
+    alone,
+    can_leave,
+    computing,
+    fits_beside_exiting,
+    fits_on,
+    place,
+    saved,
+    sharing,
+    wait_mode,
+)
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy
+
+__all__ = ["PARK_RESIDENT_BYTES", "REBALANCE_QUANTA", "Slicer", "Slices", "Waiting", "slicer_for"]
 
 REBALANCE_QUANTA = 4
 """A job leaving its GPUs moves (checkpoint) when owed this many quanta more than one elsewhere."""
-PARK_RESIDENT_BYTES = 512 * 1024**2
-"""GPU memory a parked runner job keeps (its CUDA context) where nothing better is known."""
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """How one job can wait for its turn, as the caller knows it.
-
-    `modes`: the ways it can leave its GPUs ("park", "checkpoint", "stop");
-    `needs`: bytes per GPU it uses while computing (None: unknown);
-    `leaving`: a suspend of it is under way (it is neither computing nor waiting yet);
-    `resumable`: False for a job its user suspended, which only its user resumes.
-    """
-
-    modes: frozenset[str] = frozenset()
-    needs: int | None = None
-    leaving: bool = False
-    resumable: bool = True
-
-    def resident(self, mode: str) -> int:
-        """Bytes per GPU the job keeps while it waits in `mode` (park or stop)."""
-        if mode == "park":
-            return PARK_RESIDENT_BYTES
-        return self.needs or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,23 +87,6 @@ class Slices:
 
 
 @dataclass(slots=True)
-class _Node:
-    """One sliced node's pass: its GPUs, members, and what is claimed.
-
-    `over` is False for a node no longer over-subscribed whose jobs still
-    wait from their last turns: they are brought back first.
-    """
-
-    index: int
-    gpus: tuple[str, ...]
-    usable: dict[str, int]
-    members: list[JobView]
-    size: dict[int, int]
-    over: bool = True
-    claimed: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class Slicer:
     """Turns on over-subscribed nodes; see the module docstring."""
 
@@ -105,6 +96,8 @@ class Slicer:
     since: dict[int, float] = field(default_factory=dict)
     shares: dict[int, tuple[int, ...]] = field(default_factory=dict)
     rate: dict[int, float] = field(default_factory=dict)
+    heading: dict[int, int] = field(default_factory=dict)
+    moved: dict[int, int] = field(default_factory=dict)
     last: float | None = None
 
     def __post_init__(self) -> None:
@@ -129,6 +122,18 @@ class Slicer:
         )
         return replace(state, jobs=jobs)
 
+    def needed(self, state: ClusterState, decision: Decision) -> bool:
+        """True if this pass has turns to take: jobs in turns, or a node over-subscribed now.
+
+        Where it is False, `slice` would return the decision as it is, so the
+        caller may skip it (and what it costs to ask how each job can wait).
+        """
+        if self.shares or self.rate:
+            return True
+        jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
+        return bool(self._oversubscribed(state, decision, jobs, guests))
+
     def slice(
         self,
         state: ClusterState,
@@ -138,11 +143,14 @@ class Slicer:
     ) -> Slices:
         """The part of `decision` that computes now, and how the rest waits (module docstring)."""
         jobs = {job.id: job for job in state.jobs}
+        guests = guests_of(decision.packed, jobs)
         self._account(jobs, waiting, now)
-        nodes = self._oversubscribed(state, decision, jobs)
+        nodes = self._oversubscribed(state, decision, jobs, guests)
         sliced = {job.id for node in nodes for job in node.members}
         self.credit = {j: c for j, c in self.credit.items() if j in sliced}
         self.since = {j: t for j, t in self.since.items() if j in sliced}
+        self.heading = {j: k for j, k in self.heading.items() if j in sliced and k in sliced}
+        self.moved = {j: n for j, n in self.moved.items() if j in sliced}
         self.shares = {j: decision.allocations[j] for j in sorted(sliced)}
         self.rate = {}
         allocations = {j: a for j, a in decision.allocations.items() if j not in sliced}
@@ -159,13 +167,16 @@ class Slicer:
             for job_id, uuids in runs.items():
                 allocations[job_id] = decision.allocations[job_id]
                 bindings[job_id] = uuids
-                if not _computing(jobs[job_id], waiting) or self._turn_over(job_id, now):
+                if not computing(jobs[job_id], waiting) or self._turn_over(job_id, now):
                     self.since[job_id] = now
                 ends.append(self.since[job_id] + self.quantum)
             self._leave(node, runs, waiting, modes, notes)
             for job in node.members:
                 if job.id not in runs:
                     self.since.pop(job.id, None)
+        for guest, anchor in guests.items():
+            if anchor in sliced and guest in decision.allocations:
+                self._follow(jobs[guest], anchor, allocations, bindings, waiting, modes, notes)
         decided = Decision(
             allocations=allocations,
             batch_sizes=decision.batch_sizes,
@@ -176,6 +187,27 @@ class Slicer:
         )
         return Slices(decided, min(ends, default=None), frozenset(sliced))
 
+    @staticmethod
+    def _follow(
+        guest: JobView,
+        anchor: int,
+        allocations: dict[int, tuple[int, ...]],
+        bindings: dict[int, tuple[str, ...]],
+        waiting: Mapping[int, Waiting],
+        modes: dict[int, str],
+        notes: dict[int, str],
+    ) -> None:
+        """A packed guest takes its anchor's turns: on its GPUs when it computes, else waits."""
+        if anchor in allocations and anchor in bindings:
+            bindings[guest.id] = bindings[anchor]
+            return
+        allocations.pop(guest.id, None)
+        bindings.pop(guest.id, None)
+        if computing(guest, waiting):
+            can = waiting.get(guest.id, Waiting()).modes
+            modes[guest.id] = next((m for m in ("park", "checkpoint") if m in can), "stop")
+        notes[guest.id] = f"packed with job {anchor}: waiting for its turn with it"
+
     def _account(
         self, jobs: Mapping[int, JobView], waiting: Mapping[int, Waiting], now: float
     ) -> None:
@@ -185,46 +217,63 @@ class Slicer:
             for job_id, rate in self.rate.items():
                 job = jobs.get(job_id)
                 if job is not None:
-                    ran = dt if _computing(job, waiting) else 0.0
+                    ran = dt if computing(job, waiting) else 0.0
                     self.credit[job_id] = self.credit.get(job_id, 0.0) + dt * rate - ran
         self.last = now if self.last is None else max(self.last, now)
 
     def _oversubscribed(
-        self, state: ClusterState, decision: Decision, jobs: Mapping[int, JobView]
-    ) -> list[_Node]:
+        self,
+        state: ClusterState,
+        decision: Decision,
+        jobs: Mapping[int, JobView],
+        guests: Mapping[int, int],
+    ) -> list[SlicedNode]:
         """The nodes to slice, with their one-node jobs.
 
         Those the decision gives more GPUs than they have, and those whose jobs
-        still wait from their last turns (`_Node.over`).
+        still wait from their last turns (`SlicedNode.over`). A packed guest adds
+        no demand: it computes on its anchor's GPUs, in its anchor's turns.
+        Memory-share jobs the decision binds to GPUs (placed as shares, beside
+        others at once) are no members, and their GPUs are not the node's to
+        share in turns; a job with memory the decision does not bind is a
+        member like any other.
         """
         found = []
+        shares = {
+            job_id
+            for job_id in decision.allocations
+            if job_id in decision.bindings and job_id in jobs and jobs[job_id].gpu_mem is not None
+        }
+        shared = {uuid for job_id in shares for uuid in decision.bindings[job_id]}
         for index, node in enumerate(state.nodes):
             members = []
             demand = 0
             for job_id, allocation in decision.allocations.items():
+                if job_id in guests or job_id in shares:
+                    continue  # a packed guest, or a memory share: not time-sliced
                 if index < len(allocation) and allocation[index] > 0 and job_id in jobs:
                     demand += allocation[index]
                     if sum(allocation) == allocation[index]:
                         members.append(jobs[job_id])
-            over = demand > node.gpus
+            gpus = tuple(g for g in state.gpus if g.node == node.name and g.uuid not in shared)
+            over = demand > (len(gpus) if state.gpus else node.gpus)
             settling = any(
                 job.id in self.shares and (job.suspended or not job.gpu_uuids) for job in members
             )
             if not members or not (over or settling):
                 continue
-            gpus = tuple(g for g in state.gpus if g.node == node.name)
             usable = {
                 g.uuid: int(g.memory_total * (1 - state.memory_margin)) - g.memory_foreign
                 for g in gpus
             }
             size = {job.id: sum(decision.allocations[job.id]) for job in members}
             uuids = tuple(g.uuid for g in gpus)
-            found.append(_Node(index, uuids, usable, members, size, over))
+            found.append(SlicedNode(index, uuids, usable, members, size, over))
         return found
 
     def _turns(
         self,
-        node: _Node,
+        node: SlicedNode,
         waiting: Mapping[int, Waiting],
         now: float,
         notes: dict[int, str],
@@ -240,14 +289,13 @@ class Slicer:
             job
             for job in node.members
             if job.gpu_uuids
+            and not waiting.get(job.id, Waiting()).saved
             and (
                 waiting.get(job.id, Waiting()).leaving
                 or not waiting.get(job.id, Waiting()).resumable
                 or (
-                    _computing(job, waiting)
-                    and (
-                        not self._turn_over(job.id, now) or not self._can_leave(node, job, waiting)
-                    )
+                    computing(job, waiting)
+                    and (not self._turn_over(job.id, now) or not can_leave(node, job, waiting))
                 )
             )
         ]
@@ -256,34 +304,46 @@ class Slicer:
             for uuid in job.gpu_uuids:
                 node.claimed[uuid] = job.id
             reserved += node.size[job.id]
-            if _computing(job, waiting):
+            if computing(job, waiting):
                 runs[job.id] = job.gpu_uuids
-                if not self._can_leave(node, job, waiting):
+                if not can_leave(node, job, waiting):
                     notes[job.id] = "not time-sliced: it can neither park, stop nor checkpoint"
 
         def rank(job: JobView) -> tuple[bool, float, bool, int]:
-            computing = _computing(job, waiting)
-            first = computing and not node.over  # room for all: the waiting come back first
-            return (first, -self._owed(job.id), computing, job.id)
+            busy = computing(job, waiting)
+            first = busy and not node.over  # room for all: the waiting come back first
+            return (first, -self._owed(job.id), busy, job.id)
 
         ordered = sorted((job for job in node.members if job not in firm), key=rank)
         capacity = len(node.gpus)
         unplaced: list[JobView] = []
         for job in ordered:
             size = node.size[job.id]
-            if reserved + size > capacity:
+            if reserved + size > capacity or waiting.get(job.id, Waiting()).saved:
                 continue
+            target = None if job.gpu_uuids else self._target(node, job, waiting)
             if job.gpu_uuids:  # at its turn's end, or pinned: only on its own GPUs
                 if any(uuid in node.claimed for uuid in job.gpu_uuids):
+                    continue
+                if not fits_beside_exiting(node, job, waiting):
                     continue
                 for uuid in job.gpu_uuids:
                     node.claimed[uuid] = job.id
                 runs[job.id] = job.gpu_uuids
+            elif (
+                target is not None
+            ):  # moving: to the GPUs of the job it heads for, at its turn's end
+                if any(uuid in node.claimed for uuid in target):
+                    continue
+                for uuid in target:
+                    node.claimed[uuid] = job.id
+                runs[job.id] = target
+                del self.heading[job.id]
             else:
                 unplaced.append(job)
             reserved += size
         for job in unplaced:
-            uuids = self._place(node, job, waiting)
+            uuids = place(node, job, waiting)
             if uuids is None:
                 notes[job.id] = "time-sliced: no GPU has room for its memory beside the others'"
                 continue
@@ -292,33 +352,32 @@ class Slicer:
             runs[job.id] = uuids
         return runs
 
-    def _place(
-        self, node: _Node, job: JobView, waiting: Mapping[int, Waiting]
+    def _target(
+        self, node: SlicedNode, job: JobView, waiting: Mapping[int, Waiting]
     ) -> tuple[str, ...] | None:
-        """Unclaimed GPUs for a job holding none: idle ones first, then the least crowded."""
-        size = node.size[job.id]
-        pinned: dict[str, int] = {}
-        resident: dict[str, int] = {}
-        for other in node.members:
-            if other.id == job.id:
-                continue
-            for uuid in other.gpu_uuids:
-                pinned[uuid] = pinned.get(uuid, 0) + 1
-                resident[uuid] = resident.get(uuid, 0) + _resident(other, waiting)
-        needs = waiting.get(job.id, Waiting()).needs or 0
-        candidates = [
-            u
-            for u in node.gpus
-            if u not in node.claimed and resident.get(u, 0) + needs <= node.usable.get(u, 0)
-        ]
-        candidates.sort(key=lambda u: (pinned.get(u, 0), node.gpus.index(u)))
-        if len(candidates) < size:
+        """The GPUs a moving job heads for, while the job holding them is still there.
+
+        None (and the heading is forgotten) once that job has left them, or
+        when they do not suit the moving job (its GPU count, its memory).
+        """
+        ahead = self.heading.get(job.id)
+        if ahead is None:
             return None
-        return tuple(candidates[:size])
+        holder = next((m for m in node.members if m.id == ahead), None)
+        if holder is None or len(holder.gpu_uuids) != node.size[job.id]:
+            del self.heading[job.id]
+            return None
+        if not fits_on(node, job, holder.gpu_uuids, waiting):
+            del self.heading[job.id]
+            return None
+        return holder.gpu_uuids
+
+    def _moves_key(self, job: JobView) -> tuple[int, float]:
+        return (self.moved.get(job.id, 0), self._owed(job.id))
 
     def _leave(
         self,
-        node: _Node,
+        node: SlicedNode,
         runs: Mapping[int, tuple[str, ...]],
         waiting: Mapping[int, Waiting],
         modes: dict[int, str],
@@ -326,19 +385,22 @@ class Slicer:
     ) -> None:
         """Choose how each member computing now but not chosen waits, and say whose turn it is."""
         by_gpu = {uuid: job_id for job_id, uuids in runs.items() for uuid in uuids}
-        idle = [u for u in node.gpus if u not in node.claimed]
+        exiting = {u for job in node.members if saved(job, waiting) for u in job.gpu_uuids}
+        idle = [u for u in node.gpus if u not in node.claimed and u not in exiting]
         for job in node.members:
             if job.id in runs:
                 if job.suspended or not job.gpu_uuids:
                     notes[job.id] = f"time-sliced: its turn ({self.quantum:g} s quantum)"
                 continue
-            if not _computing(job, waiting):
+            if not computing(job, waiting):
                 stuck = [
                     other.id
                     for other in node.members
-                    if _computing(other, waiting) and not self._can_leave(node, other, waiting)
+                    if computing(other, waiting) and not can_leave(node, other, waiting)
                 ]
                 notes[job.id] = "time-sliced: waiting for its turn"
+                if job.id in self.heading:
+                    notes[job.id] += f", to take job {self.heading[job.id]}'s GPUs"
                 if stuck:
                     notes[job.id] += (
                         f"; job {', '.join(map(str, stuck))} cannot take turns (no gpuq.runner "
@@ -348,58 +410,28 @@ class Slicer:
             after = sorted({by_gpu[u] for u in job.gpu_uuids if u in by_gpu})
             whose = ", ".join(f"job {j}" for j in after) or "another job"
             owed = self._owed(job.id)
-            others = [self._owed(j) for j in runs if j not in after]
-            behind = bool(others) and owed - min(others) > (self.rebalance or 0)
-            mode = self._mode(node, job, after, waiting, move=behind or bool(idle))
+            targeted = set(self.heading.values())
+            lone = [j for j in runs if j not in targeted and alone(node, j)]
+            ahead = min(lone, key=self._owed, default=None)
+            # Of the jobs sharing its GPUs, the one moved least so far moves: restarts are shared.
+            partners = sharing(node, job, waiting)
+            most = max([owed, *(self._owed(m.id) for m in partners)])
+            gap = 0.0 if ahead is None else most - self._owed(ahead)
+            turn_to_move = all(self._moves_key(job) <= self._moves_key(m) for m in partners)
+            behind = gap > (self.rebalance or 0) and turn_to_move
+            mode = wait_mode(node, job, after, waiting, move=behind or bool(idle))
             modes[job.id] = mode
+            if mode == "checkpoint" and behind and ahead is not None:
+                self.heading[job.id] = ahead
+                self.moved[job.id] = self.moved.get(job.id, 0) + 1
             turn = "s'" if len(after) > 1 else "'s"
             notes[job.id] = f"quantum ended, {whose}{turn} turn"
-
-    def _mode(
-        self,
-        node: _Node,
-        job: JobView,
-        after: list[int],
-        waiting: Mapping[int, Waiting],
-        move: bool,
-    ) -> str:
-        """Park, stop or checkpoint (module docstring)."""
-        info = waiting.get(job.id, Waiting())
-        if move and "checkpoint" in info.modes:
-            return "checkpoint"
-        incoming = max((waiting.get(j, Waiting()).needs or 0 for j in after), default=0)
-        others = [m for m in node.members if m.id != job.id and m.suspended and m.gpu_uuids]
-        for mode in ("park", "stop"):
-            if mode not in info.modes or (mode == "stop" and info.needs is None):
-                continue
-            fits = True
-            for uuid in job.gpu_uuids:
-                kept = sum(_resident(m, waiting) for m in others if uuid in m.gpu_uuids)
-                if kept + info.resident(mode) + incoming > node.usable.get(uuid, 0):
-                    fits = False
-            if fits:
-                return mode
-        return "checkpoint"
-
-    @staticmethod
-    def _can_leave(node: _Node, job: JobView, waiting: Mapping[int, Waiting]) -> bool:
-        """True if the job can leave its GPUs for a turn in some mode (module docstring).
-
-        A stop keeps all of the job's memory: it must fit beside the largest
-        job of the node and what waiting jobs keep on the same GPUs.
-        """
-        info = waiting.get(job.id, Waiting())
-        if info.modes & {"park", "checkpoint"}:
-            return True
-        if "stop" not in info.modes or info.needs is None:
-            return False
-        others = [m for m in node.members if m.id != job.id]
-        incoming = max((waiting.get(m.id, Waiting()).needs or 0 for m in others), default=0)
-        for uuid in job.gpu_uuids:
-            kept = sum(_resident(m, waiting) for m in others if m.suspended and uuid in m.gpu_uuids)
-            if kept + info.needs + incoming > node.usable.get(uuid, 0):
-                return False
-        return True
+            if mode == "checkpoint" and behind:
+                notes[job.id] += f"; it moves: owed {gap:.0f} s more than job {ahead}"
+            elif mode == "checkpoint" and idle:
+                notes[job.id] += "; it moves: GPUs sit idle"
+            elif mode == "checkpoint":
+                notes[job.id] += "; no room to park beside the next job"
 
     def _owed(self, job_id: int) -> float:
         return self.credit.get(job_id, 0.0)
@@ -416,6 +448,8 @@ class Slicer:
             "since": {str(k): v for k, v in self.since.items()},
             "shares": {str(k): list(v) for k, v in self.shares.items()},
             "rate": {str(k): v for k, v in self.rate.items()},
+            "heading": {str(k): v for k, v in self.heading.items()},
+            "moved": {str(k): v for k, v in self.moved.items()},
             "last": self.last,
         }
 
@@ -428,15 +462,12 @@ class Slicer:
             self.since = {int(k): float(v) for k, v in saved["since"].items()}
             self.shares = {int(k): tuple(int(n) for n in v) for k, v in saved["shares"].items()}
             self.rate = {int(k): float(v) for k, v in saved["rate"].items()}
+            self.heading = {int(k): int(v) for k, v in saved.get("heading", {}).items()}
+            self.moved = {int(k): int(v) for k, v in saved.get("moved", {}).items()}
             last = saved["last"]
             self.last = None if last is None else float(last)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"damaged slicer memory: {exc}") from exc
-
-
-def _computing(job: JobView, waiting: Mapping[int, Waiting]) -> bool:
-    """True if the job computes now: it holds GPUs, is not suspended and is not leaving."""
-    return bool(job.gpu_uuids) and not job.suspended and not waiting.get(job.id, Waiting()).leaving
 
 
 def slicer_for(policy: Policy) -> Slicer | None:
@@ -444,9 +475,3 @@ def slicer_for(policy: Policy) -> Slicer | None:
     if not policy.capabilities.time_slicing:
         return None
     return Slicer(quantum=policy.capabilities.quantum)
-
-
-def _resident(job: JobView, waiting: Mapping[int, Waiting]) -> int:
-    """Bytes per GPU a waiting job keeps: a parked runner's context, a stopped job's all."""
-    info = waiting.get(job.id, Waiting())
-    return info.resident("park" if "park" in info.modes else "stop")

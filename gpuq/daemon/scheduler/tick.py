@@ -1,12 +1,17 @@
 """The tick: one scheduler pass, run by the server whenever something changed.
 
-It runs explicit, ordered steps on the event loop: decide which pending jobs
-are ready (`readiness`), cancel those whose dependencies can never be met,
-build the policy's state (`view`), call the policy in a worker thread with a
+It runs explicit, ordered steps on the event loop: finish or undo the moves
+under way (`moves.settle`: a moved job restarts on the GPUs booked for it),
+decide which pending jobs are ready (`readiness`), cancel those whose
+dependencies can never be met, build the policy's state (`view`, with each
+moving job on its new GPUs and what the daemon measured: `introspect`),
+call the policy in a worker thread with a
 deadline (`DECIDE_DEADLINE`), share the GPUs it over-subscribes in turns
-(`slicer`, time-slicing policies only), carry out its preemptions and turns
+(`slicer`, time-slicing policies only), carry out its packs and unpacks
+(`packing`), its preemptions and turns
 (`actuator`), bind its decision to GPUs (`binding`), and start what it
-placed, in slices with yields between them.
+placed (none on GPUs a moving job has not left yet), in slices with yields
+between them.
 
 The decision runs off the event loop so a slow policy never delays a
 client's request (the state is an immutable snapshot). A decision still
@@ -22,7 +27,7 @@ import logging
 import time
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.scheduler import actuator, memory
+from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
@@ -88,6 +93,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     if not state.check_state_dir():
         return []
     now = time.time()
+    book = moves.settle(state, [gpu.uuid for gpu in state.gpus.devices])
     pending = sorted(
         (j for j in state.active.values() if j.state is JobState.QUEUED), key=lambda j: j.id
     )
@@ -118,6 +124,9 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.latest_samples,
         state.profiled_gpus,
     )
+    cluster = moves.present(book, state, cluster)
+    state.introspection.observe(state.active.values(), state.latest_samples, now)
+    cluster = introspect.enrich(cluster, state.introspection, state.packs)
     slicer = state.slicer
     if slicer is not None:
         cluster = slicer.present(cluster)
@@ -128,21 +137,28 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.waiting_reasons = late
         return []
     memory.persist(state)
+    wanted = decision
     turn_end: float | None = None
     sliced: frozenset[int] = frozenset()
-    if slicer is not None:
+    if slicer is not None and slicer.needed(cluster, decision):
         info = actuator.turn_info(state, cluster, now, slicer.quantum)
         slices = slicer.slice(cluster, decision, info, now)
         decision, turn_end, sliced = slices.decision, slices.wake, slices.sliced
         memory.persist_turns(state)
     actions = plan(cluster, decision)
+    packs = packing.carry_out(state, cluster, wanted, decision, actions)
+    actions = packs.rest(actions)
     preemptions = actuator.preempt(state, actions)
     turns = actuator.resume_turns(state, actions)
     starts, waiting = placements(cluster, decision)
+    starts = packs.starts(starts)
+    waiting.update(packs.waiting)
     release = preemptions.release_reason()
     if release is not None:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
     starts = _after_turns(state, starts, sliced, waiting)
+    moved = decision.bindings if slicer is None else {}  # turns are the slicer's, not moves
+    starts = moves.hold_back(state, cluster, moved, starts, waiting)
     reasons = dict(ready.waiting)
     reasons.update(waiting)
     reasons.update(turns)

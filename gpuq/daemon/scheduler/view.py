@@ -118,6 +118,8 @@ def build_state(
                 node=g.node,
                 memory_total=g.memory_total,
                 memory_foreign=gpus.foreign_memory.get(g.uuid, 0),
+                link_group=g.link_group,
+                index=g.index,
             )
             for g in gpus.devices
         ),

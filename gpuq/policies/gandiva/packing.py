@@ -1,9 +1,14 @@
 """Gandiva's introspection: measured progress rates and greedy, measured packing.
 
 Measurement. Gandiva judges every change by the jobs' mini_batch_time before
-and after it. A policy sees no clock and no step times, so `Tracker` measures
-progress between two decisions from `JobView.remaining_iterations`: over the
-interval from the previous decision (at t0) to this one (at t1),
+and after it. Where the caller measures step times (the daemon, from the
+runner: `JobView.step_seconds`), a job's rate is 1 / step_seconds: its solo
+rate when it computed alone (`step_shared_with` empty; time waiting for a
+turn is not in a step), and its packed rate, a fraction of solo, when it
+computed beside its packed partner. Elsewhere (the simulator) the policy
+sees no clock and no step times, so `Tracker` measures progress between two
+decisions from `JobView.remaining_iterations`: over the interval from the
+previous decision (at t0) to this one (at t1),
 
     rate = (remaining(t0) - remaining(t1)) / (t1 - t0)   iterations per second.
 
@@ -22,7 +27,8 @@ rate, or over the goodput model's throughput where the job runs divided by its
 batch size before any measurement; unknown (None) without either.
 
 Packing (only during overload; paper sections 4.1 and 4.2.2). Candidates are
-1-GPU jobs whose solo rate has been measured (Gandiva profiles jobs alone
+1-GPU jobs that do not ask for their GPUs alone (`exclusive`), whose solo
+rate has been measured (Gandiva profiles jobs alone
 first), with a known `gpu_utilization` and `memory_peak`; a job whose
 utilization or memory is unknown is treated as high-utilization and never
 packed, and nothing is packed when `ClusterState.gpu_memory` is unknown.
@@ -32,7 +38,8 @@ utilization (ties: the guest's own node, then node order, then id), if
 both memory peaks fit in one GPU, their utilizations add up to at most
 `max_utilization` (gpuq's gate against hopeless trials; the paper tries any
 pair), both have the same priority (so packing never mixes priorities), the
-pair has not failed before, and the host is on the guest's node or, when
+pair has not failed before (slower than time-slicing, or one ran out of
+GPU memory beside the other: `JobView.oom_partners`), and the host is on the guest's node or, when
 migration is allowed, on a node that is not over-subscribed (a guest never
 moves into time-slicing). A waiting guest may join any such host. Only pairs
 are packed.
@@ -41,7 +48,8 @@ Keep or undo. Time-slicing one GPU between the two jobs gives each half its
 solo rate, 1.0 of solo in all; packing must beat that. A pack is kept while the sum
 of its members' latest packed rates exceeds `keep_threshold` (default 1.0)
 and undone (the guest stays on its node, time-sliced) the first time it does
-not; a failed pair is never tried again, and the guest tries the next GPU.
+not, with the reason "packed throughput 0.71 of time-sliced (0.36+0.35 of
+solo)"; a failed pair is never tried again, and the guest tries the next GPU.
 """
 
 from __future__ import annotations
@@ -124,6 +132,9 @@ class Tracker:
         present = {job.id for job in state.jobs}
         self.solo = {j: rate for j, rate in self.solo.items() if j in present}
         for job in state.jobs:
+            if job.step_seconds is not None:
+                self._measured(job, job.step_seconds)
+                continue
             seen = self._seen.get(job.id)
             if (
                 seen is None
@@ -142,6 +153,16 @@ class Tracker:
                 self.solo[job.id] = rate / seen.share
             elif self.solo.get(job.id, 0.0) > 0.0:
                 self.packed[job.id] = (seen.partner, rate / (seen.share * self.solo[job.id]))
+
+    def _measured(self, job: JobView, step_seconds: float) -> None:
+        """Take a step time the caller measured: solo alone, else packed beside its partner."""
+        if step_seconds <= 0.0:
+            return
+        rate = 1.0 / step_seconds
+        if not job.step_shared_with:
+            self.solo[job.id] = rate
+        elif len(job.step_shared_with) == 1 and self.solo.get(job.id, 0.0) > 0.0:
+            self.packed[job.id] = (job.step_shared_with[0], rate / self.solo[job.id])
 
     def record(self, book: Book, state: ClusterState, now: float) -> None:
         """Remember each job's configuration as decided now, for the next interval."""
@@ -188,21 +209,18 @@ def review_packs(
                 pack.rates[job_id] = measured[1]
         where = book.nodes[book.node_of(guest)].name
         if len(pack.rates) < 2:
-            book.notes[guest] = f"packed with job {pack.host} on {where}: trial, measuring"
-            book.notes[pack.host] = f"packed with job {guest} on {where}: trial, measuring"
+            book.notes[guest] = book.notes[pack.host] = f"trial, measuring on {where}"
             continue
         total = pack.rates[guest] + pack.rates[pack.host]
         rates = f"{pack.rates[guest]:.2f}+{pack.rates[pack.host]:.2f} of solo"
         if total > keep_threshold:
-            text = f"on {where}: kept, {total:.2f}x time-slicing ({rates})"
-            book.notes[guest] = f"packed with job {pack.host} {text}"
-            book.notes[pack.host] = f"packed with job {guest} {text}"
+            text = f"kept, {total:.2f}x time-slicing ({rates}) on {where}"
+            book.notes[guest] = book.notes[pack.host] = text
         else:
             book.unpack(guest)
             failed.add(frozenset((guest, pack.host)))
-            text = f"undone on {where}, {total:.2f}x time-slicing ({rates})"
-            book.notes[guest] = f"unpacked from job {pack.host}: {text}"
-            book.notes[pack.host] = f"unpacked from job {guest}: {text}"
+            text = f"packed throughput {total:.2f} of time-sliced ({rates}), undone on {where}"
+            book.notes[guest] = book.notes[pack.host] = text
 
 
 def try_packs(
@@ -219,7 +237,7 @@ def try_packs(
 
     def profile(job_id: int) -> tuple[float, int] | None:
         job = book.jobs[job_id]
-        if job.gpus_requested != 1 or job_id in book.base or book.packed(job_id):
+        if job.gpus_requested != 1 or job.exclusive or job_id in book.base or book.packed(job_id):
             return None
         if job.gpu_utilization is None or job.memory_peak is None:
             return None
@@ -258,5 +276,5 @@ def try_packs(
         book.pack(guest, host)
         packs[guest] = Pack(host, now)
         where = book.nodes[book.node_of(host)].name
-        book.notes[guest] = f"packed with job {host} on {where}: trial (utilization {util:g}%)"
-        book.notes[host] = f"packed with job {guest} on {where}: trial"
+        text = f"trial on {where} (utilization {util:.0f}% + {profiles[host][0]:.0f}%)"
+        book.notes[guest] = book.notes[host] = text

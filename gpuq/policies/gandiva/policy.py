@@ -205,6 +205,8 @@ class GandivaPolicy:
         self._last_now = now
         tracker = self._tracker
         tracker.observe(state, now)
+        for job in state.jobs:
+            self._failed.update(frozenset((job.id, other)) for other in job.oom_partners)
         packs = {guest: pack.host for guest, pack in self._packs.items()}
         book = Book.from_state(state, self.oversubscription, self._affinity, packs, self.opts_in)
         self._packs = {g: p for g, p in self._packs.items() if book.host_of.get(g) == p.host}

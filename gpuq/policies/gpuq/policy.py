@@ -1,91 +1,151 @@
-"""gpuq's default policy, `gpuq`: Pollux's goodput allocation with honest restart costs.
+"""gpuq's default policy, `gpuq`: a lab's queue with goodput allocation and time-slicing.
 
-What it takes from the papers:
+It does what a lab's daemon needs `fifo` for (priorities, memory shares,
+exclusive jobs, foreign memory, backfill with time limits, a reason for
+every wait) and sizes whole-GPU jobs by Pollux's goodput search. Each
+decision is built on a board of the cluster GPU by GPU
+(`gpuq.policies.gpuq.board`) and decided one priority class at a time
+(`gpuq.policies.gpuq.classes`); each rule is tested in
+tests/test_policy_gpuq.py.
 
-- Pollux: the objective. Every decision maximizes the power mean (p = -1) of
-  each active job's goodput speedup over allocation matrices, jobs adapt
-  their batch size to what they get, and a change to a running job's GPUs is
-  charged through REALLOC_FACTOR (`gpuq.policies.pollux.policy`, reused, not
-  copied: the search, caps, fair share and determinism are Pollux's).
-- Optimus and AFS (the option below): use what is known about a job's
-  remaining work (exact in the simulator, `JobView.remaining_iterations`;
-  the daemon's view leaves it None until jobs report it, and then the rule
-  falls back to Pollux's charge) rather than its age alone; and AFS and
-  Tiresias: change a running job only when it pays.
-
-gpuq changes only the restart charge, REALLOC_FACTOR, per job; each rule is
-tested in tests/test_policy_gpuq.py. The first rule is on by default; the
-others are options, off by default because the simulator shows a cost
-(below; figures are paired ratios over policy seeds 0-5,
-`bench/bench_compare.py --seeds`, `gpuq.sim.metrics.paired_ratio`).
-
-Starts into idle GPUs are free (`starts="idle"`, the default)
+Priorities: strict classes, highest first
+    Jobs of one priority are decided together, on the GPUs the classes above
+    left: a higher-priority job is always served before a lower one. Inside
+    a class, the goodput objective decides; it is never traded against
+    priority (a class's goodput cannot buy GPUs a higher class wants).
+Preemption for priority (`gpuq.policies.gpuq.preempt`)
+    A waiting job that fits no other way (not merely behind a reservation)
+    takes GPUs from running jobs of lower priority: first by shrinking
+    adaptive ones to their minimum, then by preempting jobs whole; each
+    lowest priority first, then the most recently started (the least work to
+    redo), no more than it needs. Only jobs the caller can preempt without
+    losing work (`JobView.preemptible`: a gpuq.runner that checkpoints,
+    live) are ever shrunk or preempted; the others keep their GPUs and the
+    job waits. Each reason names the job yielded to ("preempted for job 12
+    (priority 5 over 0)", "resized 2 -> 1 GPUs: shrunk for job 12 ...").
+    Within a priority, a job leaves its GPUs only for the goodput search
+    below or for another's turn (time-slicing).
+Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
+    Memory-share jobs (`--gpu-mem`, exclusive or not) and the minimum of
+    every whole-GPU job that needs one (`min_gpus` >= 1: every daemon job)
+    are placed in queue order (submit time, then id) with fifo's capacity
+    rules (shares best-fit, never over-committing a GPU's memory beside its
+    foreign memory; whole GPUs only where foreign memory is within the
+    tolerance), its EASY backfill with time limits around the first job that
+    does not fit, and its waiting reasons. Running jobs hold their GPUs,
+    except that a running job the search may resize holds only its minimum
+    here: what it holds beyond that may go to an earlier-queued share or
+    job, and the search then shrinks it (through its checkpoint). Memory
+    shares are never resized, moved or preempted for jobs of their own
+    class. Jobs that run on any count (`min_gpus` 0: the simulator's Pollux
+    jobs) are not gated: the search alone decides for them, as in Pollux.
+Goodput allocation (Pollux's search, `gpuq.policies.pollux.policy`)
+    The class's whole-GPU jobs that can change GPUs (running jobs whose
+    caller can preempt them, and those admitted or not gated) are sized by
+    Pollux's search on the class's whole GPUs: free ones (no gpuq job, foreign
+    memory within the tolerance) and those they hold. Running jobs that
+    cannot be preempted, and jobs waiting for their turn, keep theirs. A
+    job's GPUs are its own ones first, then free ones in GPU order. Where no
+    job of the class can change its size (all rigid: one count each), the
+    search has nothing to size and admitted jobs start where admission
+    placed them. The search charges restarts as below.
+Restart charges (on the search, per job)
     Pollux charges REALLOC_FACTOR `max(T - R*delta, 0) / (T + delta)` (T the
     job's age, R its restarts, delta the restart penalty) to every change,
-    starting a waiting job included. That charge makes a job that arrived
-    at the instant of a decision (T = 0) worth nothing, so it waits a whole
-    interval even while GPUs stand idle, and a job restarted often enough
-    (R*delta >= T) is never worth resuming. While the current allocation
-    leaves a GPU idle, gpuq charges nothing to a job that holds no GPUs: its
-    REALLOC_FACTOR is 1. In a full cluster a start displaces running jobs,
-    and the waiting job keeps Pollux's charge.
-All starts are free (`starts="free"`)
-    The same, in a full cluster too. On workloads 1-4 (seeds 0-5) average
-    JCT moves by -0.2% to +0.6% and the worst finish-time fairness improves
-    (1.79 to 1.76 on workload-2), but the newcomers' starts shrink the
-    longest jobs more often: workload-2's p99 JCT rises 1.2% (interval
-    [+0.7%, +1.6%]), so it is not the default. `starts="charged"` is
-    Pollux's rule.
-Moves are charged over the remaining time (option, off by default)
-    A running job moved to an allocation where it finishes in L seconds
-    loses delta of them: its progress rate until completion is scaled by
-    `L / (L + delta)`. Pollux uses the age T in place of L (a long-lived
-    job is likely to live long), which lets a job with a minute left be
-    moved for a small gain and then spend half that minute restarting. When
-    the job's remaining time is known, gpuq charges the smaller of the two
-    factors, with L its remaining time on its current GPUs
-    (`gpuq.policies.gpuq.estimates.remaining_time`; a move that speeds the
-    job up leaves less, so this errs towards Pollux's lighter charge). The
-    charge is thus never lighter than Pollux's, and a nearly finished job
-    stays where it is unless the gain is large (L = 60 s needs 50% more
-    speed); a long job keeps Pollux's age-based charge. Measured over three
-    seeds it changed average JCT by less than the seeds' spread and, with
-    free starts, raised workload-4's p99 JCT by 3.7% over free starts alone
-    (means of seeds 0-2, `bench/bench_compare.py --seeds`), so it stays off
-    until an estimate of the time until the job's next move replaces L.
+    starting a waiting job included; a job arriving at the decision instant
+    (T = 0) is then worth nothing and waits a whole interval with GPUs idle.
+    `starts="idle"` (the default): while the class's GPUs include an idle
+    one, a job holding none is charged nothing. `starts="free"`: in a full
+    cluster too (average JCT -0.2% to +0.6% on workloads 1-4 over seeds 0-5,
+    but workload-2's p99 JCT +1.2% [+0.7%, +1.6%]: the newcomers shrink the
+    longest jobs more often). `starts="charged"`: Pollux's rule.
+    `remaining_aware` (off): a running job's move is charged `L / (L +
+    delta)` when that is heavier, L its remaining time where it is
+    (`gpuq.policies.gpuq.estimates`); it changed average JCT by less than the
+    seeds' spread and raised workload-4's p99 by 3.7% with free starts, and
+    it reads remaining work (an oracle in the simulator), which the daemon
+    does not estimate, so the daemon refuses it.
+Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
+    `timeslice="blocked"` (the default): a whole-GPU job that admission
+    could not place (its minimum does not fit in its class's GPUs even with
+    every resizable job of the class at its minimum: it waits behind jobs
+    of its own priority) becomes a guest of a node whose gpuq jobs are all
+    of its class and can wait their turn, over-subscribing it at most
+    `oversubscription` (2) times, in queue order until one finds no such
+    node (no job takes turns ahead of an older one that gets none); the
+    daemon then shares the node's GPUs in turns of `quantum` seconds (60),
+    parking or checkpointing a runner job, stopping a job whose memory is
+    known (`gpuq.daemon.scheduler.slicer`, which refuses any other). Why: a
+    job queued behind jobs of its own priority gets its first minutes within
+    a quantum rather than when a job ends, so a user sees its first losses
+    (or its crash) early: Gandiva's argument, for the many short and failing
+    runs of a lab. Only behind its own class, since a higher class preempts
+    and a lower one waits. Not a job whose minimum fits but that the goodput
+    search left waiting, nor one that runs on any count (`min_gpus` 0, the
+    simulator's Pollux jobs): the search can give it GPUs by shrinking
+    others, and holds off only while a restart costs more than it gains,
+    which turns would overrule. `timeslice="all"` slices those too: on
+    workloads 1-4 (seeds 0 and 1, bench/RESULTS.md) it moved average JCT by
+    -0.2% to 0 but raised p99 JCT on workloads 2 and 3 (+0.2%, +1.5%), the
+    longest jobs slowed by the turns on their nodes; so in the simulator the
+    default decides exactly as `timeslice="off"` (no turns). How turns meet
+    the search: a guest is shown to the next decision as waiting (the board
+    makes the newest single-node jobs of an over-subscribed node its
+    guests), so it starts for real as soon as its minimum fits (its turns
+    then end), and a node being time-sliced is full to the search, which
+    neither grows its jobs nor places other jobs there.
+Reasons
+    Every job gets a note: where it runs and why ("speedup 1.62 over a fair
+    share", "goodput +38% (...)" for a resize, "a 6.0G memory share", "next
+    in the queue at priority 0"), or why it waits (fifo's "waiting for 2 free
+    GPUs (0 free)", "behind job 12 (reserved GPUs)", "needs 4 GPUs; this
+    server has 2"; the search's "the goodput allocation keeps the GPUs with
+    running jobs for now"; a guest's "time-sliced on n1 with job 3").
+Steps still to come
+    Packing with introspection (Gandiva's packs carried out live) and moves
+    on one server with GPU topology plug in per class between the goodput
+    allocation and time-slicing: a pack is tried before a waiting job is
+    time-sliced, and a move step rebinds the class's jobs to GPUs (the
+    board's `_pick`) before the next class sees what is left.
 
-With `starts="charged", remaining_aware=False` the policy makes exactly
-Pollux's decisions. `restart_penalty`, `population` and `generations` are
-Pollux's options. Only `remaining_aware` reads a job's remaining work
-(`capabilities.remaining_work`); without it the policy runs live as Pollux
-does.
-
-Also measured and not adopted (means over seeds 0-2 on the workloads
-where Pollux is hardest to match): weighting the power mean towards jobs
-with little remaining time (an SRPT tilt) cuts average JCT by 1-4% but
-raises p99 JCT by 1-2%; weighting towards old jobs does the reverse; their
-products, clamped versions and other exponents p trade one for the other
-without beating Pollux on both.
+`restart_penalty`, `population` and `generations` are Pollux's options; the
+random generator is seeded once and each class keeps its own warm-start
+population (saved and restored: `Remembers`). With one class of jobs that
+run on any count and no shares (Pollux's workloads), the decisions are
+exactly those of the search alone, time-slicing on or off.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
+from gpuq.policies.gpuq.board import Board
+from gpuq.policies.gpuq.classes import decide_classes
 from gpuq.policies.gpuq.estimates import remaining_time
-from gpuq.policies.interface import Capabilities, ClusterState, JobView
-from gpuq.policies.pollux.policy import PolluxPolicy
+from gpuq.policies.gpuq.timeslice import Slicing
+from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
+from gpuq.policies.pollux.policy import (
+    PolluxPolicy,
+    Population,
+    Solution,
+    dump_population,
+    load_population,
+)
 from gpuq.policies.pollux.search import SearchProblem
 
 STARTS = ("idle", "free", "charged")
 """When starting a waiting job is free of Pollux's restart charge (module docstring)."""
+TIMESLICE = ("blocked", "all", "off")
+"""Which waiting jobs take turns (module docstring)."""
 
 
 class GpuqPolicy(PolluxPolicy):
-    """Pollux's goodput-driven allocation with gpuq's restart charges (see module)."""
+    """gpuq's default policy: classes, admission, goodput, time-slicing (see module)."""
 
     name = "gpuq"
 
@@ -95,6 +155,9 @@ class GpuqPolicy(PolluxPolicy):
         starts: str = "idle",
         remaining_aware: bool = False,
         *,
+        timeslice: str = "blocked",
+        quantum: float = 60.0,
+        oversubscription: float = 2.0,
         restart_penalty: float | None = None,
         population: int = 100,
         generations: int = 100,
@@ -107,15 +170,44 @@ class GpuqPolicy(PolluxPolicy):
         )
         if starts not in STARTS:
             raise ValueError(f"starts must be one of {', '.join(STARTS)}, not {starts!r}")
+        if timeslice not in TIMESLICE:
+            raise ValueError(f"timeslice must be one of {', '.join(TIMESLICE)}, not {timeslice!r}")
+        if quantum <= 0:
+            raise ValueError(f"quantum must be positive, got {quantum}")
+        if oversubscription < 1:
+            raise ValueError(f"oversubscription must be at least 1, got {oversubscription}")
         self.starts = starts
         self.remaining_aware = remaining_aware
+        self.timeslice = timeslice
+        on = timeslice != "off"
+        self.slicing = Slicing(oversubscription, quantum, timeslice == "all") if on else None
+        self._populations: dict[int, Population | None] = {}
         # Remaining work is read only by the option that charges moves over it.
         self.capabilities = Capabilities(
-            adaptive_jobs=True, preemption=True, remaining_work=remaining_aware, remembers=True
+            adaptive_jobs=True,
+            time_slicing=on,
+            preemption=True,
+            remaining_work=remaining_aware,
+            remembers=True,
+            quantum=quantum,
         )
 
+    def decide(self, state: ClusterState, now: float) -> Decision:
+        """Decide each priority class in turn on a board of the cluster (module docstring)."""
+        if not state.jobs or not state.nodes:
+            return Decision()
+        board = Board.build(state)
+        return decide_classes(board, lambda c, s: self._search(c, s, now), now, self.slicing)
+
+    def _search(self, priority: int, state: ClusterState, now: float) -> Solution:
+        """Pollux's search for one class, warm-started from that class's last population."""
+        self._previous = self._populations.get(priority)
+        solution = self.solve(state, now)
+        self._populations[priority] = self._previous
+        return solution
+
     def problem(self, state: ClusterState, now: float) -> tuple[list[JobView], SearchProblem]:
-        """Pollux's search problem for this instant, with gpuq's REALLOC_FACTOR (module)."""
+        """Pollux's search problem for this instant, with gpuq's restart charges (module)."""
         jobs, problem = super().problem(state, now)
         idle = int(problem.base.sum()) < int(problem.node_gpus.sum())
         free_starts = self.starts == "free" or (self.starts == "idle" and idle)
@@ -133,6 +225,32 @@ class GpuqPolicy(PolluxPolicy):
                 factors[row] = min(factors[row], remaining_factor(jobs[row], penalty))
         return jobs, replace(problem, realloc_factor=factors)
 
+    def save(self) -> dict[str, Any]:
+        """Its memory: the random generator and each class's last population (`Remembers`)."""
+        saved: dict[str, Any] = {"version": 2, "rng": self._rng.bit_generator.state}
+        saved["classes"] = {
+            str(priority): dump_population(population)
+            for priority, population in sorted(self._populations.items())
+            if population is not None
+        }
+        return saved
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Take up what `save` returned, or Pollux's memory as class 0's; ValueError if neither."""
+        version = saved.get("version")
+        if version == 1:  # one population, as pollux and earlier gpuq versions saved it
+            super().restore(saved)
+            self._populations = {0: self._previous} if self._previous is not None else {}
+            return
+        if version != 2:
+            raise ValueError(f"not a saved {self.name} policy: unknown version {version!r}")
+        super().restore({"version": 1, "rng": saved.get("rng")})
+        try:
+            populations = {int(k): load_population(v) for k, v in saved["classes"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"not a saved {self.name} policy: {exc}") from None
+        self._populations = dict(populations)
+
 
 def remaining_factor(job: JobView, penalty: float) -> float:
     """`L / (L + penalty)` for a running job that would finish in L seconds where it is.
@@ -146,4 +264,4 @@ def remaining_factor(job: JobView, penalty: float) -> float:
     return left / (left + penalty)
 
 
-__all__ = ["STARTS", "GpuqPolicy", "remaining_factor"]
+__all__ = ["STARTS", "TIMESLICE", "GpuqPolicy", "remaining_factor"]

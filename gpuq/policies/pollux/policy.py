@@ -126,7 +126,16 @@ def repair_order(jobs: Sequence[JobView]) -> list[JobView]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Population:
+class Solution:
+    """A search's answer: the jobs in repair order, the problem, and the fittest matrix."""
+
+    jobs: list[JobView]
+    problem: SearchProblem
+    best: Allocations
+
+
+@dataclass(frozen=True, slots=True)
+class Population:
     """The previous decision's final population, with its row and column keys."""
 
     job_ids: tuple[int, ...]
@@ -134,8 +143,19 @@ class _Population:
     states: Allocations
 
 
-def _population(data: Mapping[str, Any]) -> _Population:
-    """A population as `PolluxPolicy.save` wrote it (KeyError, TypeError, ValueError if not)."""
+def dump_population(population: Population) -> dict[str, Any]:
+    """A population, JSON-ready (as `PolluxPolicy.save` writes it)."""
+    states = np.ascontiguousarray(population.states, dtype=np.int8)
+    return {
+        "job_ids": list(population.job_ids),
+        "node_names": list(population.node_names),
+        "shape": list(states.shape),
+        "states": base64.b64encode(states.tobytes()).decode("ascii"),
+    }
+
+
+def load_population(data: Mapping[str, Any]) -> Population:
+    """A population as `dump_population` wrote it (KeyError, TypeError, ValueError if not)."""
     shape = tuple(int(n) for n in data["shape"])
     raw = base64.b64decode(data["states"], validate=True)
     states = np.frombuffer(raw, dtype=np.int8).reshape(shape).copy()
@@ -143,7 +163,7 @@ def _population(data: Mapping[str, Any]) -> _Population:
     node_names = tuple(str(n) for n in data["node_names"])
     if shape[1:] != (len(node_names), len(job_ids)):
         raise ValueError(f"a population of shape {shape} for {len(job_ids)} jobs")
-    return _Population(job_ids, node_names, states)
+    return Population(job_ids, node_names, states)
 
 
 class PolluxPolicy:
@@ -176,7 +196,7 @@ class PolluxPolicy:
         self.patience = patience
         self.greedy = greedy
         self._rng = np.random.default_rng(seed)
-        self._previous: _Population | None = None
+        self._previous: Population | None = None
         self._tables = SpeedupTables()
         self.last_generations = 0
         """Generations the last decision ran (for benchmarks)."""
@@ -230,23 +250,8 @@ class PolluxPolicy:
         """Search for the fittest allocation matrix and return it as a Decision."""
         if not state.jobs or not state.nodes:
             return Decision()
-        jobs, problem = self.problem(state, now)
-        job_ids = tuple(job.id for job in jobs)
-        node_names = tuple(node.name for node in state.nodes)
-        initial = self._warm_start(job_ids, node_names)
-        if self.greedy:
-            initial = np.concatenate([greedy_seed(problem)[None], initial])
-        result = search(
-            problem,
-            initial,
-            self._rng,
-            population=self.population,
-            generations=self.generations,
-            patience=self.patience,
-        )
-        self._previous = _Population(job_ids, node_names, result.population)
-        self.last_generations = result.generations
-        best = keep_current_placements(problem, result.population[0])
+        solution = self.solve(state, now)
+        jobs, problem, best = solution.jobs, solution.problem, solution.best
         speedups = job_speedups(problem, best[None])[0]
         allocations: dict[int, tuple[int, ...]] = {}
         notes: dict[int, str] = {}
@@ -265,18 +270,32 @@ class PolluxPolicy:
                 notes[job.id] = f"waiting (cap {int(problem.max_gpus[row])} GPUs)"
         return Decision(allocations=allocations, notes=notes)
 
+    def solve(self, state: ClusterState, now: float) -> Solution:
+        """Run the search for this instant (a state with jobs and nodes); the fittest matrix."""
+        jobs, problem = self.problem(state, now)
+        job_ids = tuple(job.id for job in jobs)
+        node_names = tuple(node.name for node in state.nodes)
+        initial = self._warm_start(job_ids, node_names)
+        if self.greedy:
+            initial = np.concatenate([greedy_seed(problem)[None], initial])
+        result = search(
+            problem,
+            initial,
+            self._rng,
+            population=self.population,
+            generations=self.generations,
+            patience=self.patience,
+        )
+        self._previous = Population(job_ids, node_names, result.population)
+        self.last_generations = result.generations
+        best = keep_current_placements(problem, result.population[0])
+        return Solution(jobs, problem, best)
+
     def save(self) -> dict[str, Any]:
         """Its memory: the random generator and the last population (`Remembers`)."""
         saved: dict[str, Any] = {"version": 1, "rng": self._rng.bit_generator.state}
-        previous = self._previous
-        if previous is not None:
-            states = np.ascontiguousarray(previous.states, dtype=np.int8)
-            saved["previous"] = {
-                "job_ids": list(previous.job_ids),
-                "node_names": list(previous.node_names),
-                "shape": list(states.shape),
-                "states": base64.b64encode(states.tobytes()).decode("ascii"),
-            }
+        if self._previous is not None:
+            saved["previous"] = dump_population(self._previous)
         return saved
 
     def restore(self, saved: Mapping[str, Any]) -> None:
@@ -287,7 +306,7 @@ class PolluxPolicy:
         try:
             rng = np.random.default_rng()
             rng.bit_generator.state = saved["rng"]
-            previous = _population(saved["previous"]) if "previous" in saved else None
+            previous = load_population(saved["previous"]) if "previous" in saved else None
         except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
             raise ValueError(f"not a saved {self.name} policy: {exc}") from None
         self._rng, self._previous = rng, previous
@@ -332,8 +351,12 @@ def keep_current_placements(problem: SearchProblem, best: Allocations) -> Alloca
 __all__ = [
     "MAX_NODES_PER_JOB",
     "PolluxPolicy",
+    "Population",
+    "Solution",
+    "dump_population",
     "gpu_cap",
     "keep_current_placements",
+    "load_population",
     "realloc_factor",
     "repair_order",
 ]

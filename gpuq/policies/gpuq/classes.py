@@ -1,0 +1,381 @@
+"""One `gpuq` decision, priority class by priority class (rules: `gpuq.policies.gpuq.policy`).
+
+`decide_classes` walks the classes from the highest priority down on one
+`Board`; each class runs four steps, in order, on what the classes above
+left:
+
+1. `admit`: memory shares and jobs that need a minimum of whole GPUs, in
+   queue order by fifo's rules (`gpuq.policies.fifo`: EASY backfill with
+   time limits, waiting reasons), preempting lower classes' checkpointable
+   jobs for a job that fits no other way;
+2. `size`: the goodput search (`Search`) over the class's whole-GPU jobs on
+   the whole GPUs left, or queue order where no job's size can change;
+3. `slice`: over-subscribe a node for a job that would wait behind jobs of
+   its own class (`gpuq.policies.gpuq.timeslice`);
+4. waiting reasons for the rest.
+
+Packing and topology-aware moves plug in between steps 2 and 3 (module
+docstring of the policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from gpuq.policies.fifo import FifoBackfill, queue_order
+from gpuq.policies.gpuq.board import Board
+from gpuq.policies.gpuq.preempt import make_room
+from gpuq.policies.gpuq.timeslice import Slicing
+from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
+from gpuq.policies.placement import Hardware, Hold, format_size
+from gpuq.policies.pollux.policy import Solution
+from gpuq.policies.pollux.search import SearchProblem, job_speedups
+
+Search = Callable[[int, ClusterState], Solution]
+"""The goodput search of one class (its priority, and the state of its whole-GPU jobs)."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The decision being built, in the order the caller should start jobs."""
+
+    allocations: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    bindings: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)
+
+    def decision(self) -> Decision:
+        """The finished `Decision`."""
+        return Decision(allocations=self.allocations, bindings=self.bindings, notes=self.notes)
+
+
+def rigid(job: JobView) -> bool:
+    """True if the job runs on exactly one count of GPUs (none, or its minimum)."""
+    return job.min_gpus >= 1 and job.max_gpus <= job.min_gpus
+
+
+def decide_classes(
+    board: Board,
+    search: Search,
+    now: float,
+    slicing: Slicing | None,
+) -> Decision:
+    """Decide every priority class in turn, highest first (module docstring)."""
+    out = Outcome()
+    victims: dict[int, str] = {}
+    shrunk: dict[int, str] = {}
+    for priority in sorted({job.priority for job in board.jobs.values()}, reverse=True):
+        _Class(board, priority, search, now, out, (victims, shrunk), slicing).run()
+    return out.decision()
+
+
+class _Class:
+    """The four steps for one priority class."""
+
+    def __init__(
+        self,
+        board: Board,
+        priority: int,
+        search: Search,
+        now: float,
+        out: Outcome,
+        yielded: tuple[dict[int, str], dict[int, str]],
+        slicing: Slicing | None,
+    ) -> None:
+        self.board = board
+        self.priority = priority
+        self.search = search
+        self.now = now
+        self.out = out
+        self.victims, self.shrunk = yielded
+        self.slicing = slicing
+        self.original = {job.id: job for job in board.state.jobs}
+        jobs = [job for job in board.state.jobs if job.priority == priority]
+        for job in jobs:
+            if job.id in self.victims:
+                out.notes[job.id] = self.victims[job.id]
+        live = [job for job in jobs if job.id not in self.victims]
+        held = [job for job in live if job.id in board.holds]
+        self.movable = [
+            job for job in held if job.gpu_mem is None and job.preemptible and not job.suspended
+        ]
+        moving = {job.id for job in self.movable}
+        self.fixed = [job for job in held if job.id not in moving]
+        self.queue = queue_order([job for job in live if job.id not in board.holds])
+        self.waiting: dict[int, str] = {}
+
+    def run(self) -> None:
+        """Admit, size, slice, and say why the rest wait."""
+        for job in self.fixed:
+            self._keep(job, self.board.jobs[job.id].allocation)
+        gated = [job for job in self.queue if job.gpu_mem is not None or job.min_gpus >= 1]
+        admitted = self._admit(gated) if gated else {}
+        ungated = [job for job in self.queue if job.gpu_mem is None and job.min_gpus < 1]
+        members = [*self.movable, *(j for j in gated if j.id in admitted), *ungated]
+        if members and all(rigid(job) for job in members):
+            for job in self.movable:
+                self._keep(job, self.board.jobs[job.id].allocation)
+            for job in gated:
+                if job.id in admitted and job.gpu_mem is None:
+                    self._start(
+                        job, admitted[job.id], f"next in the queue at priority {job.priority}"
+                    )
+        elif members:
+            self._size(members, admitted)
+        if self.slicing is not None:
+            hardware = Hardware(self.board.state)
+            left = [
+                job
+                for job in self.queue
+                if job.gpu_mem is None
+                and job.id not in self.out.allocations
+                and (self.slicing.everyone or (job.min_gpus >= 1 and job.id not in admitted))
+                and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
+            ]
+            self.out.notes.update(
+                self.slicing.place(self.board, self.out.allocations, left, self.now)
+            )
+        for job in self.queue:
+            if job.id not in self.out.allocations:
+                self.out.notes.setdefault(job.id, self.waiting.get(job.id) or self._why(job))
+
+    # ---- step 1: admission in queue order -------------------------------------------------
+
+    def _fifo_state(
+        self, asks: list[JobView], shrink: bool, placed: dict[int, tuple[str, ...]]
+    ) -> ClusterState:
+        """The board's holds, the asks already `placed` and the other asks, as fifo's state.
+
+        With `shrink`, the class's resizable jobs hold only their minimum.
+        """
+        board = self.board
+        moving = {job.id for job in self.movable}
+        views = []
+        for job_id, hold in board.holds.items():
+            gpus = hold.gpus
+            if shrink and job_id in moving:
+                gpus = gpus[: max(board.jobs[job_id].min_gpus, 1)]
+            views.append(board.holds_view(job_id, gpus))
+        for job in asks:
+            if job.id in placed:
+                on = placed[job.id]
+                job = replace(job, gpu_uuids=on, allocation=board.allocation(self._index(on)))
+                views.append(replace(job, start_time=self.now))
+            else:
+                views.append(job)
+        return replace(board.state, jobs=tuple(sorted(views, key=lambda job: job.id)))
+
+    def _fifo(
+        self, asks: list[JobView], shrink: bool, placed: dict[int, tuple[str, ...]]
+    ) -> tuple[ClusterState, Decision]:
+        """One fifo pass over the asks not yet placed; places them into `placed`."""
+        state = self._fifo_state(asks, shrink, placed)
+        decision = FifoBackfill().decide(state, self.now)
+        placed.update(
+            (job.id, decision.bindings[job.id])
+            for job in asks
+            if job.id not in placed and job.id in decision.bindings
+        )
+        return state, decision
+
+    def _index(self, uuids: tuple[str, ...]) -> tuple[int, ...]:
+        index = self.board.capacity.index
+        return tuple(index[uuid] for uuid in uuids)
+
+    def _admit(self, gated: list[JobView]) -> dict[int, tuple[int, ...]]:
+        """Place shares and admit minimum whole-GPU asks by fifo's rules; the asks admitted.
+
+        First on the GPUs free now; then, for the asks left, also on what the
+        class's resizable jobs hold beyond their minimum (they shrink for
+        them), preempting lower classes for an ask that fits no other way.
+        """
+        asks = [
+            job if job.gpu_mem is not None else replace(job, gpus_requested=max(job.min_gpus, 1))
+            for job in gated
+        ]
+        placed: dict[int, tuple[str, ...]] = {}
+        state, decision = self._fifo(asks, False, placed)
+        board = self.board
+        spare = any(len(board.holds[job.id].gpus) > max(job.min_gpus, 1) for job in self.movable)
+        if len(placed) < len(asks) and spare:
+            state, decision = self._fifo(asks, True, placed)
+        if len(placed) < len(asks) and self._preempt(state, asks, placed):
+            state, decision = self._fifo(asks, True, placed)
+        admitted: dict[int, tuple[int, ...]] = {}
+        for job in asks:
+            uuids = placed.get(job.id)
+            if uuids is None:
+                self.waiting[job.id] = decision.notes.get(job.id, "waiting")
+                continue
+            gpus = self._index(uuids)
+            if job.gpu_mem is None:
+                admitted[job.id] = gpus
+            else:
+                alone = " alone" if job.exclusive else ""
+                self._start(job, gpus, f"a {format_size(job.gpu_mem)} memory share{alone}")
+        return admitted
+
+    def _preempt(
+        self, state: ClusterState, asks: list[JobView], placed: dict[int, tuple[str, ...]]
+    ) -> list[int]:
+        """Shrink or preempt lower classes' jobs for asks that fit no other way (`make_room`)."""
+        board = self.board
+        changed = make_room(board, self.priority, state, asks, placed)
+        for victim_id, (keep, ask) in changed.items():
+            victim = board.jobs[victim_id]
+            why = f"for job {ask} (priority {self.priority} over {victim.priority})"
+            if keep:
+                self.shrunk[victim_id] = f"shrunk {why}"
+                board.hold(Hold(victim_id, board.holds[victim_id].gpus[:keep]))
+            else:
+                self.victims[victim_id] = f"preempted {why}"
+                board.release(victim_id)
+        return list(changed)
+
+    # ---- step 2: sizes from the goodput search --------------------------------------------
+
+    def _size(self, members: list[JobView], admitted: dict[int, tuple[int, ...]]) -> None:
+        """Run the goodput search over the class's whole-GPU jobs and hold what it gives."""
+        board = self.board
+        before = {job.id: board.holds[job.id].gpus for job in self.movable}
+        own = {i for gpus in before.values() for i in gpus}
+        for job in self.movable:
+            board.release(job.id)
+        capacity = board.capacity
+        usable = [
+            i
+            for i in range(len(board.state.gpus))
+            if board.whole_free(i) or (i in own and not capacity.owners[i] | capacity.sharers[i])
+        ]
+        counts = [0] * len(board.state.nodes)
+        for i in usable:
+            counts[board.node_of[i]] += 1
+        if not sum(counts):
+            for job in self.movable:
+                self.out.notes[job.id] = "its GPUs go to jobs of higher priority"
+            return
+        nodes = tuple(
+            NodeView(node.name, count)
+            for node, count in zip(board.state.nodes, counts, strict=True)
+        )
+        views = sorted((board.jobs[job.id] for job in members), key=lambda job: job.id)
+        state = replace(board.state, nodes=nodes, jobs=tuple(views), gpus=())
+        solution = self.search(self.priority, state)
+        best, problem = solution.best, solution.problem
+        now_speedups = job_speedups(problem, best[None])[0]
+        base_speedups = _base_speedups(problem)
+        free = set(usable)
+        # Jobs that stay pick first, then those resized or moved (their own GPUs
+        # first), then those starting (where admission placed them, if free).
+        rows = sorted(
+            range(len(solution.jobs)),
+            key=lambda row: (
+                solution.jobs[row].id not in before,
+                not (best[:, row] == problem.base[:, row]).all(),
+                row,
+            ),
+        )
+        for row in rows:
+            job = solution.jobs[row]
+            target = tuple(int(n) for n in best[:, row])
+            if not any(target):
+                if job.id in before:
+                    self.out.notes[job.id] = "its GPUs give other jobs more goodput"
+                continue
+            gpus = _pick(board, free, target, before.get(job.id, admitted.get(job.id, ())))
+            if gpus is None:  # cannot happen: the search respects each node's count
+                continue
+            free.difference_update(gpus)
+            started = job.id not in before
+            if not started:
+                board.hold(Hold(job.id, gpus))
+            speedup = float(now_speedups[row])
+            note = f"speedup {speedup:.2f} over a fair share"
+            if not started and sum(target) != sum(job.allocation) and base_speedups[row] > 0:
+                change = speedup / float(base_speedups[row]) - 1.0
+                note = f"goodput {change:+.0%} (speedup {speedup:.2f} over a fair share)"
+            if job.id in self.shrunk and target != tuple(job.allocation):
+                note = self.shrunk[job.id]
+            if started:
+                self._start(job, gpus, note)
+            elif target == tuple(job.allocation):
+                self._keep(job, target, note)
+            else:
+                self.out.allocations[job.id] = target
+                self.out.notes[job.id] = note
+        self.waiting.update(
+            (job.id, _search_wait(board, job, job.id in admitted))
+            for job in members
+            if job.id not in before and job.id not in self.out.allocations
+        )
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _start(self, job: JobView, gpus: tuple[int, ...], note: str) -> None:
+        """The job starts on `gpus` (bound: the caller must not rebind them)."""
+        board = self.board
+        board.hold(Hold(job.id, gpus, job.gpu_mem, job.exclusive), self.now)
+        self.out.allocations[job.id] = board.allocation(gpus)
+        self.out.bindings[job.id] = board.uuids(gpus)
+        self.out.notes[job.id] = note
+
+    def _keep(self, job: JobView, allocation: tuple[int, ...], note: str | None = None) -> None:
+        """The job stays where it is: its allocation, and the GPUs it names as the caller's."""
+        original = self.original.get(job.id)
+        self.out.allocations[job.id] = tuple(allocation)
+        uuids = original.gpu_uuids if original is not None else ()
+        if uuids:
+            self.out.bindings[job.id] = uuids
+        if note:
+            self.out.notes[job.id] = note
+
+    def _why(self, job: JobView) -> str:
+        """Why a job of this class waits, where no step said."""
+        need = max(job.min_gpus, 1) if job.gpu_mem is None else job.gpus_requested
+        summary = self.board.capacity.summary()
+        return summary.wait_reason(need, job.gpu_mem, job.exclusive)
+
+
+def _pick(
+    board: Board, free: set[int], target: tuple[int, ...], before: tuple[int, ...]
+) -> tuple[int, ...] | None:
+    """GPUs for an allocation: the job's own on each node first, then free ones in GPU order."""
+    chosen: list[int] = []
+    for node, count in enumerate(target):
+        if not count:
+            continue
+        mine = [i for i in before if board.node_of[i] == node and i in free]
+        others = sorted(i for i in free if board.node_of[i] == node and i not in mine)
+        picked = (mine + others)[:count]
+        if len(picked) < count:
+            return None
+        chosen.extend(picked)
+    return tuple(sorted(chosen))
+
+
+def _base_speedups(problem: SearchProblem) -> list[float]:
+    """Each job's SPEEDUP where it runs now (0 where the search's tables do not reach)."""
+    _, node_slots, width = problem.speedup.shape
+    base = problem.base
+    speedups = []
+    for row in range(base.shape[1]):
+        gpus = int(base[:, row].sum())
+        nodes = int((base[:, row] > 0).sum())
+        inside = 0 < gpus < width and nodes < node_slots
+        speedups.append(float(problem.speedup[row, nodes, gpus]) if inside else 0.0)
+    return speedups
+
+
+def _search_wait(board: Board, job: JobView, fits: bool) -> str:
+    """Why a whole-GPU job the goodput search left out waits (`fits`: its minimum did)."""
+    need = max(job.min_gpus, 1)
+    summary = board.capacity.summary()
+    if fits or summary.whole_free >= need:
+        return (
+            "waiting: the goodput allocation keeps the GPUs with running jobs for now "
+            "(shrinking them would cost more than it gains yet)"
+        )
+    return summary.wait_reason(need, None, False)
+
+
+__all__ = ["Outcome", "Search", "decide_classes", "rigid"]
