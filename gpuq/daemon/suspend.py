@@ -107,6 +107,20 @@ def can_preempt(state: DaemonState, job: Job) -> bool:
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
 
 
+def preempting(state: DaemonState, job: Job) -> bool:
+    """True while the scheduler's own preemption of the job is under way (a checkpoint).
+
+    The job leaves its GPUs and goes back to the queue whatever the policy
+    decides now, so the policy may size it as it would a preemptible job:
+    kept at what it holds, it would keep GPUs that another job resized at
+    the same time was meant to take.
+    """
+    if job.state is not JobState.SUSPENDING:
+        return False
+    record = state.store.suspend_of(job.id, job.attempts)
+    return record is not None and record.purpose == "policy" and record.mode == "checkpoint"
+
+
 def preempt(
     state: DaemonState, job: Job, reason: str, crash_point: str = "preempt-committed"
 ) -> Job:
