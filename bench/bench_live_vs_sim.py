@@ -11,19 +11,23 @@ the simulated and live average JCT, p99 JCT and makespan (simulated
 seconds), and live / simulated for each; then both orderings of the
 policies by average JCT. The targets: live average JCT within 10% of the
 simulator's for gpuq and pollux, and the same ordering. `--json FILE`
-writes every summary.
+writes every summary, each job's record, and the live daemon's decision
+times (`gpuq daemon status`).
 
-Speedup. A replay lasts the workload's makespan / speedup of real time, and
-every real second a job spends outside its compressed schedule counts
-`speedup` simulated seconds: the daemon noticing an exit and starting the
-next attempt (a few hundred milliseconds on a busy machine), a turn ending at
-a trace job's next tick. The default, 60 (a simulated minute per real
-second, the simulator's tick per second), keeps such costs to a few percent
-of the lab workload's JCTs (averages of 25-50 minutes, in the simulator)
-while the four policies' replays take 40-50 minutes together (makespans of
-9-13 simulated hours). Python and torch starting (2-4 s here) count towards
-each attempt's restart penalty and are made up by the trace job
-(`gpuq.replay.tracejob`), so they cost nothing.
+Speedup. A replay lasts the workload's makespan / speedup of real time,
+and every real second a job spends off its compressed schedule counts
+`speedup` simulated seconds. The replay keeps those few: trace jobs start
+through a fork server in tens of milliseconds rather than after seconds of
+importing torch, leave their GPUs within 20 ms of a suspend request, and
+count the daemon's share of a restart (exit, requeue, spawn) within the
+restart penalty (`gpuq.replay.tracejob`). What is left is of the order of
+0.1 s per event (a job's exit noticed, a new job's first decision), 6
+simulated seconds at 60x. The default, 60 (a simulated minute per real
+second: the simulator's tick is the daemon's interval, 1 s), keeps that
+near 1% of the lab workload's JCTs (averages of 25-50 simulated minutes)
+while its four replays take 50 minutes together (makespans of 11-13
+simulated hours); 30x would double the time for little, 120x doubles the
+per-event cost (the tests' short version runs at 120x: 8 jobs, 5 minutes).
 
 Ties. Where the simulator gives two policies the same average JCT (gpuq
 makes Pollux's decisions whenever no GPU stands idle with a job waiting,
@@ -111,8 +115,10 @@ def live(
                 speedup=speedup, cwd=str(root), fork_server=str(server.path)
             )
             result = replay(client, workload, replay_settings, show)
+            status = client.call("status")
     summary = with_jobs(result)
     summary["real_seconds"] = time.monotonic() - started
+    summary["daemon_decisions"] = status.get("decisions", {}).get(status.get("policy"), {})
     return summary
 
 
