@@ -27,7 +27,8 @@ second: the simulator's tick is the daemon's interval, 1 s), keeps that
 near 1% of the lab workload's JCTs (averages of 25-50 simulated minutes)
 while its four replays take 50 minutes together (makespans of 11-13
 simulated hours); 30x would double the time for little, 120x doubles the
-per-event cost (the tests' short version runs at 120x: 8 jobs, 5 minutes).
+per-event cost (the tests' short version runs at 60x too: 8 jobs, about
+ten minutes).
 
 Ties. Where the simulator gives two policies the same average JCT (gpuq
 makes Pollux's decisions whenever no GPU stands idle with a job waiting,
