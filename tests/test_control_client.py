@@ -196,6 +196,19 @@ def test_the_first_sample_goes_out_as_soon_as_there_is_a_step(
     assert message["sample"]["step"] == 2
 
 
+def test_a_newly_fitted_model_goes_out_at_once_not_at_the_end_of_the_interval(
+    inside: gq.Job, scripted_daemon: ScriptedDaemon
+) -> None:
+    scripted_daemon.welcome(interval=600.0)
+    step(inside, 1)
+    assert "perf_params" not in scripted_daemon.receive()["sample"]  # the first sample
+    assert inside.metrics is not None
+    model = (0.1, 0.01, 0.0, 0.0, 0.0, 0.0, 1.0)
+    inside.metrics.update_goodput(perf_params=model)
+    sample = scripted_daemon.receive()["sample"]  # long before 600 s
+    assert sample["perf_params"] == list(model)
+
+
 # -- requests from the daemon ------------------------------------------------------
 
 

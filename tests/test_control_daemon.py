@@ -24,7 +24,7 @@ import pytest
 
 from gpuq.control import MAX_CONTROL_BYTES
 from gpuq.errors import ExitCode, NotFoundError
-from tests.daemon_harness import DaemonHarness, wait_for
+from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
 
 SLEEPER = ["sh", "-c", 'echo "$GPUQ_CONTROL_SOCKET" > where; exec sleep 60']
 
@@ -37,6 +37,7 @@ class ScriptedRunner:
         self.sock.settimeout(10)
         self.sock.connect(str(path))
         self.buffer = b""
+        self.welcome: dict[str, Any] = {}
 
     def send(self, message: dict[str, Any]) -> None:
         """Send one message as a line of JSON."""
@@ -56,6 +57,7 @@ class ScriptedRunner:
         )
         welcome = self.receive()
         assert welcome is not None and welcome["type"] == "welcome", welcome
+        self.welcome = welcome
 
     def receive(self) -> dict[str, Any] | None:
         """The next message from the daemon, or None once it closed the connection."""
@@ -209,6 +211,18 @@ def test_metrics_from_the_runner_are_stored_shown_and_listed(daemon: DaemonHarne
     assert [s["step"] for s in daemon.call("metrics", id=job_id, limit=2)["samples"]] == [20, 30]
     text = daemon.cli("show", str(job_id)).stdout
     assert "  Metrics:    step 30, epoch 0, 0.25s/step, batch 64, loss 0.5 (" in text
+
+
+def test_runners_report_every_scheduler_interval_when_it_is_shorter_than_five_seconds(
+    tmp_path: Path,
+) -> None:
+    with running_daemon(tmp_path / "d", extra_toml="[scheduler]\ninterval = 1\n") as daemon:
+        job_id = start_sleeper(daemon)
+        assert connected_runner(daemon, job_id).welcome["metrics_interval"] == 1.0
+        text = daemon.config_path.read_text().replace("interval = 1\n", "interval = 30\n")
+        daemon.config_path.write_text(text)
+        assert daemon.call("reload")["applied"] == ["scheduler.interval"]
+        assert connected_runner(daemon, job_id).welcome["metrics_interval"] == 5.0
 
 
 def test_gpuq_metrics_prints_the_samples_as_a_table_or_json(daemon: DaemonHarness) -> None:

@@ -14,12 +14,28 @@ from typing import Any
 
 import pytest
 
+from gpuq.control import sample_to_dict
+from gpuq.daemon.scheduler.view import with_measurements
 from gpuq.errors import GpuqError, UsageError
+from gpuq.policies.interface import JobView
 from gpuq.policies.registry import get_policy
-from gpuq.replay.run import ReplaySettings, measure, replay, trace_command
+from gpuq.replay.run import (
+    ReplaySettings,
+    Submission,
+    measure,
+    policy_runs_adaptive,
+    replay,
+    submission,
+    submit_spec,
+    trace_command,
+)
+from gpuq.replay.timescale import live_policy, live_settings
 from gpuq.replay.tracejob import Trace
+from gpuq.runner.job import StepInfo
+from gpuq.runner.metrics import MetricsRecorder
 from gpuq.sim.apps import get_application
 from gpuq.sim.engine import Simulator
+from gpuq.sim.jobs import SimJob
 from gpuq.sim.metrics import solo_run_time
 from gpuq.sim.workload import WorkloadJob
 from tests.daemon_harness import running_daemon
@@ -35,17 +51,114 @@ def test_a_trace_trains_exactly_as_long_as_the_simulators_job_alone(
     app: str, replicas: int, batch: int
 ) -> None:
     application = get_application(app)
-    trace = Trace(application, batch, replicas)
+    trace = Trace(application, batch, adaptive=False, restart_penalty=0.0)
+    trace.start(replicas)
     expected = solo_run_time(application, replicas, batch, replicas)
-    used, _, epoch = trace.advance(0.0, 0, 10 * expected)
-    assert math.isclose(used, expected, rel_tol=1e-9)
-    assert trace.complete(epoch)
+    assert math.isclose(trace.advance(10 * expected), expected, rel_tol=1e-9)
+    assert trace.complete
     # In ticks, the same: only the last tick is cut short.
-    progress, epoch, total, tick = 0.0, 0, 0.0, expected / 37.3
-    while not trace.complete(epoch):
-        used, progress, epoch = trace.advance(progress, epoch, tick)
-        total += used
+    trace = Trace(application, batch, adaptive=False, restart_penalty=0.0)
+    trace.start(replicas)
+    total, tick = 0.0, expected / 37.3
+    while not trace.complete:
+        total += trace.advance(tick)
     assert math.isclose(total, expected, rel_tol=1e-9)
+
+
+def simulated_alone(
+    app: str, replicas: int, batch: int, restart_at: float | None = None, then: int = 0
+) -> SimJob:
+    """The simulator's adaptive job alone on `replicas` GPUs, in 60 s ticks, maybe moved once."""
+    job = SimJob(0, WorkloadJob("x", 0.0, app, replicas, batch), get_application(app), True, 30.0)
+    job.reallocate((replicas,))
+    now = 0.0
+    while job.finish_time is None:
+        if restart_at is not None and now == restart_at:
+            job.reallocate((then,))
+        job.advance(now, 60.0, 1.0, 1.0)
+        now += 60.0
+    return job
+
+
+@pytest.mark.parametrize(
+    ("app", "replicas", "batch"),
+    [("cifar10", 2, 256), ("cifar10", 8, 2048), ("bert", 4, 384), ("yolov3", 4, 64)],
+)
+def test_an_adaptive_trace_profiles_fits_and_chooses_as_the_simulators_job(
+    app: str, replicas: int, batch: int
+) -> None:
+    trace = Trace(get_application(app), batch, adaptive=True, restart_penalty=30.0)
+    trace.start(replicas)
+    while not trace.complete:
+        trace.advance(6.0)  # a tenth of the simulator's tick: a trace job's at 60x
+    simulated = simulated_alone(app, replicas, batch)
+    assert len(trace.job.profile) > 1  # it explored configurations and fitted a model
+    assert trace.job.config == simulated.config
+    assert trace.job.perf == simulated.perf
+    assert trace.simulated == pytest.approx(simulated.finish_time, rel=1e-9)
+
+
+def test_a_trace_restarted_from_its_state_continues_as_the_simulators_job_moved() -> None:
+    app = get_application("cifar10")
+    first = Trace(app, 256, adaptive=True, restart_penalty=30.0)
+    first.start(1)
+    while first.simulated < 1200.0:
+        first.advance(6.0)
+    saved = json.loads(json.dumps(first.state()))  # plain values, as a checkpoint keeps them
+    second = Trace(app, 256, adaptive=True, restart_penalty=30.0)
+    second.load(saved)
+    assert (second.job.progress, second.job.epoch) == (first.job.progress, first.job.epoch)
+    second.start(4)
+    while not second.complete:
+        second.advance(6.0)
+    moved = simulated_alone("cifar10", 1, 256, restart_at=1200.0, then=4)
+    assert moved.num_restarts == 1
+    assert second.job.config == moved.config
+    assert second.simulated == pytest.approx(moved.finish_time, rel=1e-9)
+
+
+def test_the_report_gives_the_live_policy_the_model_the_simulated_one_sees() -> None:
+    trace = Trace(get_application("bert"), 384, adaptive=True, restart_penalty=30.0)
+    trace.start(2)
+    while trace.simulated < 900.0:
+        trace.advance(6.0)
+    recorder = MetricsRecorder()
+    trace.report(recorder)
+    recorder.on_step(StepInfo(1, trace.job.epoch, None, None, None, None))
+    sample = recorder.sample()
+    assert sample is not None
+    stored = json.loads(json.dumps(sample_to_dict(sample)))  # over the channel, into the store
+    view = with_measurements(JobView(id=1, submit_time=0.0), stored)
+    expected = trace.job.goodput()
+    assert expected is not None and view.goodput is not None
+    assert view.goodput.perf == expected.perf
+    assert view.goodput.grad.sqr == expected.grad.sqr
+    assert view.goodput.grad.var == pytest.approx(expected.grad.var, rel=1e-12)
+    assert (view.init_batch_size, view.max_batch_size) == (12, 384)
+    assert view.local_bsz_bounds == trace.job.app.local_bsz_bounds
+    assert view.epoch == trace.job.epoch
+    config = trace.job.config
+    assert config is not None and view.batch_size == config.total(2)
+
+
+@pytest.mark.parametrize(
+    ("policy", "job", "expected"),
+    [
+        ("pollux", WorkloadJob("c", 0.0, "cifar10", 2, 256), Submission(1, 8, True)),
+        ("gpuq", WorkloadJob("b", 0.0, "bert", 4, 384), Submission(1, 8, True)),
+        ("pollux", WorkloadJob("n", 0.0, "ncf", 1, 32768), Submission(1, None, True)),
+        ("fifo", WorkloadJob("c", 0.0, "cifar10", 12, 256), Submission(8, None, False)),
+        ("gandiva", WorkloadJob("y", 0.0, "yolov3", 4, 64), Submission(4, None, False)),
+    ],
+)
+def test_jobs_are_submitted_on_the_simulators_terms_for_the_policy(
+    policy: str, job: WorkloadJob, expected: Submission
+) -> None:
+    terms = submission(job, policy_runs_adaptive(policy), 8)
+    assert terms == expected
+    spec = submit_spec(job, ReplaySettings(), terms)
+    assert (spec["gpus"], spec.get("gpus_max")) == (expected.gpus, expected.gpus_max)
+    assert ("--adaptive" in spec["command"]) is expected.policy_adaptive
 
 
 def test_a_trace_job_outside_gpuq_runs_its_application_to_the_end(tmp_path: Path) -> None:
@@ -58,7 +171,8 @@ def test_a_trace_job_outside_gpuq_runs_its_application_to_the_end(tmp_path: Path
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("trace job ncf done: 46 simulated seconds")
+    # 46 s of training after the 30 s restart penalty every (re)start pays
+    assert result.stdout.startswith("trace job ncf done: 76 simulated seconds")
 
 
 def job_record(
@@ -99,10 +213,11 @@ def test_live_records_are_measured_in_simulated_seconds() -> None:
 class FakeDaemon:
     """A client whose jobs end a fixed time after submission, on a fake clock."""
 
-    def __init__(self, runs: float, fail: str | None = None) -> None:
+    def __init__(self, runs: float, fail: str | None = None, policy: str = "fifo") -> None:
         self.now = 1000.0
         self.runs = runs
         self.fail = fail
+        self.policy = policy
         self.jobs: dict[int, dict[str, Any]] = {}
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
@@ -112,7 +227,14 @@ class FakeDaemon:
             self.jobs[job_id] = job_record(job_id, self.now, self.now, self.now + self.runs)
             self.jobs[job_id]["name"] = spec["name"]
             self.jobs[job_id]["command"] = spec["command"]
+            self.jobs[job_id]["spec"] = spec
             return {"ids": [job_id]}
+        if method == "show":  # one attempt on the GPUs asked for, the first one's to start
+            job = self.jobs[params["id"]]
+            gpus = ", ".join(f"g{i}" for i in range(job["spec"]["gpus"]))
+            events = [{"state": "queued", "reason": "submitted"}]
+            events.append({"state": "starting", "reason": f"starting on {gpus}"})
+            return {"job": job, "events": events, "attempts": [{"run_time": job["run_time"]}]}
         if method == "list":
             listed = []
             for job_id in params["ids"]:
@@ -124,7 +246,7 @@ class FakeDaemon:
                 listed.append(job)
             return {"jobs": listed}
         assert method == "status"
-        return {"policy": "fifo", "gpus": 4}
+        return {"policy": self.policy, "gpus": 4}
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
@@ -145,6 +267,20 @@ def test_jobs_are_submitted_at_their_arrival_times_compressed_by_the_speedup() -
     assert "--replicas" in first["command"] and first["command"][-7] == "2"
     assert [job.name for job in result.jobs] == ["first", "late"]
     assert [job.jct for job in result.jobs] == pytest.approx([120.0, 120.0])
+    assert [job.gpu_time for job in result.jobs] == pytest.approx([2 * 120.0, 120.0])
+
+
+def test_under_pollux_adaptive_jobs_ask_for_a_range_and_their_gpu_time_is_what_they_held() -> None:
+    daemon = FakeDaemon(runs=2.0, policy="pollux")
+    workload = [WorkloadJob("c", 0.0, "cifar10", 2, 256), WorkloadJob("n", 0.0, "ncf", 1, 32768)]
+    result = replay(
+        daemon, workload, ReplaySettings(speedup=60), clock=lambda: daemon.now, sleep=daemon.sleep
+    )
+    adaptive, rigid = daemon.jobs[1]["spec"], daemon.jobs[2]["spec"]
+    assert (adaptive["gpus"], adaptive["gpus_max"]) == (1, 4)  # on the daemon's 4 GPUs
+    assert "--adaptive" in adaptive["command"]
+    assert (rigid["gpus"], "gpus_max" in rigid) == (1, False)  # NCF's batch is fixed
+    assert [job.gpu_time for job in result.jobs] == pytest.approx([120.0, 120.0])
 
 
 def test_a_failed_job_stops_the_replay_with_its_reason() -> None:
@@ -198,3 +334,22 @@ def test_a_live_replay_under_fifo_matches_the_simulator(tmp_path: Path) -> None:
     # the order of the jobs are the policy's, as simulated.
     assert live["avg_jct"] == pytest.approx(simulated.avg_jct, rel=0.15)
     assert live["makespan"] == pytest.approx(simulated.makespan, rel=0.15)
+
+
+@pytest.mark.parametrize(
+    ("spec", "policy"),
+    [
+        ("fifo", "fifo"),
+        ("pollux", "pollux:restart_penalty=0.5"),
+        ("gpuq:starts=free", "gpuq:starts=free:restart_penalty=0.5"),
+        ("pollux:restart_penalty=1", "pollux:restart_penalty=1"),  # given: kept
+        ("gandiva", "gandiva:quantum=5"),
+        ("tiresias", "tiresias:thresholds_gpu_hours=0.266667"),
+    ],
+)
+def test_a_replays_daemon_runs_the_simulators_time_constants_compressed(
+    spec: str, policy: str
+) -> None:
+    assert live_policy(spec, 60) == policy
+    assert live_settings(spec, 60) == f'[scheduler]\npolicy = "{policy}"\ninterval = 1\n'
+    get_policy(policy)  # a spec the registry builds

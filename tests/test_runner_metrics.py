@@ -338,3 +338,16 @@ def test_as_a_step_hook_it_summarises_a_real_training_loop(outside_job: None) ->
     assert sample.step_seconds is not None and sample.step_seconds > 0
     assert sample.samples_per_second == pytest.approx(8 / sample.step_seconds)
     assert sample.memory_min_bytes is None  # CUDA is not in use
+
+
+def test_a_new_fitted_model_is_flagged_for_the_channel_and_the_same_one_is_not(
+    recorder: MetricsRecorder,
+) -> None:
+    model = (0.1, 0.01, 0.0, 0.0, 0.0, 0.0, 1.0)
+    recorder.update_goodput(grad_sqr=1.0)
+    assert not recorder.model_changed.is_set()
+    recorder.update_goodput(perf_params=model)
+    assert recorder.model_changed.is_set()
+    recorder.model_changed.clear()
+    recorder.update_goodput(perf_params=model, grad_sqr=2.0)
+    assert not recorder.model_changed.is_set()

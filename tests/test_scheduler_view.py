@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gpuq.daemon.scheduler.readiness import readiness
-from gpuq.daemon.scheduler.view import ViewCache, build_state
+from gpuq.daemon.scheduler.view import ViewCache, build_state, new_model
 from gpuq.daemon.state import GpuSnapshot
 from gpuq.models import GpuInfo, Job, JobSpec, JobState, parse_dependency
 from gpuq.policies.interface import GpuView, JobView, NodeView
@@ -138,6 +138,17 @@ def test_every_job_carries_its_run_time_and_service_and_running_ones_if_preempti
     assert holding.preemptible
 
 
+def test_every_attempt_after_the_first_counts_as_a_restart_for_pollux() -> None:
+    spec = JobSpec(command=("true",), cwd="/", gpus=1, gpus_max=4)
+    jobs = [
+        Job(1, spec, JobState.QUEUED),
+        Job(2, spec, JobState.QUEUED, attempts=2),  # resized or suspended once, restarting
+    ]
+    running = Job(3, spec, JobState.RUNNING, attempts=3, gpu_uuids=("g0",))
+    state = build_state(jobs, [running], snapshot(), 0.0, 0, lambda job: None, NOW)
+    assert [job.num_restarts for job in state.jobs] == [0, 1, 2]
+
+
 def test_an_adaptive_job_asks_for_its_minimum_and_may_use_its_maximum() -> None:
     spec = JobSpec(command=("true",), cwd="/", gpus=1, gpus_max=8)
     rigid = JobSpec(command=("true",), cwd="/", gpus=2)
@@ -228,3 +239,11 @@ def test_a_running_jobs_run_time_moves_with_the_clock_even_with_a_cache() -> Non
             [], [running], snapshot(), 0.0, 0, lambda job: None, NOW + later, cache=cache
         ).jobs
         assert view.run_time == later
+
+
+def test_a_sample_brings_a_new_model_when_its_fit_changed() -> None:
+    fit = [0.1, 0.01, 0.5, 0.05, 0.05, 0.01, 1.0]
+    assert new_model({}, {"perf_params": fit})
+    assert not new_model({"perf_params": fit}, {"perf_params": list(fit), "grad_sqr": 2.0})
+    assert new_model({"perf_params": fit}, {"perf_params": [0.2, *fit[1:]]})
+    assert not new_model({"perf_params": fit}, {"step": 3})  # a sample without a model

@@ -18,6 +18,7 @@ from gpuq.sim.workload import (
     WorkloadJob,
     bundled_workload,
     generate_workload,
+    lab_workload,
     load_workload,
     packed_placement,
     tuned_configurations,
@@ -172,6 +173,19 @@ def test_lab_variants_scale_jobs_and_gpu_counts(gpus: int, count: int) -> None:
             jobs = generate_workload(seed, cluster_gpus=gpus, variant=variant)
             assert len(jobs) == count
             assert all(job.num_replicas <= gpus for job in jobs)
+
+
+def test_the_lab_variant_is_thirty_jobs_for_one_eight_gpu_server_whatever_the_cluster() -> None:
+    from gpuq.sim.run import resolve_workload
+
+    jobs = lab_workload(1)
+    assert len(jobs) == 30 and all(job.num_replicas <= 8 for job in jobs)
+    assert jobs == generate_workload(1, load=1.5, cluster_gpus=8, gpus_per_node=8)
+    assert resolve_workload("lab:1", 64, 4) == resolve_workload("lab:1", 8, 8) == jobs
+    realistic = resolve_workload("lab:1:realistic:2", 8, 8)
+    assert realistic == lab_workload(1, variant="realistic", load=2.0) and len(realistic) == 40
+    with pytest.raises(UsageError, match="bad generated workload"):
+        resolve_workload("lab:one", 8, 8)
 
 
 def test_a_four_gpu_lab_never_gets_imagenet() -> None:

@@ -2,22 +2,32 @@
 
 Each job of the workload runs as a trace job (`gpuq.replay.tracejob`): it
 behaves like the simulator's application, with time compressed by
-`--speedup`, under the daemon's policy, on its GPUs (fake ones work). The
-command submits the jobs at their arrival times, waits for all of them and
-prints the simulator's table for the live run, times in simulated seconds,
-so the two can be compared line by line: `gpuq sim --nodes 1
---gpus-per-node G` is the same cluster as a daemon with G GPUs.
+`--speedup`, under the daemon's policy, on its GPUs (fake ones work). Where
+the daemon's policy runs adaptive jobs (pollux, gpuq), the jobs are
+submitted as the simulator runs them, adaptive (`--gpus 1-MAX`), and each
+trace job picks its batch by goodput and reports its model through
+gpuq.runner, as the simulator's job does. The command submits the jobs at
+their arrival times, waits for all of them and prints the simulator's
+table for the live run, times in simulated seconds, so the two can be
+compared line by line: `gpuq sim --nodes 1 --gpus-per-node G` is the same
+cluster as a daemon with G GPUs.
 
 The daemon's policy and its time constants are real time: to compare with
-the simulator's 60 s tick at `--speedup S`, set `scheduler.interval` to
-60/S seconds and divide the policy's own times by S (for tiresias,
-`thresholds_gpu_hours`). A trace job's start-up (about 2 s of Python and
-torch) counts towards its compressed restart penalty and is made up while
-it runs; a job much shorter than that ends late.
+the simulator at `--speedup S`, set `scheduler.interval` to 60/S seconds
+(the simulator's tick) and divide the policy's own times by S: for pollux
+and gpuq `restart_penalty` = 30/S, for gandiva `quantum` = 300/S (a turn of
+5 simulated minutes), for tiresias `thresholds_gpu_hours` = 16/S
+(`gpuq.replay.timescale` gives the section). Trace jobs start through a
+fork server this command runs for the length of the replay, so that an
+attempt starts in a fraction of a second rather than after an import of
+torch; a job still running when the replay is interrupted finishes under
+it.
 
 Workloads are named as for `gpuq sim` (a CSV file, workload-N,
-workload-0.5-N, gen:SEED[:variant][:load]); generated ones are drawn for
-the daemon's GPUs. `--first N` replays only the first N jobs to arrive.
+workload-0.5-N, gen:SEED[:variant][:load], lab:SEED[:variant][:load]);
+gen: ones are drawn for the daemon's GPUs, lab: ones (the generator's lab
+variant) for one server of 8. `--first N` replays only the first N jobs to
+arrive.
 
 Progress (jobs submitted and ended) is shown on stderr when it is a
 terminal; `--json` prints `{"schema_version", "workload", "settings",
@@ -31,7 +41,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Annotated
 
 import typer
@@ -46,7 +56,8 @@ def replay_command(
     workload: Annotated[
         str,
         typer.Argument(
-            metavar="WORKLOAD", help="CSV file, workload-N, workload-0.5-N or gen:SEED[:...]."
+            metavar="WORKLOAD",
+            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:...] or lab:SEED[:...].",
         ),
     ],
     speedup: Annotated[
@@ -76,6 +87,7 @@ def replay_command(
     try:
         from gpuq.client import Client
         from gpuq.config import load_config
+        from gpuq.replay.forkserver import ForkServer
         from gpuq.replay.run import ReplaySettings, replay
         from gpuq.sim.run import resolve_workload
 
@@ -93,12 +105,15 @@ def replay_command(
             jobs = resolve_workload(workload, gpus, gpus)[: first or None]
             progress = Progress(enabled=not json_out and sys.stderr.isatty())
             try:
-                result = replay(
-                    client,
-                    jobs,
-                    settings,
-                    lambda p: progress.show(f"{p.submitted}/{p.total} submitted, {p.ended} ended"),
-                )
+                with ForkServer() as server:
+                    result = replay(
+                        client,
+                        jobs,
+                        replace(settings, fork_server=str(server.path)),
+                        lambda p: progress.show(
+                            f"{p.submitted}/{p.total} submitted, {p.ended} ended"
+                        ),
+                    )
             finally:
                 progress.clear()
     except GpuqError as error:
@@ -111,7 +126,8 @@ def replay_command(
         document = {
             "schema_version": JSON_SCHEMA_VERSION,
             "workload": workload,
-            "settings": asdict(settings) | {"gpus": gpus, "jobs": len(jobs)},
+            "settings": {k: v for k, v in asdict(settings).items() if k != "fork_server"}
+            | {"gpus": gpus, "jobs": len(jobs)},
             "results": results,
         }
         print(json.dumps(document, indent=2))

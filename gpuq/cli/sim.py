@@ -116,7 +116,7 @@ def sim_command(
             "--workload",
             "-w",
             metavar="SPEC",
-            help="CSV file, workload-N, workload-0.5-N or gen:SEED[:variant][:load].",
+            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:variant][:load] or lab:SEED.",
         ),
     ],
     policy: Annotated[
@@ -159,11 +159,13 @@ def sim_command(
 
     The workload is a CSV file (name,time,application,num_replicas,batch_size),
     a bundled Pollux trace (workload-1 to workload-4, workload-0.5-1 to
-    workload-0.5-4) or gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
-    recipe for this cluster. The table gives the average, median and p99 job
-    completion time and the makespan in seconds, GPU utilization, finish-time
-    fairness (rho, average and worst), reallocations and the average decision
-    time in milliseconds; --json gives the same per policy under "results".
+    workload-0.5-4), gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
+    recipe for this cluster, or lab:SEED[:tuned|realistic][:LOAD], its lab
+    variant: one server of 8 GPUs at 1.5x load (30 jobs). The table gives the
+    average, median and p99 job completion time and the makespan in seconds,
+    GPU utilization, finish-time fairness (rho, average and worst),
+    reallocations and the average decision time in milliseconds; --json gives
+    the same per policy under "results".
 
     Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, gandiva,
     ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq

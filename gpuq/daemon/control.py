@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
@@ -46,9 +47,19 @@ log = logging.getLogger("gpuq.daemon")
 CONTROL_DIR: Final = "ctl"
 """Subdirectory of the runtime directory that holds the per-job sockets."""
 METRICS_INTERVAL: Final = 5.0
-"""Seconds between two metrics samples of a runner (sent in `Welcome`)."""
+"""Most seconds between two metrics samples of a runner (sent in `Welcome`)."""
 HELLO_TIMEOUT: Final = 10.0
 """Seconds a new connection has to say hello before it is closed."""
+
+
+def report_interval(scheduler_interval: float) -> float:
+    """Seconds between a runner's samples: `METRICS_INTERVAL`, or the scheduler's if shorter.
+
+    Every periodic decision then sees what the runners measured since the
+    previous one (their fitted models above all), as the simulator's
+    policy sees each job's model of the tick before.
+    """
+    return min(METRICS_INTERVAL, scheduler_interval)
 
 
 class ControlListener(Protocol):
@@ -75,12 +86,20 @@ class _Channel:
 class ControlHub:
     """Every job's control socket, on the daemon's event loop."""
 
-    def __init__(self, directory: Path, metrics_interval: float = METRICS_INTERVAL) -> None:
+    def __init__(
+        self, directory: Path, metrics_interval: float | Callable[[], float] = METRICS_INTERVAL
+    ) -> None:
         self.directory = directory
-        self.metrics_interval = metrics_interval
+        self._metrics_interval = metrics_interval
         self.listener: ControlListener | None = None
         self._channels: dict[int, _Channel] = {}
         self._directory_ready = False
+
+    @property
+    def metrics_interval(self) -> float:
+        """Seconds between a runner's samples, as a new connection is told (a callable's now)."""
+        interval = self._metrics_interval
+        return interval() if callable(interval) else interval
 
     def path(self, job_id: int) -> Path:
         """Where the control socket of `job_id` lives."""

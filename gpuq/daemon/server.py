@@ -26,7 +26,7 @@ from gpuq import env as job_env
 from gpuq.config import Config
 from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
-from gpuq.daemon.control import CONTROL_DIR, ControlHub
+from gpuq.daemon.control import CONTROL_DIR, ControlHub, report_interval
 from gpuq.daemon.executor import Executor
 from gpuq.daemon.node.local import LocalNode
 from gpuq.daemon.scheduler import memory, tick
@@ -145,7 +145,7 @@ class Server:
             cfg.node_name,
             Executor(jobs_dir, self._spawner),
             backend,
-            ControlHub(cfg.runtime_dir / CONTROL_DIR),
+            ControlHub(cfg.runtime_dir / CONTROL_DIR, self._report_interval),
             device_env,
         )
         state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
@@ -182,6 +182,11 @@ class Server:
         if cfg.socket_mode != 0o600:
             os.chmod(path, cfg.socket_mode)
         log.info("gpuqd %d listening on %s (%s GPUs)", os.getpid(), path, backend.kind)
+
+    def _report_interval(self) -> float:
+        """How often runners report, for the configuration running now (reloads included)."""
+        config = self.config if self.state is None else self.state.config
+        return report_interval(config.scheduler.interval)
 
     def _take_lock(self) -> None:
         lock_path = self.config.daemon.runtime_dir / LOCK_NAME

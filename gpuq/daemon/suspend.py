@@ -62,6 +62,7 @@ from gpuq.control import (
 )
 from gpuq.daemon import faults, jobfiles
 from gpuq.daemon.executor import Outcome
+from gpuq.daemon.scheduler.view import new_model
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import SuspendRecord
 from gpuq.errors import ConflictError, UsageError
@@ -104,6 +105,20 @@ def can_preempt(state: DaemonState, job: Job) -> bool:
     """True when the scheduler may take the job's GPUs: running, with a checkpointing runner."""
     runner = state.node.control.runner(job.id)
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
+
+
+def preempting(state: DaemonState, job: Job) -> bool:
+    """True while the scheduler's own preemption of the job is under way (a checkpoint).
+
+    The job leaves its GPUs and goes back to the queue whatever the policy
+    decides now, so the policy may size it as it would a preemptible job:
+    kept at what it holds, it would keep GPUs that another job resized at
+    the same time was meant to take.
+    """
+    if job.state is not JobState.SUSPENDING:
+        return False
+    record = state.store.suspend_of(job.id, job.attempts)
+    return record is not None and record.purpose == "policy" and record.mode == "checkpoint"
 
 
 def preempt(
@@ -364,7 +379,10 @@ class ChannelListener:
             sample = sample_to_dict(message.sample)
             sample["gpus"] = len(job.gpu_uuids)  # what it ran on when it measured this
             self.state.store.add_sample(job_id, job.attempts, sample)
+            previous = self.state.latest_samples.get(job_id, {})
             self.state.latest_samples[job_id] = sample
+            if new_model(previous, sample) and self.state.policy.capabilities.adaptive_jobs:
+                self.state.wake.set()  # a goodput policy decides from the new model now
             profiled = self.state.profiled_gpus.get(job_id, 0)
             self.state.profiled_gpus[job_id] = max(profiled, sample["gpus"])
             self.state.publish({"type": "metrics", "job": job_id, "sample": sample})

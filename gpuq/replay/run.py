@@ -1,15 +1,20 @@
 """Replay a workload on a live daemon and measure it as the simulator does.
 
 Each job of the workload becomes a trace job (`gpuq.replay.tracejob`) with
-the workload's GPU count and batch size, submitted when its arrival time
-comes (divided by the speedup), named after the workload's job. The replay
-then waits until every job it submitted has ended, and builds a
-`gpuq.sim.metrics.SimResult` from the daemon's records, with every time
-multiplied back by the speedup: submission and end times give the JCT,
-run time x GPUs the GPU time, attempts after the first the restarts, and
-the jobs' overlap the contention behind finish-time fairness. A job that
-fails or is cancelled makes the replay fail with its reason: its numbers
-would mean nothing.
+the workload's batch size, submitted when its arrival time comes (divided
+by the speedup), named after the workload's job, and asking for GPUs as the
+simulator's job would (`submission`): where the daemon's policy runs
+adaptive jobs (`Capabilities.adaptive_jobs`) and the application adapts
+(`gpuq.sim.jobs.agent_terms`), an adaptive job (`--gpus 1-MAX`, MAX the
+simulator's `gpu_limit` on the daemon's GPUs) whose trace job runs as
+Pollux's agent does; otherwise the workload's GPU count (capped at the
+daemon's GPUs). The replay then waits until every job it submitted has
+ended, and builds a `gpuq.sim.metrics.SimResult` from the daemon's records,
+with every time multiplied back by the speedup: submission and end times
+give the JCT, each attempt's run time x its GPUs the GPU time, attempts
+after the first the restarts, and the jobs' overlap the contention behind
+finish-time fairness. A job that fails or is cancelled makes the replay
+fail with its reason: its numbers would mean nothing.
 
 Times here are wall-clock, read as the daemon reads them; only `replay`
 sleeps, and it takes the clock and the sleep as arguments so tests can
@@ -27,6 +32,7 @@ from typing import Any, Protocol
 
 from gpuq.errors import GpuqError, UsageError
 from gpuq.sim.apps import get_application
+from gpuq.sim.jobs import agent_terms, gpu_limit
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
 from gpuq.sim.workload import WorkloadJob
 
@@ -51,6 +57,8 @@ class ReplaySettings:
     tick: float = 0.1
     python: str = sys.executable
     cwd: str = ""
+    fork_server: str = ""
+    """The socket of a `gpuq.replay.forkserver` to start trace jobs through ("": none)."""
 
     def check(self) -> None:
         """Refuse settings that cannot be replayed, with a hint."""
@@ -71,12 +79,33 @@ class ReplayProgress:
     total: int
 
 
-def trace_command(job: WorkloadJob, settings: ReplaySettings) -> list[str]:
-    """The command line of the trace job that plays `job`."""
-    return [
-        settings.python,
-        "-m",
-        "gpuq.replay.tracejob",
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """How a workload job is submitted: GPUs asked for, and whether it adapts (module docstring)."""
+
+    gpus: int
+    gpus_max: int | None
+    policy_adaptive: bool
+
+
+def submission(job: WorkloadJob, policy_adaptive: bool, total_gpus: int) -> Submission:
+    """The simulator's terms for `job` under a policy on `total_gpus` GPUs, as a submission."""
+    app = get_application(job.application)
+    adaptive, batch = agent_terms(app, job.batch_size, policy_adaptive)
+    requested = min(job.num_replicas, total_gpus)
+    if adaptive:
+        return Submission(1, gpu_limit(app, True, batch, requested, total_gpus), True)
+    return Submission(requested, None, policy_adaptive)
+
+
+def trace_command(
+    job: WorkloadJob, settings: ReplaySettings, policy_adaptive: bool = False
+) -> list[str]:
+    """The command line of the trace job that plays `job` (adaptive where the policy is).
+
+    Through the fork server's launcher when the settings name one.
+    """
+    arguments = [
         "--app",
         job.application,
         "--batch-size",
@@ -89,20 +118,35 @@ def trace_command(job: WorkloadJob, settings: ReplaySettings) -> list[str]:
         f"{settings.restart_penalty:g}",
         "--tick",
         f"{settings.tick:g}",
+        *(["--adaptive"] if policy_adaptive else []),
     ]
+    if settings.fork_server:
+        from gpuq.replay.forkserver import launcher_command
+
+        return launcher_command(settings.python, settings.fork_server, arguments)
+    return [settings.python, "-m", "gpuq.replay.tracejob", *arguments]
 
 
-def submit_spec(job: WorkloadJob, settings: ReplaySettings) -> dict[str, Any]:
-    """The submission of `job`'s trace job (one thread of torch: jobs share the machine)."""
+def submit_spec(
+    job: WorkloadJob, settings: ReplaySettings, terms: Submission | None = None
+) -> dict[str, Any]:
+    """The submission of `job`'s trace job (one thread of torch: jobs share the machine).
+
+    Without `terms`, a rigid job with the workload's GPU count.
+    """
+    terms = terms or Submission(job.num_replicas, None, False)
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPUQ_")}
     env["OMP_NUM_THREADS"] = "1"
-    return {
-        "command": trace_command(job, settings),
+    spec: dict[str, Any] = {
+        "command": trace_command(job, settings, terms.policy_adaptive),
         "cwd": settings.cwd or os.getcwd(),
         "env": env,
-        "gpus": job.num_replicas,
+        "gpus": terms.gpus,
         "name": job.name,
     }
+    if terms.gpus_max is not None:
+        spec["gpus_max"] = terms.gpus_max
+    return spec
 
 
 def replay(
@@ -118,6 +162,10 @@ def replay(
     for name in sorted({job.application for job in workload}):
         get_application(name)  # an unknown application fails before anything is submitted
     order = sorted(workload, key=lambda job: (job.time, job.name))
+    status = client.call("status")
+    policy, gpus = str(status.get("policy", "")), int(status.get("gpus", 0))
+    adaptive = policy_runs_adaptive(policy)
+    terms = [submission(job, adaptive, max(gpus, 1)) for job in order]
     start = clock()
     ids: list[int] = []
     ended: dict[int, dict[str, Any]] = {}
@@ -125,7 +173,7 @@ def replay(
     while len(ended) < len(order):
         now = clock()
         while len(ids) < len(order) and start + order[len(ids)].time / settings.speedup <= now:
-            spec = submit_spec(order[len(ids)], settings)
+            spec = submit_spec(order[len(ids)], settings, terms[len(ids)])
             ids.append(int(client.call("submit", spec=spec)["ids"][0]))
         if ids and now >= next_poll:
             ended.update(_ended(client, [i for i in ids if i not in ended]))
@@ -136,9 +184,31 @@ def replay(
         if len(ids) < len(order):
             waits.append(start + order[len(ids)].time / settings.speedup - now)
         sleep(max(0.0, min(waits)))
-    status = client.call("status")
-    policy, gpus = str(status.get("policy", "")), int(status.get("gpus", 0))
-    return measure(policy, gpus, order, [ended[i] for i in ids], start, settings)
+    jobs = [ended[i] | {"gpu_seconds": _gpu_seconds(client, i)} for i in ids]
+    return measure(policy, gpus, order, jobs, start, settings)
+
+
+def policy_runs_adaptive(name: str) -> bool:
+    """True if the daemon's policy `name` runs adaptive jobs (False for one unknown here)."""
+    from gpuq.policies.registry import get_policy
+
+    try:
+        return get_policy(name).capabilities.adaptive_jobs
+    except UsageError:
+        return False
+
+
+def _gpu_seconds(client: Caller, job_id: int) -> float:
+    """GPU-seconds a job held over its attempts: each attempt's run time x its GPUs."""
+    shown = client.call("show", id=job_id)
+    starts = [e for e in shown.get("events", ()) if e.get("state") == "starting"]
+    total = 0.0
+    for event, attempt in zip(starts, shown.get("attempts", ()), strict=False):
+        reason = str(event.get("reason", ""))
+        uuids = reason.removeprefix("starting on ")
+        gpus = 0 if uuids in (reason, "CPU") else len(uuids.split(", "))
+        total += float(attempt.get("run_time") or 0.0) * gpus
+    return total
 
 
 def _ended(client: Caller, ids: list[int]) -> dict[int, dict[str, Any]]:
@@ -187,7 +257,7 @@ def measure(
                 submit=submit,
                 start=((job["first_start_time"] or job["submit_time"]) - start) * speedup,
                 finish=finish,
-                gpu_time=float(job["run_time"]) * speedup * spec.num_replicas,
+                gpu_time=_gpu_time(job, spec) * speedup,
                 restarts=max(0, int(job["attempts"]) - 1),
                 isolated_jct=isolated_jct(
                     get_application(spec.application),
@@ -202,6 +272,14 @@ def measure(
         )
     restarts = sum(record.restarts for record in records)
     return SimResult(policy, tuple(records), total_gpus, restarts, ())
+
+
+def _gpu_time(job: dict[str, Any], spec: WorkloadJob) -> float:
+    """GPU-seconds from the attempts (`gpu_seconds`), else run time x the workload's GPUs."""
+    measured = job.get("gpu_seconds")
+    if measured is not None:
+        return float(measured)
+    return float(job["run_time"]) * spec.num_replicas
 
 
 def _average_overlap(spans: Sequence[tuple[float, float]], index: int) -> float:

@@ -6,7 +6,7 @@ thread connects to the job's socket, says `Hello`, reads `Welcome`, then:
 
 - sends ``job.metrics.sample()`` every ``metrics_interval`` seconds (the first
   one as soon as there is a step to report, so a fresh connection is useful
-  at once);
+  at once, and one within `MODEL_POLL` of a newly fitted model);
 - applies what the daemon asks: `SuspendRequest` -> ``job.request_suspend``,
   `ResumeRequest` -> withdraw the daemon's pending request and ``job.resume()``,
   `CheckpointRequest` -> save at the next boundary and go on, `ResizeRequest`
@@ -57,6 +57,8 @@ RECONNECT_MAX: Final = 1.0
 """Backoff between reconnection attempts: doubling from the first to the max."""
 FIRST_SAMPLE_POLL: Final = 0.2
 """How often a new connection looks for its first sample, until there is one."""
+MODEL_POLL: Final = 0.05
+"""How often the thread looks for a newly fitted model to send at once."""
 
 
 class ControlClient:
@@ -151,9 +153,13 @@ class ControlClient:
         next_sample = time.monotonic()
         while not self._stopping.is_set():
             now = time.monotonic()
-            if now >= next_sample:
+            metrics = job.metrics
+            if now >= next_sample or (metrics is not None and metrics.model_changed.is_set()):
+                if metrics is not None:
+                    metrics.model_changed.clear()
                 next_sample = now + self._send_sample(welcome.metrics_interval)
-            line = reader.line(max(0.01, next_sample - time.monotonic()), self._stopping)
+            wait = min(next_sample - time.monotonic(), MODEL_POLL)
+            line = reader.line(max(0.01, wait), self._stopping)
             if line:
                 self._apply(line)
 

@@ -17,6 +17,10 @@ every few seconds; each sample describes the interval since the previous one:
 - ``loss``: the loss given to the most recent ``step()``, whenever that was.
 
 Step, epoch, batch configuration and goodput figures are the latest known.
+A newly fitted model (`perf_params` that differ from the last ones) sets
+`model_changed`, and the control thread sends a sample at once rather than
+at the end of its interval: a policy that allocates by goodput decides
+from it without waiting.
 A value the daemon would refuse (a loss that is not finite, a negative or
 non-finite statistic) is reported as None rather than breaking the channel.
 
@@ -79,6 +83,8 @@ class MetricsRecorder:
         self._goodput: dict[str, float | None] = dict.fromkeys(GOODPUT_FIELDS)
         self._perf_params: tuple[float, ...] | None = None
         self._batch_limits: tuple[int, ...] | None = None
+        self.model_changed = threading.Event()
+        """Set when `update_goodput` brings a new fitted model; the control thread clears it."""
 
     def __repr__(self) -> str:
         return f"<gpuq.runner.MetricsRecorder step {self._step}>"
@@ -165,7 +171,10 @@ class MetricsRecorder:
                 if value is not None:
                     self._goodput[name] = float(value)
             if perf_params is not None:
-                self._perf_params = tuple(float(p) for p in perf_params)
+                fitted = tuple(float(p) for p in perf_params)
+                if fitted != self._perf_params:
+                    self._perf_params = fitted
+                    self.model_changed.set()
             if batch_limits is not None:
                 self._batch_limits = tuple(int(v) for v in batch_limits)
 

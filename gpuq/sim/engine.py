@@ -63,7 +63,7 @@ import numpy as np
 from gpuq.errors import GpuqError
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, Policy
 from gpuq.sim.apps import get_application
-from gpuq.sim.jobs import FitMemo, SimJob, noise_factors
+from gpuq.sim.jobs import FitMemo, SimJob, gpu_limit, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
 from gpuq.sim.workload import WorkloadJob
 
@@ -132,14 +132,11 @@ class Simulator:
             )
             for i, spec in enumerate(ordered)
         ]
-        self._max_gpus = [self._job_max_gpus(job, total) for job in self.jobs]
+        self._max_gpus = [
+            gpu_limit(job.app, job.adaptive, job.batch_size, job.spec.num_replicas, total)
+            for job in self.jobs
+        ]
         self._requested = [min(job.spec.num_replicas, total) for job in self.jobs]
-
-    def _job_max_gpus(self, job: SimJob, total: int) -> int:
-        app = job.app
-        batch = app.max_batch_size if job.adaptive else job.batch_size
-        cap = min(total, max(1, batch // app.local_bsz_bounds[0]), app.max_replicas or total)
-        return max(cap, min(job.spec.num_replicas, total))
 
     # ---- the loop ---------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 `Curve` interpolates over the per-GPU batch size at one measured placement;
 `Triangulation` over `(num_nodes, num_replicas, local_bsz)` for placements
 that were not measured. `gpuq.sim.apps` documents when each is used and
-what happens outside the measured range.
+what happens outside the measured range. scipy is imported only when a
+triangulation is built, so a job whose placements were all measured (a
+trace job on one node of up to 4 GPUs) starts without it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.spatial import Delaunay
 
 FloatArray = NDArray[np.float64]
 
@@ -51,6 +52,8 @@ class Triangulation:
     """
 
     def __init__(self, points: FloatArray, values: FloatArray) -> None:
+        from scipy.spatial import Delaunay  # here: importing the simulator stays light
+
         simplices = Delaunay(points).simplices
         corners = points[simplices]
         origin = corners[:, 3, :]

@@ -79,6 +79,29 @@ def _fit_ordered(name: str, samples: tuple[ProfileSample, ...]) -> PerfParams:
     return perf
 
 
+def agent_terms(app: Application, batch_size: int, policy_adaptive: bool) -> tuple[bool, int]:
+    """Whether a job adapts its batch under a policy, and its (initial or fixed) total batch.
+
+    Under a policy with adaptive jobs every application adapts except one
+    with a `fixed_batch_size` (NCF), which runs at that batch; under any
+    other policy a job runs at its user's batch size.
+    """
+    fixed = app.fixed_batch_size if policy_adaptive else None
+    return policy_adaptive and fixed is None, fixed or batch_size
+
+
+def gpu_limit(app: Application, adaptive: bool, batch_size: int, requested: int, total: int) -> int:
+    """The most GPUs a job may use on `total` GPUs (`JobView.max_gpus`, engine docstring).
+
+    The batch's worth of smallest per-GPU shares (the largest batch for an
+    adaptive job), the application's limit and the cluster, never below
+    the request (capped at the cluster).
+    """
+    batch = app.max_batch_size if adaptive else batch_size
+    cap = min(total, max(1, batch // app.local_bsz_bounds[0]), app.max_replicas or total)
+    return max(cap, min(requested, total))
+
+
 @lru_cache(maxsize=1 << 16)
 def _optimize(
     goodput: GoodputFunction,
@@ -139,9 +162,7 @@ class SimJob:
         self._fit_memo = FitMemo() if fits is None else fits
         self.spec = spec
         self.app = app
-        fixed = app.fixed_batch_size if adaptive else None
-        self.adaptive = adaptive and fixed is None
-        self.batch_size = fixed or spec.batch_size
+        self.adaptive, self.batch_size = agent_terms(app, spec.batch_size, adaptive)
         self.restart_penalty = restart_penalty
         self.allocation: tuple[int, ...] = ()
         self.placement: tuple[int, ...] = ()
@@ -294,11 +315,16 @@ class SimJob:
             if self.adaptive and self.placement and self.finish_time is None:
                 self._choose_config(hysteresis=True)
 
-    def advance(self, now: float, seconds: float, share: float, speed: float) -> None:
+    def advance(
+        self, now: float, seconds: float, share: float, speed: float, refit: bool = True
+    ) -> None:
         """Run for `seconds` from `now` with a `share` of the time at `speed` of its rate.
 
         `share` < 1 is time-slicing (the GPUs are held that fraction of the
         time); `speed` < 1 is interference. Sets `finish_time` on completion.
+        A configuration seen for the first time is fitted at the end, or with
+        `refit=False` at the end of a later call (a caller advancing in
+        steps shorter than a tick refits once per tick, as the engine does).
         """
         if not self.placement or self.finish_time is not None:
             return
@@ -336,7 +362,7 @@ class SimJob:
                     self._choose_config(hysteresis=True)
         self.attained_service += held * share * gpus
         self.run_time += held * share
-        if self._stale:
+        if self._stale and refit:
             self._refit()
 
 

@@ -9,7 +9,10 @@ Workloads (`resolve_workload`)
     `workload-0.5-1` ... `workload-0.5-4`: the bundled Pollux traces (1x and
     0.5x load). `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the
     Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
-    by default, load 1). An existing file wins over a bundled name.
+    by default, load 1). `lab:SEED[:tuned|realistic][:LOAD]`: the generator's
+    lab variant, drawn for one server of 8 GPUs whatever the cluster
+    (`lab_workload`; load 1.5, 30 jobs). An existing file wins over a
+    bundled name.
 
 Policies
     By registry name (`gpuq.policies.registry`), optionally with constructor
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuq.errors import UsageError
 
@@ -42,8 +45,8 @@ if TYPE_CHECKING:
 
 
 WORKLOAD_HINT = (
-    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4) "
-    "or gen:SEED[:tuned|realistic][:LOAD]"
+    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4), "
+    "gen:SEED[:tuned|realistic][:LOAD] or lab:SEED[:tuned|realistic][:LOAD]"
 )
 
 
@@ -72,17 +75,20 @@ def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[Workload
     """The jobs of a `--workload` value (module docstring), for a cluster of `gpus` GPUs."""
     from gpuq.sim.workload import (
         BUNDLED_WORKLOADS,
+        LAB_LOAD,
         bundled_workload,
         generate_workload,
+        lab_workload,
         load_workload,
     )
 
-    if spec.startswith("gen:"):
+    if spec.startswith(("gen:", "lab:")):
+        lab = spec.startswith("lab:")
         parts = spec.split(":")[1:]
         try:
             seed = int(parts[0])
             variant = "tuned"
-            load = 1.0
+            load = LAB_LOAD if lab else 1.0
             for part in parts[1:]:
                 if part in ("tuned", "realistic"):
                     variant = part
@@ -90,12 +96,11 @@ def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[Workload
                     load = float(part)
         except (IndexError, ValueError):
             raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
+        kind: Literal["tuned", "realistic"] = "realistic" if variant == "realistic" else "tuned"
+        if lab:
+            return lab_workload(seed, variant=kind, load=load)
         return generate_workload(
-            seed,
-            variant="realistic" if variant == "realistic" else "tuned",
-            load=load,
-            cluster_gpus=gpus,
-            gpus_per_node=gpus_per_node,
+            seed, variant=kind, load=load, cluster_gpus=gpus, gpus_per_node=gpus_per_node
         )
     if Path(spec).is_file():
         return load_workload(spec)

@@ -32,6 +32,11 @@ The artifact draws with Python's `random` and pandas; this uses a seeded
 numpy `Generator`, so workloads match the recipe and its statistics, not the
 artifact's files row for row.
 
+Lab variant. `lab_workload(seed)` is the recipe for one server of
+`LAB_GPUS` (8) GPUs at `LAB_LOAD` (1.5x, 30 jobs), whatever cluster it then
+runs on: a lab's day of submissions, the same jobs for `gpuq sim` and
+`gpuq replay` (named `lab:SEED` there).
+
 Load and lab scale. `load` multiplies the job count (the artifact's 0.5x
 workloads have 80 jobs). For a cluster of `G` GPUs the job count is scaled
 by `G / 64`, and a trace job's GPU-time is scaled by `G / 64` before it is
@@ -63,6 +68,11 @@ from gpuq.sim.apps import APPLICATION_NAMES, Application, get_application
 
 REFERENCE_GPUS = 64
 """Cluster size the Pollux recipe was written for (16 nodes x 4 GPUs)."""
+
+LAB_GPUS = 8
+"""GPUs of the generator's lab variant: one server (`lab_workload`)."""
+LAB_LOAD = 1.5
+"""Load of the lab variant: 30 jobs on its 8 GPUs over the 8-hour window."""
 
 TUNED_REPLICAS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """GPU counts the TunedJobs rule considers (the artifact's list)."""
@@ -325,4 +335,15 @@ def generate_workload(
     return tuple(
         WorkloadJob(f"{application}-{i}", time, application, replicas, batch)
         for i, (time, _, application, replicas, batch) in enumerate(records)
+    )
+
+
+def lab_workload(
+    seed: int,
+    variant: Literal["tuned", "realistic"] = "tuned",
+    load: float = LAB_LOAD,
+) -> tuple[WorkloadJob, ...]:
+    """The generator's lab variant: one server of `LAB_GPUS` GPUs (module docstring)."""
+    return generate_workload(
+        seed, variant=variant, load=load, cluster_gpus=LAB_GPUS, gpus_per_node=LAB_GPUS
     )

@@ -120,7 +120,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.config.scheduler.foreign_tolerance,
         learned,
         now,
-        lambda job: suspend.can_preempt(state, job),
+        lambda job: suspend.can_preempt(state, job) or suspend.preempting(state, job),
         state.latest_samples,
         state.profiled_gpus,
         state.view_cache,

@@ -7,7 +7,9 @@ with the memory reserved for it. A job runs on at least the GPUs it asked
 for (`min_gpus`); an adaptive job (`--gpus MIN-MAX`) may use up to MAX,
 any other exactly its count.
 Every job carries its run time over all attempts and its attained service
-(run time x GPUs asked), the measure of least-attained-service policies; a
+(run time x GPUs asked), the measure of least-attained-service policies,
+and its restarts (attempts after the first: each resize, move or resume
+from a checkpoint is one, which Pollux's REALLOC_FACTOR charges); a
 running job is `preemptible` when the scheduler may take its GPUs (a
 checkpointing runner), which the caller decides. What a job's gpuq.runner
 last reported (`measured`) adds its model: the fitted throughput model
@@ -129,6 +131,7 @@ def build_state(
             time_limit=spec.time_limit,
             run_time=job.run_time(now),
             attained_service=job.run_time(now) * spec.gpus,
+            num_restarts=max(0, job.attempts - 1),
             **measurements(sample, seen),
         )
         views.append(view)
@@ -155,6 +158,7 @@ def build_state(
                     start_time=job.start_time or job.submit_time,
                     run_time=job.run_time(now),
                     attained_service=job.run_time(now) * job.spec.gpus,
+                    num_restarts=max(0, job.attempts - 1),
                     preemptible=preemptible(job),
                     suspended=job.state is JobState.SUSPENDED,
                     **reported(job.id),
@@ -221,3 +225,13 @@ def measurements(sample: Mapping[str, Any] | None, profiled: int = 0) -> dict[st
             grad = GradParams(float(sqr), float(var) / init)  # the sample's tr(Sigma), per M0
             changes["goodput"] = GoodputFunction(model, grad, init)
     return changes
+
+
+def new_model(previous: Mapping[str, Any], sample: Mapping[str, Any]) -> bool:
+    """True if `sample` brings a fitted model its job's `previous` sample did not have.
+
+    The daemon decides again at once for a policy that allocates by goodput,
+    as the simulator's next decision sees each job's newest fit.
+    """
+    model = sample.get("perf_params")
+    return bool(model) and model != previous.get("perf_params")
