@@ -1,7 +1,11 @@
 """Goodput batch tuning inside the job: profile, fit, choose, scale the LR, count progress.
 
 `BatchTuner` is what an adaptive `gpuq.runner.AdaptiveDataLoader` runs on
-(see that module for when a loader is adaptive):
+(see that module for when a loader is adaptive). It runs the parts, each in
+its own module: the profile and the fit (`gpuq.runner.step_profile`), the
+choice (`gpuq.runner.batch_choice`), the learning-rate rules and the
+progress count (`gpuq.runner.lr_scaling`); this module decides when, and
+keeps the state a checkpoint saves:
 
 - **Profile.** The loader times every optimizer step from the end of the
   previous one (data loading, forward, backward, update: all of it), per
