@@ -20,8 +20,8 @@ The SGD tasks scale their learning rate with AdaScale, as
 `gpuq.runner.tuning` recommends; the Adam ones linearly with the batch-size
 ratio, the rule that reaches their targets soonest at every fixed size of
 the sweep (bench/bench_adaptive.py ``--all-rules``: the square root, which
-`gpuq.runner.tuning` suggests for Adam, took 1.4 to 2.6 times as long at 2
-M0 to 8 M0 on both). Every task allows batches up to 64 times its initial one.
+`gpuq.runner.tuning` suggests for Adam, took 1.4 to 3.1 times as long at 2
+M0 to 32 M0 on both). Every task allows batches up to 64 times its initial one.
 """
 
 from __future__ import annotations
