@@ -21,8 +21,8 @@ where another process's load would move wall-clock times by more than the
 differences being measured. Wall time is kept too. For the same reason the
 tuner times its steps on this CPU clock too (`gpuq.runner.tuning.step_clock`),
 which is right for CPU training, the only kind this bench does, and with the
-validations left out as well: they come every eighth of the dataset, every
-other step at the largest batches, and the tuner would take them for part of
+validations left out as well: they come every 32nd of the dataset, after every
+step at the larger batches, and the tuner would take them for part of
 the step.
 """
 
@@ -60,11 +60,15 @@ class Outcome:
     """The validation loss at each evaluation."""
     times: list[float] = field(default_factory=list)
     """The training CPU time at each evaluation."""
+    rule: str = ""
+    """The learning-rate scaling rule of a fixed run above M0 when not the task's own."""
 
     @property
     def label(self) -> str:
-        """Adaptive, or fixed and its batch size."""
-        return "adaptive" if self.batch is None else f"fixed {self.batch}"
+        """Adaptive, or fixed and its batch size (and its scaling rule, if not the task's)."""
+        if self.batch is None:
+            return "adaptive"
+        return f"fixed {self.batch}" + (f" {self.rule}" if self.rule else "")
 
 
 class TrainingClock:
@@ -140,17 +144,23 @@ def train(
     target: float,
     eval_every: int,
     max_samples: int,
+    rule: str | None = None,
 ) -> Outcome:
-    """Train until the validation loss, measured every `eval_every` samples, reaches `target`."""
+    """Train until the validation loss, measured every `eval_every` samples, reaches `target`.
+
+    Above M0 the learning rate scales by `rule` (the task's own if None).
+    """
     gq.init(environ={}).close()
     torch.manual_seed(0)
     model = task.make_model()
     optimizer = task.make_optimizer(model)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=task.lr_decay)
     job = gq.init(environ={})
-    rule = None if batch == task.init_batch else task.lr_scaling
-    gq.State(model=model, optimizer=optimizer, lr_scaling=rule)
+    own = rule is None or rule == task.lr_scaling
+    scaling = None if batch == task.init_batch else rule or task.lr_scaling
+    gq.State(model=model, optimizer=optimizer, lr_scaling=scaling)
     outcome = Outcome(task.name, batch, False, 0.0, 0.0, 0, 0, float("inf"))
+    outcome.rule = "" if own or batch == task.init_batch else str(rule)
     next_eval = eval_every
     clock = TrainingClock()
     with cpu_clock(clock), contextlib.closing(job):
@@ -182,6 +192,12 @@ def train(
                 cpu, wall = clock(), time.perf_counter()
             schedule.step()
     return outcome
+
+
+def initial_loss(task: Task, validation: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """The validation loss of the model every run starts from (the same seed), untrained."""
+    torch.manual_seed(0)
+    return _validation_loss(task, task.make_model(), validation)
 
 
 def _crossing(times: list[float], losses: list[float], target: float) -> float:

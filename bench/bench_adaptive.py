@@ -3,14 +3,20 @@
 Four kinds of model (bench/adaptive_tasks.py: an MLP with SGD, a CNN with
 momentum, a transformer language model with embeddings and AdamW, an LSTM
 with Adam), each trained on generated data until its validation loss reaches
-a target near the loss it levels off at, so the last stretch is where
-gradient noise decides. For each, measured side by side in one run:
+a target set by one rule for every task (`calibrate`, ``--calibrate``):
+nine tenths of the way from the untrained model's loss to the lowest the
+initial batch size reaches in the budget of ``max_epochs`` epochs. Not the
+loss the initial batch size levels off at: there, larger batches win by the
+lower noise temperature that AdaScale's gain (r < S) gives them, which is
+not the progress per sample Pollux's efficiency models. For each task,
+measured side by side in one run:
 
 - fixed batch sizes M0, 2 M0, 4 M0, ... up to the task's maximum, 64 M0 for
-  every task (a sweep around the best fixed size of each: it is at 4 M0 to
-  32 M0 depending on the model): M0 as a script without tuning runs it, the
-  larger ones with the tuner pinned, so they scale the learning rate with
-  the same rule as the adaptive run (see bench/adaptive_runs.py);
+  every task: M0 as a script without tuning runs it, the larger ones with
+  the tuner pinned, so they scale the learning rate with the same rule as
+  the adaptive run (see bench/adaptive_runs.py), and with ``--all-rules``
+  also with every other rule that suits the optimizer (sqrt and linear for
+  SGD, linear for Adam), each size counted at its best rule;
 - adaptive: `gq.State(..., lr_scaling=...)` with ``max_batch_size`` = 64 M0.
 
 The figure is training time to the target: this thread's CPU time, with
@@ -38,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -45,7 +52,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bench.adaptive_overhead import hook_cost, step_overhead
-from bench.adaptive_runs import Outcome, pinned, train
+from bench.adaptive_runs import Outcome, initial_loss, pinned, train
 from bench.adaptive_tasks import TASKS, Task, mlp_data
 
 
@@ -62,13 +69,48 @@ class Setting:
 
 
 SETTINGS = {
-    # The MLP's runs take a fraction of a second, and its loss crosses the target
-    # within its own noise: the same batch size takes 60 steps in one run, 130 in another.
-    "mlp": Setting(samples=16_384, target=1.07, max_epochs=30, repeat_factor=5),
-    "cnn": Setting(samples=8_192, target=1.33, max_epochs=30),
-    "transformer": Setting(samples=4_096, target=3.60, max_epochs=30),
-    "lstm": Setting(samples=4_096, target=2.022, max_epochs=30),
+    # Targets from `--calibrate` (`calibrate`: nine tenths of the improvement the initial
+    # batch size makes in max_epochs), rounded to 3 decimals. The MLP's runs take a
+    # fraction of a second and vary much: more repeats.
+    "mlp": Setting(samples=16_384, target=1.183, max_epochs=30, repeat_factor=5),
+    "cnn": Setting(samples=8_192, target=1.412, max_epochs=30),
+    "transformer": Setting(samples=4_096, target=3.929, max_epochs=30),
+    "lstm": Setting(samples=4_096, target=2.162, max_epochs=30),
 }
+
+
+EVALUATIONS_PER_EPOCH = 32
+"""Validations per pass over the training data: the rule's targets are reached within
+one to three epochs at the best sizes, and the crossing is interpolated between two."""
+TARGET_SHARE = 0.1
+"""The target is this share of the way back from the lowest validation loss the initial batch
+size reaches within the budget (``max_epochs``) to the untrained model's loss (`calibrate`)."""
+
+
+def calibrate(name: str) -> dict[str, float]:
+    """The target loss by the stated rule: the initial batch size trained through the budget.
+
+    Nine tenths of the improvement the initial batch size makes in ``max_epochs``
+    epochs (its learning rate decays by ``lr_decay`` an epoch, so it levels off well
+    before the end): a loss every size of the sweep reaches while it is still
+    improving, not the plateau of one learning rate, where a larger batch's lower
+    noise temperature (AdaScale's gain r < S) decides rather than its progress.
+    """
+    task, setting = TASKS[name], SETTINGS[name]
+    held_out = task.make_data(4_096, 99)
+    validation = (held_out.x, held_out.y)
+    run = train(
+        task,
+        task.make_data(setting.samples, 0),
+        validation,
+        batch=task.init_batch,
+        target=-math.inf,
+        eval_every=setting.samples // EVALUATIONS_PER_EPOCH,
+        max_samples=setting.samples * setting.max_epochs,
+    )
+    start, lowest = initial_loss(task, validation), min(run.losses)
+    target = lowest + TARGET_SHARE * (start - lowest)
+    return {"untrained": start, "lowest": lowest, "target": round(target, 3)}
 
 
 def sweep(task: Task) -> list[int | None]:
@@ -81,14 +123,32 @@ def sweep(task: Task) -> list[int | None]:
     return [*sizes, None]
 
 
-def run_task(name: str, repeats: int, show: bool) -> dict[str, object]:
+def configurations(task: Task, all_rules: bool) -> list[tuple[int | None, str | None]]:
+    """(batch size, scaling rule) of each run: the sweep with the task's rule, or every rule.
+
+    With `all_rules` each fixed size above M0 runs with every rule that suits
+    its optimizer (AdaScale only for SGD: its gain assumes SGD's update), so
+    that each fixed size is compared at its best rule, not only at the one the
+    adaptive run uses.
+    """
+    rules: list[str | None] = [None]
+    if all_rules:
+        rules += [rule for rule in ("sqrt", "linear") if rule != task.lr_scaling]
+    runs: list[tuple[int | None, str | None]] = []
+    for batch in sweep(task):
+        above_m0 = batch is not None and batch > task.init_batch
+        runs += [(batch, rule) for rule in rules] if above_m0 else [(batch, None)]
+    return runs
+
+
+def run_task(name: str, repeats: int, show: bool, all_rules: bool = False) -> dict[str, object]:
     """Every configuration of one task, `repeats` times each in alternation, and the ratios."""
     task, setting = TASKS[name], SETTINGS[name]
     data = task.make_data(setting.samples, 0)
     held_out = task.make_data(4_096, 99)
     runs: list[Outcome] = []
     for _ in range(repeats * setting.repeat_factor):
-        for batch in sweep(task):
+        for batch, rule in configurations(task, all_rules):
             fixed_above_m0 = batch is not None and batch > task.init_batch
             with pinned() if fixed_above_m0 else contextlib.nullcontext():
                 run = train(
@@ -97,8 +157,9 @@ def run_task(name: str, repeats: int, show: bool) -> dict[str, object]:
                     (held_out.x, held_out.y),
                     batch=batch,
                     target=setting.target,
-                    eval_every=setting.samples // 8,
+                    eval_every=setting.samples // EVALUATIONS_PER_EPOCH,
                     max_samples=setting.samples * setting.max_epochs,
+                    rule=rule,
                 )
             runs.append(run)
             if show:
@@ -140,13 +201,25 @@ def main(argv: list[str] | None = None) -> int:
         "--wide-hidden", type=int, default=4096, help="hidden units of the wider model"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--all-rules",
+        action="store_true",
+        help="run each fixed size above M0 with every learning-rate scaling rule",
+    )
+    parser.add_argument(
+        "--calibrate", action="store_true", help="print each task's target by the rule, and stop"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.calibrate:
+        for name in [name for name in args.tasks.split(",") if name]:
+            print(name, calibrate(name), flush=True)
+        return 0
     names = [name for name in args.tasks.split(",") if name]
     unknown = [name for name in names if name not in TASKS]
     if unknown:
         parser.error(f"unknown tasks {unknown}; known: {', '.join(TASKS)}")
-    results = [run_task(name, args.repeats, show=not args.json) for name in names]
+    results = [run_task(name, args.repeats, not args.json, args.all_rules) for name in names]
     overhead: dict[str, object] = {}
     if not args.no_overhead:
         small = (mlp_data(16_384, 1), None)  # short epochs, many alternations

@@ -1,7 +1,11 @@
 """Goodput batch tuning inside the job: profile, fit, choose, scale the LR, count progress.
 
 `BatchTuner` is what an adaptive `gpuq.runner.AdaptiveDataLoader` runs on
-(see that module for when a loader is adaptive):
+(see that module for when a loader is adaptive). It runs the parts, each in
+its own module: the profile and the fit (`gpuq.runner.step_profile`), the
+choice (`gpuq.runner.batch_choice`), the learning-rate rules and the
+progress count (`gpuq.runner.lr_scaling`); this module decides when, and
+keeps the state a checkpoint saves:
 
 - **Profile.** The loader times every optimizer step from the end of the
   previous one (data loading, forward, backward, update: all of it), per
@@ -95,34 +99,60 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
-from gpuq.goodput import (
-    GoodputFunction,
-    GradParams,
-    PerfParams,
-    fit_one_replica,
-    fit_perf_params,
-)
+from gpuq.goodput import GoodputFunction, PerfParams
 from gpuq.runner import distributed
+from gpuq.runner.batch_choice import (
+    EXPLORE_FACTOR,
+    SPEEDUP_THRESHOLD,
+    BatchConfig,
+    choose_config,
+    extrapolation,
+    memory_bound,
+)
 from gpuq.runner.gns import GradientNoiseScale
 from gpuq.runner.job import Job, StepInfo
+from gpuq.runner.lr_scaling import (
+    LR_SCALING_RULES,
+    PRIOR,
+    LrScaling,
+    gain,
+    lr_factor,
+    progress_of,
+    rescale_second_moments,
+)
+from gpuq.runner.step_profile import PROFILE_WINDOW, StepProfile
 
-LrScaling = Literal["adascale", "sqrt", "linear"]
-LR_SCALING_RULES: tuple[str, ...] = get_args(LrScaling)
-SPEEDUP_THRESHOLD = 1.05
-"""A new configuration must be predicted this much faster (goodput) to be taken."""
-PROFILE_WINDOW = 32
-"""Step times kept per configuration; their median is what the fit sees."""
+__all__ = [
+    "DECISION_SHARE",
+    "EXPLORE_FACTOR",
+    "LR_SCALING_RULES",
+    "MIN_MEASUREMENTS",
+    "PRIOR",
+    "PROFILE_WINDOW",
+    "SPEEDUP_THRESHOLD",
+    "BatchConfig",
+    "BatchTuner",
+    "LrScaling",
+    "StepProfile",
+    "choose_config",
+    "extrapolation",
+    "gain",
+    "lr_factor",
+    "memory_bound",
+    "progress_of",
+    "rescale_second_moments",
+    "step_clock",
+]
+
 MIN_TIMINGS = 3
 """Steps a new configuration runs untimed by nothing but its own work before the next
 decision (whole, not its first): the median of three resists one stray step."""
 MEMORY_HEADROOM = 0.9
 """Share of the device's memory the per-iteration peak may grow to."""
-EXPLORE_FACTOR = 2
-"""How far beyond the largest local batch timed so far the step-time model is trusted."""
 MIN_MEASUREMENTS = 8
 """Noise measurements the average must hold before the tuner acts on it (taken at the
 highest rate the noise scale allows until then): enough for the spread of their |G|^2,
@@ -134,244 +164,8 @@ stays under 5% of a step."""
 SETTLE_STEPS = 5
 """Steps a new configuration runs before the next decision: its first (not timed: memory
 for the new size is allocated), its noise measured at the second, then timed ones."""
-PRIOR = GradParams(0.0, 1.0)
-"""Gradient statistics before any are measured: efficiency 1 at every batch size."""
-
 step_clock: Callable[[], float] = time.perf_counter
 """The clock steps are timed with."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BatchConfig:
-    """Local (per-GPU) batch size and accumulation steps: (accum_steps + 1) micro-batches a step.
-
-    On `replicas` ranks, each with its own local batch.
-    """
-
-    local_bsz: int
-    accum_steps: int = 0
-    replicas: int = 1
-
-    @property
-    def batch_size(self) -> int:
-        """Samples per optimizer step, all replicas together."""
-        return self.local_bsz * (self.accum_steps + 1) * self.replicas
-
-
-def gain(grad: GradParams | None, init_batch: int, batch: int) -> float:
-    """AdaScale's gain r = S * efficiency, as `gpuq.goodput.adascale_gain`, in plain floats.
-
-    The training loop calls this at every step; numpy's scalar overhead is not worth it there.
-    """
-    grad = grad or PRIOR
-    scale = batch / init_batch
-    denominator = grad.var / scale + grad.sqr
-    return (grad.var + grad.sqr) / denominator if denominator > 0 else 1.0
-
-
-def lr_factor(rule: LrScaling, grad: GradParams | None, init_batch: int, batch: int) -> float:
-    """The learning-rate multiplier for a step of `batch` samples under `rule` (1 up to M0)."""
-    scale = batch / init_batch
-    if scale <= 1:
-        return 1.0
-    if rule == "adascale":
-        return gain(grad, init_batch, batch)
-    if rule == "sqrt":
-        return math.sqrt(scale)
-    return scale
-
-
-def progress_of(grad: GradParams | None, init_batch: int, batch: int) -> float:
-    """Scale-invariant progress of one step: its samples times min(1, efficiency)."""
-    if batch <= init_batch:
-        return float(batch)
-    return batch * min(1.0, gain(grad, init_batch, batch) * init_batch / batch)
-
-
-def rescale_second_moments(
-    optimizer: torch.optim.Optimizer,
-    grad: GradParams | None,
-    init_batch: int,
-    old_batch: int,
-    new_batch: int,
-) -> None:
-    """Scale Adam's second moments to the gradients of a new batch size.
-
-    Adam's ``exp_avg_sq`` averages squared gradients over about 1 / (1 -
-    beta2) steps (1,000 for 0.999), so after the batch grows it still holds
-    the larger noise of the old batch, and the steps it divides come out
-    smaller than the learning rate rule intends for as long (a transformer
-    switched from 20 to 40 and 78 samples needed 40% more samples than one
-    fixed at either). The expected squared gradient of a batch of B samples
-    is |G|^2 + tr(Sigma) / B, so the moments are multiplied by
-    (|G|^2 + tr(Sigma) / new) / (|G|^2 + tr(Sigma) / old), from the noise
-    estimate (kept per M0 samples: tr(Sigma) / B = var * M0 / B). Pollux's
-    artifact rescales Adam's state at a batch change too. Other optimizers,
-    and a job without an estimate, are left alone.
-    """
-    if grad is None or old_batch == new_batch:
-        return
-    before = grad.sqr + grad.var * init_batch / old_batch
-    after = grad.sqr + grad.var * init_batch / new_batch
-    if before <= 0 or after <= 0:
-        return
-    factor = after / before
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            moment = optimizer.state.get(param, {}).get("exp_avg_sq")
-            if isinstance(moment, torch.Tensor):
-                moment.mul_(factor)
-
-
-def memory_bound(peaks: dict[int, int], capacity: int) -> int | None:
-    """The largest local batch whose predicted peak memory fits `capacity`; None without data.
-
-    The peak is taken as linear in the local batch, fitted by least squares;
-    with one batch size seen, as proportional to it (which over-predicts larger ones).
-    """
-    if not peaks:
-        return None
-    sizes = sorted(peaks)
-    if len(sizes) == 1:
-        per_sample, base = peaks[sizes[0]] / sizes[0], 0.0
-    else:
-        mean_m = statistics.fmean(sizes)
-        mean_p = statistics.fmean(peaks[m] for m in sizes)
-        spread = sum((m - mean_m) ** 2 for m in sizes)
-        per_sample = sum((m - mean_m) * (peaks[m] - mean_p) for m in sizes) / spread
-        base = mean_p - per_sample * mean_m
-    if per_sample <= 0:
-        return None
-    return max(1, math.floor((capacity - base) / per_sample))
-
-
-def extrapolation(
-    times: dict[tuple[int, int], float], replicas: int, perf: PerfParams
-) -> tuple[int, PerfParams] | None:
-    """The largest local batch timed on `replicas`, and the step-time model to use beyond it.
-
-    Beyond it the step time is extrapolated as a power of the batch size
-    through the two largest sizes timed (their elasticity, between 0 and 1)
-    rather than along the fitted line: on the CPU the time per sample still
-    falls well past the initial batch (the vector units fill up), and a line
-    through the sizes timed so far overstates what a larger batch costs, so
-    a batch the goodput model would favour once timed is never tried (an
-    LSTM timed at 8 and 16 samples predicted 32 a third slower than it is;
-    the power law predicts it within a tenth). Returned as the line through
-    (top, T(top)) and (2 top, T(2 top)) in `perf`'s form: what the
-    exploration cap lets a decision reach. None with fewer than two sizes
-    timed, or on several replicas (their times include the all-reduce).
-    """
-    sizes = sorted(m for k, m in times if k == replicas)
-    if replicas > 1 or len(sizes) < 2:
-        return None
-    top, below = sizes[-1], sizes[-2]
-    top_seconds = times[(replicas, top)]
-    ratio = top_seconds / times[(replicas, below)]
-    elasticity = min(1.0, max(0.0, math.log(ratio) / math.log(top / below)))
-    beta = top_seconds * (2**elasticity - 1) / top
-    alpha = max(top_seconds - beta * top, 0.0)
-    return top, dataclasses.replace(perf, alpha_c=alpha, beta_c=beta)
-
-
-def choose_config(
-    goodput_fn: GoodputFunction,
-    current: BatchConfig,
-    *,
-    max_batch_size: int,
-    max_local: int,
-    accumulation: bool,
-    threshold: float = SPEEDUP_THRESHOLD,
-    beyond: tuple[int, PerfParams] | None = None,
-) -> BatchConfig:
-    """The configuration of best predicted goodput on `current`'s GPUs, if `threshold` x its.
-
-    With `beyond` = (the largest local batch timed, a step-time model), local
-    batches above it (up to `max_local`) are predicted with that model instead
-    of the fitted one (`extrapolation`).
-    """
-    k = current.replicas
-    max_local = max(1, min(max_local, max_batch_size))
-    known = max_local if beyond is None else max(1, min(beyond[0], max_local))
-    best, local, accum = goodput_fn.optimize(
-        1, k, max_batch_size, (1, known), accumulation=accumulation
-    )
-    if beyond is not None and known < max_local:  # the sizes not timed yet
-        untried = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
-        bounds = (known + 1, max_local)
-        tried = untried.optimize(1, k, max_batch_size, bounds, accumulation=accumulation)
-        if tried[0] > best:
-            best, local, accum = tried
-    if best <= 0:
-        return current
-    fits = current.local_bsz <= max_local
-    now = goodput_fn.evaluate(1, k, current.local_bsz, current.accum_steps) if fits else 0.0
-    return BatchConfig(local, accum, k) if best > threshold * now else current
-
-
-class StepProfile:
-    """Measured step times per configuration and peak memory per local batch size."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, list[float]] = {}
-        """Step times by "local,accum" (",replicas" added above one); the latest
-        `PROFILE_WINDOW` of each count."""
-        self.peaks: dict[int, int] = {}
-
-    @staticmethod
-    def key(config: BatchConfig) -> str:
-        """The key of `config`'s step times in `times`."""
-        key = f"{config.local_bsz},{config.accum_steps}"
-        return key if config.replicas == 1 else f"{key},{config.replicas}"
-
-    def window(self, config: BatchConfig) -> list[float]:
-        """The list of `config`'s step times (created empty), which `record_time` appends to."""
-        return self.times.setdefault(self.key(config), [])
-
-    def record_time(self, config: BatchConfig, seconds: float) -> None:
-        """Keep one optimizer step's wall time under its configuration."""
-        window = self.window(config)
-        window.append(seconds)
-        if len(window) >= 2 * PROFILE_WINDOW:
-            del window[:PROFILE_WINDOW]
-
-    def record_peak(self, local_bsz: int, peak_bytes: int) -> None:
-        """Keep the largest per-iteration memory peak seen at `local_bsz`."""
-        self.peaks[local_bsz] = max(self.peaks.get(local_bsz, 0), peak_bytes)
-
-    def compute_times(self) -> dict[tuple[int, int], float]:
-        """Median time of one micro-batch per (replicas, local batch size): T_grad on one."""
-        pooled: dict[tuple[int, int], list[float]] = {}
-        for key, window in self.times.items():
-            local, accum, replicas = (*(int(v) for v in key.split(",")), 1)[:3]
-            times = (t / (accum + 1) for t in window[-PROFILE_WINDOW:])
-            pooled.setdefault((replicas, local), []).extend(times)
-        return {km: statistics.median(v) for km, v in sorted(pooled.items()) if v}
-
-    def fit(self) -> PerfParams | None:
-        """Pollux's step-time model fitted to the medians; None before any step was timed.
-
-        A median on several replicas is a step's T_iter only (module docstring).
-        """
-        times = self.compute_times()
-        if not times or min(times.values()) <= 0:
-            return None
-        replicas, sizes = [k for k, _ in times], [m for _, m in times]
-        seconds = list(times.values())
-        if max(replicas) == 1:  # the same fit without a solver, cheap enough for any step
-            return fit_one_replica(sizes, seconds)
-        compute = [t if k == 1 else math.nan for k, t in zip(replicas, seconds, strict=True)]
-        return fit_perf_params([1] * len(sizes), replicas, sizes, compute, seconds)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The measurements, for a checkpoint."""
-        peaks = {str(m): p for m, p in self.peaks.items()}
-        return {"times": {k: list(v) for k, v in self.times.items()}, "peaks": peaks}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back what `state_dict` returned."""
-        self.times = {str(k): [float(t) for t in v] for k, v in state["times"].items()}
-        self.peaks = {int(m): int(p) for m, p in state["peaks"].items()}
 
 
 class BatchTuner:
