@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuq.control import sample_to_dict
-from gpuq.daemon.scheduler.view import with_measurements
+from gpuq.daemon.scheduler.view import measurements
 from gpuq.errors import GpuqError, UsageError
 from gpuq.policies.interface import JobView
 from gpuq.policies.registry import get_policy
@@ -128,7 +128,7 @@ def test_the_report_gives_the_live_policy_the_model_the_simulated_one_sees() -> 
     sample = recorder.sample()
     assert sample is not None
     stored = json.loads(json.dumps(sample_to_dict(sample)))  # over the channel, into the store
-    view = with_measurements(JobView(id=1, submit_time=0.0), stored)
+    view = JobView(id=1, submit_time=0.0, **measurements(stored))
     expected = trace.job.goodput()
     assert expected is not None and view.goodput is not None
     assert view.goodput.perf == expected.perf
