@@ -86,8 +86,9 @@ def test_an_unknown_policy_option_exits_2_and_lists_the_options(tiny: str) -> No
     assert result.exit_code == 2
     assert "policy 'gpuq' has no option fast" in result.stderr
     assert (
-        "its options: generations, oversubscription, population, quantum, remaining_aware, "
-        "restart_penalty, starts, timeslice" in result.stderr
+        "its options: generations, keep_threshold, move_after, moves, oversubscription, "
+        "pack_utilization, packing, population, quantum, remaining_aware, restart_penalty, "
+        "starts, timeslice" in result.stderr
     )
 
 
