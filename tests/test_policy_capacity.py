@@ -230,7 +230,8 @@ def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
     assert all(isinstance(c, Capabilities) for c in declared.values())
     assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "gpuq"}
     assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva", "gpuq"}
-    assert {n for n, c in declared.items() if c.packing} == {"gandiva"}
+    assert {n for n, c in declared.items() if c.packing} == {"gandiva", "gpuq"}
+    assert get_policy("gpuq:packing=false").capabilities.packing is False
     assert {n for n, c in declared.items() if not c.preemption} == set()  # fifo moves jobs
     assert get_policy("fifo:moves=false").capabilities.preemption is False
     assert {n for n, c in declared.items() if c.remembers} == {

@@ -9,9 +9,11 @@ the job advances as the simulator advances it alone on those GPUs: step
 times from the Pollux tables for its per-GPU batch, progress by the
 statistical gain of its total batch, completion when the simulator's job
 would complete (all epochs of the application). It advances in slices of
-`SLICE` real seconds and groups them so that each `gq.step()` comes about
-`--tick` seconds of real time after the previous one, or at the end of the
-slice in which the daemon asked for a suspend: a job at real speed reaches
+`SLICE` real seconds and groups them so that each `gq.step()` is `--tick`
+real seconds of computing alone on its GPUs (a step is a fixed amount of
+work, so the steps' count measures progress: on a shared fake GPU a step
+takes longer, and steps made up after a late wake-up come at once), or
+ends the slice in which the daemon asked for a suspend: a job at real speed reaches
 its next iteration boundary in a fraction of a second, so it leaves its
 GPUs about when the simulator's job does. Sleeps aim at absolute deadlines,
 so time does not drift and a late wake-up (a busy machine) is made up,
@@ -292,7 +294,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="GPUs, outside gpuq")
     parser.add_argument("--speedup", type=float, default=60.0)
     parser.add_argument("--restart-penalty", type=float, default=30.0)
-    parser.add_argument("--tick", type=float, default=0.1, help="real seconds per gq.step()")
+    parser.add_argument(
+        "--tick", type=float, default=0.1, help="real seconds of solo computing per gq.step()"
+    )
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)  # the fork server's
     args = parser.parse_args(argv)
     if args.speedup <= 0 or args.tick <= 0 or args.batch_size <= 0 or args.restart_penalty < 0:
@@ -315,11 +319,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     penalty = args.restart_penalty / args.speedup
     tick_start = schedule_start(started, saved["saved_at"], penalty)
     pauses = Pauses(job)
-    last_step = started
+    computed = stepped = 0.0  # real seconds of solo-speed progress, in all and up to the last step
     devices = JobDevices.from_env()
     slowdown, slowdown_read = 1.0, -math.inf
     while not trace.complete:
         used = trace.advance(SLICE * args.speedup, refit=loader.solver.is_set())
+        computed += used / args.speedup
         if devices is not None and time.monotonic() - slowdown_read >= args.tick:
             slowdown, slowdown_read = devices.slowdown(), time.monotonic()
         tick_end = tick_start + used * slowdown / args.speedup
@@ -328,14 +333,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             time.sleep(tick_end - before)
         if state is None and loader.done:
             state = gq.State(trace=saved)  # a first attempt: nothing to restore
-        boundary = time.monotonic() - last_step >= args.tick or job.suspend_requested
+        boundary = computed - stepped >= args.tick - 1e-9 or job.suspend_requested
         if state is not None and boundary:
             if job.metrics is not None:
                 trace.report(job.metrics)
             saved.update(trace.state(), saved_at=time.time())
             job.epoch = trace.job.epoch
+            stepped += args.tick  # steps count progress, even those made up after a delay
             gq.step()
-            last_step = time.monotonic()
         # Time lost to a park or a stop moves the schedule; other delays are made up.
         lost = time.monotonic() - max(before, tick_end)
         tick_start = tick_end + (lost if pauses.paused() else 0.0)
