@@ -12,7 +12,8 @@ trace job's launcher (`gpuq.replay.launcher`, the command the daemon runs)
 forks a child that takes the launcher's standard streams, working
 directory and environment (the daemon's GPUQ_* contract with them) and
 runs `gpuq.replay.tracejob` in its own session, with the launcher's start
-as the start of its schedule.
+(read from /proc by the launcher's pid, which the socket gives) as the start
+of its schedule.
 
 Per connection the server answers `{"pid": N}` once the child runs, then
 `{"exit": STATUS}` when it ends (its exit code, or 128 + N for signal N),
@@ -130,7 +131,8 @@ def _run_child(request: dict[str, Any], fds: list[int], launcher: int) -> int:
     _watch_launcher(launcher)
     from gpuq.replay import tracejob
 
-    argv = [*map(str, request["argv"]), "--started", repr(float(request["started"]))]
+    started = time.monotonic() - tracejob.process_age(launcher)  # the launcher's start
+    argv = [*map(str, request["argv"]), "--started", repr(started)]
     try:
         tracejob.main(argv)
     except SystemExit as end:

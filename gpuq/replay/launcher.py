@@ -4,7 +4,7 @@
 
 Run without `site` (`-S`) and importing only the standard library, it
 starts in a few tens of milliseconds. It sends its arguments, environment,
-working directory, start time and standard streams to the fork server
+working directory and standard streams to the fork server
 listening on SOCKET (`gpuq.replay.forkserver`), which forks the trace job
 from a process that has already imported Python's numeric stack, torch and
 the runner; it forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGCONT to
@@ -24,23 +24,8 @@ import os
 import signal
 import socket
 import sys
-import time
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCONT)
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def started() -> float:
-    """This process's start, on the monotonic clock (now where /proc cannot tell)."""
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        with open("/proc/uptime", "rb") as uptime:
-            since_boot = float(uptime.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return now
-    return now - max(0.0, since_boot - int(fields[19]) / CLOCK_TICKS)
 
 
 class Forwarder:
@@ -87,7 +72,6 @@ def main(argv: list[str]) -> int:
         "argv": arguments,
         "env": dict(os.environ),
         "cwd": os.getcwd(),
-        "started": started(),
     }
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

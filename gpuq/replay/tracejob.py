@@ -104,10 +104,10 @@ SLICE = 0.02
 """Real seconds the job advances between two looks at a suspend request."""
 
 
-def process_age() -> float:
-    """Real seconds since this process started (from /proc; 0 where unknown)."""
+def process_age(pid: int | None = None) -> float:
+    """Real seconds since process `pid` (this one by default) started (/proc; 0 if unknown)."""
     try:
-        with open("/proc/self/stat", "rb") as stat:
+        with open(f"/proc/{pid or 'self'}/stat", "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
         with open("/proc/uptime", "rb") as uptime:
             since_boot = float(uptime.read().split()[0])
