@@ -287,6 +287,17 @@ def steps_around_restart(log: list[str]) -> tuple[str, int, int | None]:
     return log[index - 1], before[-1] if before else 0, after[0] if after else None
 
 
+TURN_TAKERS = ["--epochs", "3", "--step-delay", "0.05"]
+"""Runner jobs of about 5 s of training, all of it after their State exists.
+
+Three of them on two GPUs must take turns, whatever the machine's load: each
+can park at every step, so the first quantum that ends while one trains parks
+it, and a parked job ends only once given its turn back. (A trace job
+imports torch while it already runs, so on a busy machine a short one ends
+before it can park, and no turn is ever taken.)
+"""
+
+
 @pytest.mark.parametrize("point", ["turn-committed", "resume-committed"])
 def test_a_daemon_killed_in_the_middle_of_a_turn_finishes_it(tmp_path: Path, point: str) -> None:
     """Killed between a turn's intent and the job hearing of it, the daemon finishes the turn.
@@ -295,7 +306,7 @@ def test_a_daemon_killed_in_the_middle_of_a_turn_finishes_it(tmp_path: Path, poi
     off computes at once; every job ends once, and no GPU ever has two jobs
     computing at once.
     """
-    command = trace_command(WorkloadJob("t", 0.0, "cifar10", 1, 128), ReplaySettings(speedup=600))
+    command = [sys.executable, str(JOB), *TURN_TAKERS]
     harness = DaemonHarness(tmp_path, gpus_toml=TWO_GPUS, extra_toml=GANDIVA)
     try:
         first = harness.start(extra_env={"GPUQ_CRASH_POINT": point})
