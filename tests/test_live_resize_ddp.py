@@ -12,6 +12,15 @@ for goodput and reports its model. The policy alone decides every resize:
 - a rigid 2-GPU job arrives: the adaptive one gives back two GPUs; a rigid
   1-GPU job arrives: it gives back one more; both are then cancelled.
 
+The job restarts on whatever the decision made once its checkpoint is saved
+gives it, which may differ from the one that resized it: on a busy machine
+the ranks' real CPU work, which grows with their number, slows the steps
+the runner measures, its refitted model may then favour one GPU where it
+favoured two a few seconds before (with a 1 s restart penalty, Pollux
+follows it), and the job goes 4 -> 1 -> 2 rather than 4 -> 2. So the test
+waits for each phase and checks that resizes led there, not that no other
+came in between.
+
 Each resize is a checkpoint and a restart on the new number of ranks, with
 the data position counted in samples of the whole pass and the per-rank
 batch picked again for the new number. The job ends having lost or
@@ -177,11 +186,16 @@ def test_an_adaptive_ddp_job_grows_to_four_gpus_and_shrinks_back_losing_no_sampl
         finished = daemon.wait_state(job_id, "succeeded", "failed", timeout=300)
         assert finished["state"] == "succeeded", daemon.log()
         sizes = world_sizes(daemon, job_id)
-        assert sizes[:5] == [1, 2, 4, 2, 1], sizes
+        # Each phase above was reached in turn, every change made by a resize: first to 2,
+        # the most Pollux explores from 1; a restart may take another count than its
+        # resize named, where the model changed in between (module docstring).
+        assert sizes[:2] == [1, 2] and 4 in sizes, sizes
         assert finished["attempts"] == len(sizes)
         reasons = [event["reason"] for event in daemon.call("show", id=job_id)["events"]]
-        for change in ("1 -> 2", "2 -> 4", "4 -> 2", "2 -> 1"):
-            assert any(r.startswith(f"resized {change} GPUs") for r in reasons), reasons
+        resizes = [r for r in reasons if r.startswith("resized ") and "checkpoint requested" in r]
+        assert resizes[0].startswith("resized 1 -> 2 GPUs"), reasons
+        for change in ("-> 4 GPUs", "resized 4 -> ", "resized 2 -> 1 GPUs"):
+            assert any(change in r for r in resizes), reasons
         reported = daemon.call("show", id=job_id)["metrics"]
         assert unresized.wait(timeout=300) == 0
 
