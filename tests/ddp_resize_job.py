@@ -17,7 +17,9 @@ rightly keep the job on one GPU.
 
 The job keeps, in its checkpointed `gq.State`, the index of every sample it
 took an optimizer step on (every rank's part, gathered), in order, with the
-count at the end of each epoch; samples of a step still accumulating are
+count at the end of each epoch and the pass over the data each belongs to
+(an epoch is one pass at the initial batch, more when the tuner takes larger
+batches: `gq.AdaptiveDataLoader`); samples of a step still accumulating are
 kept apart until the step is taken, and dropped if a resume on another
 number of ranks starts that step again. It also notes, at each attempt's
 first whole batch (not half of a measured step), the world size with the
@@ -98,7 +100,13 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Linear(64, CLASSES))
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    record: dict[str, Any] = {"trained": [], "pending": [], "epoch_ends": [], "attempts": []}
+    record: dict[str, Any] = {
+        "trained": [],
+        "passes": [],
+        "pending": [],
+        "epoch_ends": [],
+        "attempts": [],
+    }
     state = gq.State(model=model, optimizer=opt, lr_scaling="adascale", record=record)
     state.restore()
     loader = gq.AdaptiveDataLoader(
@@ -132,6 +140,7 @@ def main() -> None:
                 record["pending"] = taken
             else:
                 record["trained"] = record["trained"] + taken
+                record["passes"] = record["passes"] + [loader.pass_number] * len(taken)
                 record["pending"] = []
             gq.step()
         record["epoch_ends"].append(len(record["trained"]))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 
 import gpuq.runner as gq
-from gpuq.runner.job import StepInfo
+from gpuq.runner.job import StepInfo, SuspendReport
 from tests.daemon_harness import wait_for
 
 if TYPE_CHECKING:
@@ -238,6 +238,40 @@ def test_a_resume_from_the_daemon_never_withdraws_the_script_s_own_request(
     scripted_daemon.send({"type": "resume"})
     wait_for(lambda: inside._resume_event.is_set(), what="the resume")
     assert inside.suspend_requested == "checkpoint"
+
+
+def parked_at_step_4(inside: gq.Job, scripted_daemon: ScriptedDaemon) -> None:
+    """Welcome the runner, then park it at step 4 (the boundary's report, nobody waiting)."""
+    inside.state = cast("State", object())
+    scripted_daemon.welcome()
+    wait_for(lambda: inside.channel is not None and inside.channel.connections == 1)
+    inside.step = 4
+    inside.report_suspend(SuspendReport("park", 4, 10, 0.01))
+    assert scripted_daemon.receive()["detail"]["step"] == 4
+
+
+def test_a_park_asked_of_a_parked_job_is_acknowledged_at_once(
+    inside: gq.Job, scripted_daemon: ScriptedDaemon
+) -> None:
+    parked_at_step_4(inside, scripted_daemon)
+    scripted_daemon.send({"type": "suspend", "mode": "park"})  # as after a daemon restart
+    ack = scripted_daemon.receive()
+    assert (ack["request"], ack["detail"]["parked"], ack["detail"]["step"]) == ("suspend", True, 4)
+
+
+def test_a_park_asked_just_after_a_resume_waits_for_the_next_boundary(
+    inside: gq.Job, scripted_daemon: ScriptedDaemon
+) -> None:
+    """The resume woke the job, which computes again before it can park.
+
+    Acknowledged at once as parked, the daemon would count the job waiting
+    while it computes, and give its GPU to the next one.
+    """
+    parked_at_step_4(inside, scripted_daemon)
+    scripted_daemon.send({"type": "resume"})
+    scripted_daemon.send({"type": "suspend", "mode": "park"})
+    wait_for(lambda: inside.suspend_requested == "park", what="the park kept for the boundary")
+    assert inside.resume_pending
 
 
 def test_a_suspend_without_a_state_to_save_is_refused_at_once(

@@ -120,7 +120,8 @@ def test_park_suspends_in_place_and_resume_continues(daemon: DaemonHarness) -> N
     job = daemon.wait_state(job_id, "suspended", timeout=60)
     assert "(park mode)" in job["reason"]
     assert len(job["gpu_uuids"]) == 1  # parked: the job keeps its GPU
-    assert "parked at step" in output(daemon, job_id)
+    # The runner says so just after it acknowledged the park, which the state shows.
+    wait_for(lambda: "parked at step" in output(daemon, job_id), timeout=30, what="its message")
 
     assert daemon.cli("resume", str(job_id)).stdout == f"job {job_id}: running\n"
     wait_for(lambda: "resumed at step" in output(daemon, job_id), timeout=30, what="the resume")

@@ -12,12 +12,27 @@ for goodput and reports its model. The policy alone decides every resize:
 - a rigid 2-GPU job arrives: the adaptive one gives back two GPUs; a rigid
   1-GPU job arrives: it gives back one more; both are then cancelled.
 
+The job restarts on whatever the decision made once its checkpoint is saved
+gives it, which may differ from the one that resized it: on a busy machine
+the ranks' real CPU work, which grows with their number, slows the steps
+the runner measures, its refitted model may then favour one GPU where it
+favoured two a few seconds before (with a 1 s restart penalty, Pollux
+follows it), and the job goes 4 -> 1 -> 2 rather than 4 -> 2. So the test
+waits for each phase and checks that resizes led there, not that no other
+came in between.
+
 Each resize is a checkpoint and a restart on the new number of ranks, with
 the data position counted in samples of the whole pass and the per-rank
-batch picked again for the new number. The job ends having taken an
-optimizer step on exactly the samples an unresized run takes (every epoch
-one pass over the data, each sample once), and with its validation loss
-within noise of that run's (see `VAL_LOSS_TOLERANCE`).
+batch picked again for the new number. The job ends having lost or
+repeated no sample in its resizes: every epoch is one whole pass over the
+data, each sample once, as in the unresized run, followed by the start of
+another pass only where the tuner took batches larger than the initial one
+(an epoch is a pass's worth of progress at the initial batch, and larger
+batches, less efficient, need more samples for it). On a busy machine the
+per-step overhead the tuner measures grows, and on four ranks it may well
+pick a larger global batch than on one. Its validation loss ends within
+noise of the unresized run's (see `VAL_LOSS_TOLERANCE` and
+`LARGER_BATCHES_TOLERANCE`).
 """
 
 from __future__ import annotations
@@ -35,7 +50,7 @@ from tests.test_control_runner import job_env
 
 JOB = Path(__file__).resolve().with_name("ddp_resize_job.py")
 ARGS = ["--epochs", "5", "--samples", "1024", "--batch-size", "32", "--sample-seconds", "0.005"]
-SAMPLES, EPOCHS = 1024, 5
+SAMPLES, EPOCHS, BATCH = 1024, 5, 32
 POLLUX = (
     '[scheduler]\npolicy = "pollux:population=16:generations=10:restart_penalty=1"\ninterval = 1\n'
 )
@@ -46,14 +61,32 @@ memory = "40G"
 count = 4
 """
 VAL_LOSS_TOLERANCE = 0.015
-"""How far the resized run's validation loss may be from the unresized run's.
+"""How far the resized run's validation loss may be from the unresized run's, same batches.
 
 Half the noise between runs: unresized runs of this job with seeds 1 to 5
 (model initialisation and data order) ended at 1.009, 1.067, 1.075, 1.085
-and 1.060, a standard deviation of 0.03. With the same seed, runs resized as
-here ended within 1e-5 of the unresized run: the same global batch of the
-same samples at every step, so only the rounding of the all-reduce differs.
+and 1.060, a standard deviation of 0.03 (`SEED_NOISE`). With the same seed,
+runs resized as here ended within 1e-5 of the unresized run when the tuner
+kept the initial batch throughout: the same global batch of the same samples
+at every step, so only the rounding of the all-reduce differs.
 """
+SEED_NOISE = 0.03
+LARGER_BATCHES_TOLERANCE = 2 * SEED_NOISE
+"""The same, when the resized run's tuner took larger batches than the unresized run's.
+
+Its training then takes other steps on other samples: it is another run,
+within the noise between runs. On a busy machine, runs whose tuner took a
+global batch of 56, 60 and 72 on four ranks ended 0.0096, 0.0078 and 0.022
+from the unresized run (which kept 32 on its one rank).
+"""
+
+
+def larger_batches(run: dict[str, Any]) -> bool:
+    """True if the run's tuner took batches larger than the initial one (extra passes)."""
+    return any(batch > BATCH for _, batch, _ in run["attempts"]) or any(
+        len(passes) > 1 for passes in epochs(run)
+    )
+
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -90,10 +123,34 @@ def sleeper(daemon: DaemonHarness, gpus: int) -> int:
     return daemon.submit(["sleep", "600"], gpus=gpus, name=f"rigid-{gpus}")
 
 
-def passes(trained: list[int], epoch_ends: list[int]) -> list[list[int]]:
-    """The samples of each epoch, in the order the job took steps on them."""
-    starts = [0, *epoch_ends[:-1]]
-    return [trained[a:b] for a, b in zip(starts, epoch_ends, strict=True)]
+def epochs(run: dict[str, Any]) -> list[list[list[int]]]:
+    """Each epoch's passes over the data, each the samples the job took steps on, in order."""
+    ends = run["epoch_ends"]
+    found: list[list[list[int]]] = []
+    for begin, end in zip([0, *ends[:-1]], ends, strict=True):
+        by_pass: dict[int, list[int]] = {}
+        for sample, number in zip(run["trained"][begin:end], run["passes"][begin:end], strict=True):
+            by_pass.setdefault(number, []).append(sample)
+        assert list(by_pass) == list(range(len(by_pass))), "passes out of order"
+        found.append(list(by_pass.values()))
+    return found
+
+
+def assert_each_pass_whole(run: dict[str, Any], ranks: int) -> None:
+    """Every epoch is one whole pass over the data, then more if the tuner took larger batches.
+
+    Each pass takes a sample at most once, and every pass but an epoch's last
+    takes them all: an epoch's progress at the initial batch is one pass, and
+    a sample of a larger, less efficient batch counts for less. A pass's last
+    batch with fewer samples than ranks is left out (every rank must take part
+    in each step), so a whole pass may lack fewer than `ranks` samples.
+    """
+    for passes in epochs(run):
+        for number, samples in enumerate(passes):
+            assert len(set(samples)) == len(samples), "a sample taken twice in one pass"
+            assert set(samples) <= set(range(SAMPLES))
+            if number == 0 or number < len(passes) - 1:
+                assert len(samples) > SAMPLES - ranks, "a pass left unfinished"
 
 
 def test_an_adaptive_ddp_job_grows_to_four_gpus_and_shrinks_back_losing_no_sample(
@@ -129,11 +186,16 @@ def test_an_adaptive_ddp_job_grows_to_four_gpus_and_shrinks_back_losing_no_sampl
         finished = daemon.wait_state(job_id, "succeeded", "failed", timeout=300)
         assert finished["state"] == "succeeded", daemon.log()
         sizes = world_sizes(daemon, job_id)
-        assert sizes[:5] == [1, 2, 4, 2, 1], sizes
+        # Each phase above was reached in turn, every change made by a resize: first to 2,
+        # the most Pollux explores from 1; a restart may take another count than its
+        # resize named, where the model changed in between (module docstring).
+        assert sizes[:2] == [1, 2] and 4 in sizes, sizes
         assert finished["attempts"] == len(sizes)
         reasons = [event["reason"] for event in daemon.call("show", id=job_id)["events"]]
-        for change in ("1 -> 2", "2 -> 4", "4 -> 2", "2 -> 1"):
-            assert any(r.startswith(f"resized {change} GPUs") for r in reasons), reasons
+        resizes = [r for r in reasons if r.startswith("resized ") and "checkpoint requested" in r]
+        assert resizes[0].startswith("resized 1 -> 2 GPUs"), reasons
+        for change in ("-> 4 GPUs", "resized 4 -> ", "resized 2 -> 1 GPUs"):
+            assert any(change in r for r in resizes), reasons
         reported = daemon.call("show", id=job_id)["metrics"]
         assert unresized.wait(timeout=300) == 0
 
@@ -150,10 +212,11 @@ def test_an_adaptive_ddp_job_grows_to_four_gpus_and_shrinks_back_losing_no_sampl
     assert [world for world, _, _ in resized["attempts"]] == sizes
     for world, batch, local in resized["attempts"]:
         assert local == -(-batch // world)
-    # Every epoch is one pass: each sample once, none lost or repeated across the resizes.
-    for run in (resized, reference):
-        assert len(run["epoch_ends"]) == EPOCHS
-        for epoch in passes(run["trained"], run["epoch_ends"]):
-            assert sorted(epoch) == list(range(SAMPLES))
-    assert len(resized["trained"]) == len(reference["trained"]) == EPOCHS * SAMPLES
-    assert abs(resized["val_loss"] - reference["val_loss"]) <= VAL_LOSS_TOLERANCE
+    # Every epoch is a whole pass over the data, each sample once, then more passes if the
+    # tuner took larger batches (scale-invariant epochs): none lost or repeated in a resize.
+    assert len(resized["epoch_ends"]) == len(reference["epoch_ends"]) == EPOCHS
+    assert_each_pass_whole(resized, max(sizes))
+    assert_each_pass_whole(reference, 1)
+    same_batches = not larger_batches(resized) and not larger_batches(reference)
+    tolerance = VAL_LOSS_TOLERANCE if same_batches else LARGER_BATCHES_TOLERANCE
+    assert abs(resized["val_loss"] - reference["val_loss"]) <= tolerance

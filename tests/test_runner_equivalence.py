@@ -275,6 +275,27 @@ def test_a_checkpoint_request_ends_a_park_with_a_checkpoint_from_host_memory(
     assert all(torch.equal(v, before[k]) for k, v in restored_model(tmp_path).items())
 
 
+def test_a_park_asked_as_the_job_is_resumed_parks_it_at_the_next_boundary(
+    inside_job: gq.Job,
+) -> None:
+    def when_parked(ask_again: bool) -> None:
+        wait_for(lambda: inside_job.is_parked, what="the park")
+        if ask_again:
+            inside_job.request_suspend("park")  # the daemon's next turn, before the job woke
+        inside_job.resume()
+
+    model = nn.Linear(4, 4)
+    gq.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    inside_job.request_suspend("park")
+    threading.Thread(target=when_parked, args=(True,), daemon=True).start()
+    gq.step()  # parks at step 1, is resumed, and computes again
+    assert [(r.mode, r.step) for r in inside_job.suspends] == [("park", 1)]
+    assert inside_job.suspend_requested == "park"
+    threading.Thread(target=when_parked, args=(False,), daemon=True).start()
+    gq.step()
+    assert [(r.mode, r.step) for r in inside_job.suspends] == [("park", 1), ("park", 2)]
+
+
 def test_a_park_with_no_room_to_come_back_ends_with_a_checkpoint(
     tmp_path: Path, inside_job: gq.Job, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,10 @@ thread connects to the job's socket, says `Hello`, reads `Welcome`, then:
   `ResumeRequest` -> withdraw the daemon's pending request and ``job.resume()``,
   `CheckpointRequest` -> save at the next boundary and go on, `ResizeRequest`
   -> suspend to a checkpoint (the daemon restarts the job on its new GPUs).
+  A park asked of a parked job is acknowledged at once, unless a resume
+  already woke it: the job then computes again, and the park waits for its
+  next boundary (acknowledged as parked, the daemon would count it waiting
+  while it computes).
 
 Acknowledgements of suspends are sent by the training thread itself
 (`Job.report_suspend`), before the job exits, through `send`, which holds
@@ -196,7 +200,7 @@ class ControlClient:
     def _suspend(self, mode: str, request: str = "suspend", **detail: object) -> None:
         """Pass a suspend on to the boundary, or refuse it at once with the reason."""
         job = self.job
-        if mode == "park" and job.is_parked:
+        if mode == "park" and job.is_parked and not job.resume_pending:
             self.send(Ack(request, True, {"mode": "park", "step": job.step, "parked": True}))
             return
         if job.state is None:

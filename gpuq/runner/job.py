@@ -146,6 +146,11 @@ class Job:
         """True while the job waits in park mode for `resume()`."""
         return self._parked
 
+    @property
+    def resume_pending(self) -> bool:
+        """True once a park was told to end (`resume()` or SIGCONT) and has not ended yet."""
+        return self._resume_event.is_set() or self._continue
+
     def request_suspend(self, mode: SuspendMode = "checkpoint") -> None:
         """Ask for a suspend at the next iteration boundary; safe from any thread.
 

@@ -224,7 +224,10 @@ def step(loss: Any = None) -> None:
     mode = agree_on_suspend(job)  # under torchrun: the same answer on every rank
     if mode == "park":
         _park(job, now)
-        mode, now = job.take_suspend_request(), time.perf_counter()
+        now = time.perf_counter()
+        # A checkpoint asked during the park is honoured now; a park asked as the job was
+        # resumed stays for the next boundary, after a step computed in its turn.
+        mode = job.take_suspend_request() if job.suspend_requested == "checkpoint" else None
     if mode == "checkpoint":
         suspend_all_ranks(job, lambda: _suspend_to_checkpoint(job, now))
     job.boundary_time = time.perf_counter()
