@@ -29,6 +29,7 @@ the step.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -145,15 +146,19 @@ def train(
     eval_every: int,
     max_samples: int,
     rule: str | None = None,
+    lr_factor: float = 1.0,
+    max_seconds: float = math.inf,
 ) -> Outcome:
     """Train until the validation loss, measured every `eval_every` samples, reaches `target`.
 
-    Above M0 the learning rate scales by `rule` (the task's own if None).
+    Above M0 the learning rate scales by `rule` (the task's own if None); `lr_factor`
+    multiplies the task's learning rate (the grid of `bench.bench_adaptive.tune_lr`).
+    The run gives up, unreached, after `max_samples` or `max_seconds` of training.
     """
     gq.init(environ={}).close()
     torch.manual_seed(0)
     model = task.make_model()
-    optimizer = task.make_optimizer(model)
+    optimizer = task.optimizer(model, lr_factor)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=task.lr_decay)
     job = gq.init(environ={})
     own = rule is None or rule == task.lr_scaling
@@ -186,7 +191,11 @@ def train(
                 outcome.reached = outcome.loss <= target
                 if outcome.reached and len(outcome.losses) > 1:
                     outcome.seconds = _crossing(outcome.times, outcome.losses, target)
-                if outcome.reached or outcome.samples >= max_samples:
+                if (
+                    outcome.reached
+                    or outcome.samples >= max_samples
+                    or outcome.seconds > max_seconds
+                ):
                     outcome.steps = loader.tuner.steps if loader.tuner else job.step
                     return outcome
                 cpu, wall = clock(), time.perf_counter()

@@ -14,14 +14,14 @@ gradient noise grows as the loss falls and large batches stay useful:
   of the embedding are seen rarely), AdamW, on sequences from a random
   Markov chain;
 - ``lstm``: an LSTM language model over 32 tokens, Adam, on sequences from
-  another random Markov chain.
+  a random second-order Markov chain (the successor of each pair of tokens).
 
-The SGD tasks scale their learning rate with AdaScale, as
-`gpuq.runner.tuning` recommends; the Adam ones linearly with the batch-size
-ratio, the rule that reaches their targets soonest at every fixed size of
-the sweep (bench/bench_adaptive.py ``--all-rules``: the square root, which
-`gpuq.runner.tuning` suggests for Adam, took 1.4 to 3.1 times as long at 2
-M0 to 32 M0 on both). Every task allows batches up to 64 times its initial one.
+Each task's learning rate at its initial batch size is tuned there
+(bench/bench_adaptive.py ``--tune-lr``: the multiple of 0.25x to 16x with
+the lowest validation loss after 1,000 steps), as Pollux presumes. The SGD
+tasks scale their learning rate with AdaScale, the Adam ones with the
+square root of the batch-size ratio, as `gpuq.runner.tuning` recommends.
+Every task allows batches up to 64 times its initial one.
 """
 
 from __future__ import annotations
@@ -64,12 +64,19 @@ class Task:
     make_data: Callable[[int, int], Samples]
     """(samples, seed) -> a dataset; the validation set uses another seed."""
     make_model: Callable[[], nn.Module]
-    make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]
+    make_optimizer: Callable[[nn.Module, float], torch.optim.Optimizer]
+    """(model, learning rate) -> the optimizer."""
+    lr: float
+    """The learning rate at the initial batch size (see `LR_GRID`)."""
     lr_scaling: str
     init_batch: int
     max_batch: int
     lr_decay: float
     """Per-epoch factor of the learning rate (StepLR)."""
+
+    def optimizer(self, model: nn.Module, lr_factor: float = 1.0) -> torch.optim.Optimizer:
+        """The task's optimizer over `model`, at `lr_factor` times its learning rate."""
+        return self.make_optimizer(model, self.lr * lr_factor)
 
     def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """The mean cross-entropy of a batch: per sample, or per token for the language models."""
@@ -117,22 +124,29 @@ def cnn_data(samples: int, seed: int) -> Samples:
 
 
 def _markov_sequences(
-    samples: int, seed: int, vocab: int, length: int, zipf: bool, follow: float
+    samples: int, seed: int, vocab: int, length: int, zipf: bool, follow: float, order: int = 1
 ) -> Samples:
     """Sequences whose next token is a fixed successor with probability `follow`, else fresh.
 
+    The successor is a fixed random function of the previous `order` tokens (a table
+    of vocab ** order entries: the larger, the longer a model takes to learn it).
     Fresh tokens are uniform, or Zipf-distributed (frequency 1 / rank) with `zipf`.
     """
     fixed = torch.Generator().manual_seed(vocab)
-    successor = torch.randint(0, vocab, (vocab,), generator=fixed)
+    successor = torch.randint(0, vocab, (vocab**order,), generator=fixed)
     weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float) if zipf else torch.ones(vocab)
     generator = torch.Generator().manual_seed(seed)
-    tokens = torch.empty(samples, length + 1, dtype=torch.long)
-    tokens[:, 0] = torch.multinomial(weights, samples, replacement=True, generator=generator)
-    for t in range(1, length + 1):
+    tokens = torch.empty(samples, length + order, dtype=torch.long)
+    for t in range(order):
+        tokens[:, t] = torch.multinomial(weights, samples, replacement=True, generator=generator)
+    for t in range(order, length + order):
         fresh = torch.multinomial(weights, samples, replacement=True, generator=generator)
         keep_chain = torch.rand(samples, generator=generator) < follow
-        tokens[:, t] = torch.where(keep_chain, successor[tokens[:, t - 1]], fresh)
+        context = torch.zeros(samples, dtype=torch.long)
+        for back in range(order, 0, -1):
+            context = context * vocab + tokens[:, t - back]
+        tokens[:, t] = torch.where(keep_chain, successor[context], fresh)
+    tokens = tokens[:, order - 1 :]
     return Samples(tokens[:, :-1], tokens[:, 1:])
 
 
@@ -171,8 +185,12 @@ RNN_VOCAB, RNN_LENGTH, RNN_HIDDEN = 32, 24, 64
 
 
 def rnn_data(samples: int, seed: int) -> Samples:
-    """Uniform token sequences from a random Markov chain, shifted by one as targets."""
-    return _markov_sequences(samples, seed, RNN_VOCAB, RNN_LENGTH, zipf=False, follow=0.6)
+    """Uniform token sequences from a random second-order Markov chain, shifted by one as targets.
+
+    Second order (the successor of each pair of tokens, 1,024 pairs): a first-order chain
+    was learnt within a few hundred steps, too short for a tuner to pay off.
+    """
+    return _markov_sequences(samples, seed, RNN_VOCAB, RNN_LENGTH, zipf=False, follow=0.6, order=2)
 
 
 class RecurrentLM(nn.Module):
@@ -214,7 +232,8 @@ TASKS: dict[str, Task] = {
         "mlp",
         mlp_data,
         mlp,
-        lambda model: torch.optim.SGD(model.parameters(), lr=0.1),
+        lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr),
+        0.05,  # --tune-lr: 0.5x of 0.1
         "adascale",
         init_batch=16,
         max_batch=1024,
@@ -224,7 +243,8 @@ TASKS: dict[str, Task] = {
         "cnn",
         cnn_data,
         _cnn,
-        lambda model: torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9),
+        lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+        0.04,  # --tune-lr: 2x of 0.02
         "adascale",
         init_batch=16,
         max_batch=1024,
@@ -234,8 +254,9 @@ TASKS: dict[str, Task] = {
         "transformer",
         lm_data,
         CausalLM,
-        lambda model: torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01),
-        "linear",
+        lambda model, lr: torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01),
+        4e-3,  # --tune-lr: 2x of 2e-3
+        "sqrt",
         init_batch=20,
         max_batch=1280,
         lr_decay=0.8,
@@ -244,8 +265,9 @@ TASKS: dict[str, Task] = {
         "lstm",
         rnn_data,
         RecurrentLM,
-        lambda model: torch.optim.Adam(model.parameters(), lr=3e-3),
-        "linear",
+        lambda model, lr: torch.optim.Adam(model.parameters(), lr=lr),
+        1.2e-2,  # --tune-lr: 4x of 3e-3
+        "sqrt",
         init_batch=16,
         max_batch=1024,
         lr_decay=0.8,

@@ -127,7 +127,7 @@ def both_estimates(name: str, clock: StepClock) -> tuple[GradParams, GradParams]
     torch.manual_seed(0)
     data = task.make_data(case.batch * case.steps, 0)
     model, generator = task.make_model(), torch.Generator().manual_seed(1)
-    optimizer = task.make_optimizer(model)
+    optimizer = task.optimizer(model)
     for _ in range(case.warm_steps):
         torch.autograd.backward(task.loss(model, draw(data, case.batch, generator)))
         optimizer.step()
