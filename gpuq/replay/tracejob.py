@@ -13,9 +13,9 @@ would complete (all epochs of the application). It advances in slices of
 real seconds of computing alone on its GPUs (a step is a fixed amount of
 work, so the steps' count measures progress: on a shared fake GPU a step
 takes longer, and steps made up after a late wake-up come at once), or
-ends the slice in which the daemon asked for a suspend: a job at real speed reaches
-its next iteration boundary in a fraction of a second, so it leaves its
-GPUs about when the simulator's job does. Sleeps aim at absolute deadlines,
+ends the slice in which the daemon asked for a suspend: a job at real
+speed reaches its next iteration boundary in a fraction of a second, so it
+leaves its GPUs about when the simulator's job does. Sleeps aim at absolute deadlines,
 so time does not drift and a late wake-up (a busy machine) is made up,
 except after a park or a stop (`Pauses`), where the schedule moves by the
 time lost. On fake GPUs shared with other jobs computing at once, each
