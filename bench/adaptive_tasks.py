@@ -6,7 +6,9 @@ gradient-noise estimate against a brute-force one). All data is generated
 here from a seed; nothing is downloaded. Each task has noisy targets, so its
 gradient noise grows as the loss falls and large batches stay useful:
 
-- ``mlp``: a 32-64-10 MLP, plain SGD, labels drawn from a random teacher's softmax;
+- ``mlp``: a 32-64-10 MLP, plain SGD, on features of power-law scales, labels drawn from
+  a random linear teacher's softmax (an ill-conditioned problem, learnt over thousands of
+  steps);
 - ``cnn``: two 3x3 convolutions on 12x12 images of noisy class templates, SGD
   with momentum 0.9;
 - ``transformer``: a causal transformer language model with token embeddings
@@ -92,11 +94,25 @@ def _teacher_labels(logits: torch.Tensor, generator: torch.Generator) -> torch.T
     return torch.multinomial(torch.softmax(logits, dim=1), 1, generator=generator).squeeze(1)
 
 
+FEATURE_DECAY = 1.0
+"""The k-th feature's standard deviation is k ** -FEATURE_DECAY (`mlp_data`)."""
+
+
 def mlp_data(samples: int, seed: int) -> Samples:
-    """Gaussian features labelled by a fixed random linear teacher's softmax (noisy labels)."""
-    teacher = torch.randn(FEATURES, CLASSES, generator=torch.Generator().manual_seed(1)) * 0.5
+    """Gaussian features of power-law scales, labelled by a linear teacher's softmax (noisy labels).
+
+    The k-th feature's scale is k ** -`FEATURE_DECAY` and the teacher weighs it by
+    the inverse square root of that, so every feature carries some of the signal and
+    the faint ones take the longest to learn: an ill-conditioned problem, learnt over
+    thousands of steps at the largest stable learning rate, whose gradient noise scale
+    grows as the loss falls. (Features of one scale were learnt within a few hundred
+    steps, and the target then lay where the schedule decided.)
+    """
+    fixed = torch.Generator().manual_seed(1)
+    scales = torch.arange(1, FEATURES + 1, dtype=torch.float) ** -FEATURE_DECAY
+    teacher = 1.5 * torch.randn(FEATURES, CLASSES, generator=fixed) * scales.rsqrt()[:, None]
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(samples, FEATURES, generator=generator)
+    x = torch.randn(samples, FEATURES, generator=generator) * scales
     return Samples(x, _teacher_labels(x @ teacher, generator))
 
 
@@ -233,7 +249,7 @@ TASKS: dict[str, Task] = {
         mlp_data,
         mlp,
         lambda model, lr: torch.optim.SGD(model.parameters(), lr=lr),
-        0.05,  # --tune-lr: 0.5x of 0.1
+        0.4,  # --tune-lr: 2x of 0.2
         "adascale",
         init_batch=16,
         max_batch=1024,
