@@ -117,52 +117,20 @@ class Client:
         """
         path = socket_path(config)
         seconds = config.client.timeout if timeout is None else timeout
-        try:
-            return cls._open(path, seconds)
-        except (FileNotFoundError, ConnectionRefusedError):
-            _check_not_squatted(path)
-            if not autostart:
-                raise DaemonUnavailable(
-                    f"no gpuq daemon is running ({path})", "start one: gpuq daemon start"
-                ) from None
-        start_daemon(config)
-        try:
-            return cls._open(path, seconds)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise DaemonUnavailable(
-                f"the gpuq daemon started but its socket {path} refuses connections ({exc})",
-                f"see {daemon_log_path(config)}; gpuq doctor checks the set-up",
-            ) from None
+        sock = connect_socket(config, autostart=autostart, timeout=seconds)
+        return cls._greet(sock, seconds, path)
 
     @classmethod
     def _open(cls, path: Path, timeout: float) -> Client:
         """Connect and send the hello; FileNotFoundError/ConnectionRefusedError mean "no daemon".
 
-        Any other failure is a GpuqError: an unsafe runtime directory, a
-        listener that is not this user's, a daemon that does not answer.
+        Any other failure is a GpuqError (`open_socket`).
         """
-        if path.parent.exists() or path.parent.is_symlink():
-            check_private_dir(path.parent)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(path))
-            _check_listener(sock, path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
-            raise
-        except TimeoutError:
-            sock.close()
-            raise _timed_out(path, timeout) from None
-        except OSError as exc:
-            sock.close()
-            raise DaemonUnavailable(
-                f"cannot talk to the gpuq daemon on {path}: {exc.strerror or exc}",
-                "is it running? gpuq daemon status; gpuq doctor checks the set-up",
-            ) from None
-        except BaseException:
-            sock.close()
-            raise
+        return cls._greet(open_socket(path, timeout), timeout, path)
+
+    @classmethod
+    def _greet(cls, sock: socket.socket, timeout: float, path: Path) -> Client:
+        """The client on a connected socket, its hello sent (the answer is read when needed)."""
         client = cls(sock, None, timeout, path)
         try:
             client._send(0, "hello", {"version": PROTOCOL_VERSION})
@@ -252,6 +220,63 @@ class Client:
         if envelope.id != request_id:
             raise ProtocolError(f"reply for request {envelope.id!r}, expected {request_id}")
         return envelope
+
+
+def connect_socket(config: Config, *, autostart: bool = True, timeout: float) -> socket.socket:
+    """A connected socket to the daemon of `config`, started first if none runs; nothing sent.
+
+    `Client.connect` sends the handshake on it; `gpuq bridge` relays bytes
+    through it, and the client at the bridge's other end sends its own.
+    """
+    path = socket_path(config)
+    try:
+        return open_socket(path, timeout)
+    except (FileNotFoundError, ConnectionRefusedError):
+        _check_not_squatted(path)
+        if not autostart:
+            raise DaemonUnavailable(
+                f"no gpuq daemon is running ({path})", "start one: gpuq daemon start"
+            ) from None
+    start_daemon(config)
+    try:
+        return open_socket(path, timeout)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise DaemonUnavailable(
+            f"the gpuq daemon started but its socket {path} refuses connections ({exc})",
+            f"see {daemon_log_path(config)}; gpuq doctor checks the set-up",
+        ) from None
+
+
+def open_socket(path: Path, timeout: float) -> socket.socket:
+    """Connect to the daemon socket at `path`, after checking it is this user's; nothing sent.
+
+    FileNotFoundError and ConnectionRefusedError mean "no daemon". Any other
+    failure is a GpuqError: an unsafe runtime directory, a listener that is
+    not this user's, a daemon that does not answer.
+    """
+    if path.parent.exists() or path.parent.is_symlink():
+        check_private_dir(path.parent)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+        _check_listener(sock, path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        raise
+    except TimeoutError:
+        sock.close()
+        raise _timed_out(path, timeout) from None
+    except OSError as exc:
+        sock.close()
+        raise DaemonUnavailable(
+            f"cannot talk to the gpuq daemon on {path}: {exc.strerror or exc}",
+            "is it running? gpuq daemon status; gpuq doctor checks the set-up",
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _check_not_squatted(path: Path) -> None:

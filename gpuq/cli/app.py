@@ -615,6 +615,27 @@ def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
     raise typer.Exit(1 if any(c.status == "fail" for c in checks) else 0)
 
 
+@app.command()
+def bridge(config: ConfigOpt = None) -> None:
+    """Relay stdin and stdout to this server's daemon, starting it if needed.
+
+    What a head daemon on another server runs as `ssh HOST gpuq bridge`: the
+    daemon's protocol passes through unchanged, so no port is opened. Ends
+    when the daemon closes the connection or the other side goes away. A
+    daemon that cannot be reached fails it as it fails any command (exit 5
+    when none can be started).
+    """
+
+    def body() -> None:
+        from gpuq.bridge import relay
+        from gpuq.client import connect_socket
+
+        cfg = load_config(config)
+        relay(connect_socket(cfg, timeout=cfg.client.timeout), sys.stdin.fileno(), 1)
+
+    _run(False, body)
+
+
 app.command("sim")(sim.sim_command)
 app.command("replay")(replay.replay_command)
 

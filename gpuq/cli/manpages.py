@@ -166,6 +166,13 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq doctor --json | jq '.checks[] | select(.status != \"ok\")'",
         ),
     ),
+    "bridge": (
+        (
+            "Check that a head can reach the daemon on gpu2 (prints its handshake).",
+            "echo '{\"id\": 0, \"method\": \"hello\", \"params\": {\"version\": 1}}' "
+            "| ssh -o BatchMode=yes gpu2 gpuq bridge",
+        ),
+    ),
     "submit": (
         ("Queue a job on one GPU.", "gpuq submit -- python train.py --epochs 10"),
         (
