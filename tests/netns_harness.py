@@ -49,7 +49,14 @@ def skip_unless_possible() -> None:
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, check=False)
     if made.returncode != 0:
         pytest.skip(f"cannot make a network namespace: {made.stderr.decode().strip()}")
+    entered = subprocess.run(
+        ["ip", "netns", "exec", probe, "ip", "link", "set", "lo", "up"],
+        capture_output=True,
+        check=False,
+    )
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    if entered.returncode != 0:
+        pytest.skip(f"cannot enter a network namespace: {entered.stderr.decode().strip()}")
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
