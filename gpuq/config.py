@@ -97,6 +97,29 @@ class ClientConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerDecl:
+    """One `[[cluster.servers]]` table: another server this daemon reaches over ssh."""
+
+    host: str
+    """The ssh destination: a host name or an alias of the ssh config, optionally user@."""
+    gpus: tuple[str, ...] = ()
+    """Only these GPUs of it (UUIDs or indices); empty: all."""
+    labels: tuple[str, ...] = ()
+    command: str = "gpuq"
+    """The gpuq command on that server (a path where gpuq is not on ssh's PATH there)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """The `[cluster]` section: the other servers of the lab, and how ssh reaches them."""
+
+    servers: tuple[ServerDecl, ...] = ()
+    ssh_config: Path | None = None
+    """An ssh config file for these connections (ssh -F); None: the user's own."""
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; `source` is the file it came from (None: built-in defaults)."""
 
@@ -106,6 +129,7 @@ class Config:
     defaults: DefaultsConfig
     client: ClientConfig = ClientConfig()
     logs: LogsConfig = LogsConfig()
+    cluster: ClusterConfig = ClusterConfig()
     source: Path | None = None
 
 
@@ -146,6 +170,15 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.share_slowdown": "a number, 1 or more (1: sharing costs nothing)",
     "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
     "gpus.fake.job_memory": _SIZE,
+    "cluster.servers": "tables written [[cluster.servers]]",
+    "cluster.ssh_config": "a file path (an ssh config for gpuq's connections)",
+    "cluster.connect_timeout": 'seconds, more than 0, or a duration such as "10s"',
+    "cluster.servers.host": "an ssh destination: a host name or ssh alias, optionally user@, "
+    "not starting with '-'",
+    "cluster.servers.gpus": _DEVICES,
+    "cluster.servers.labels": 'a list of labels such as ["a100", "fast-disk"]',
+    "cluster.servers.command": "the gpuq command on that server: a path such as "
+    '"/opt/gpuq/bin/gpuq" (letters, digits and ._/~+-)',
 }
 """Every valid key, with what it accepts (the hint of a ConfigError)."""
 
@@ -219,9 +252,11 @@ def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
 class _Table:
     """One TOML table being read: typed getters that reject unknown keys and bad values."""
 
-    def __init__(self, data: object, name: str, source: Path | None) -> None:
+    def __init__(
+        self, data: object, name: str, source: Path | None, section: str | None = None
+    ) -> None:
         self.name = name
-        self.section = name.split("[")[0]
+        self.section = section or name.split("[")[0]
         self.source = source
         if not isinstance(data, dict):
             raise self.error("", data, "a table, like [" + name + "]")
@@ -407,7 +442,7 @@ def _short_hostname() -> str:
 
 def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str]) -> Config:
     """Validate parsed TOML `data` into a Config (defaults for what is absent)."""
-    sections = ("daemon", "scheduler", "defaults", "gpus", "client", "logs")
+    sections = ("daemon", "scheduler", "defaults", "gpus", "client", "logs", "cluster")
     for section in data:
         if section not in sections:
             raise _unknown(section, section, sections, source)
@@ -437,7 +472,60 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
         ),
         client=ClientConfig(timeout=client.get("timeout", ClientConfig().timeout, _client_timeout)),
         logs=LogsConfig(max_size=logs.get("max_size", LogsConfig().max_size, _log_size)),
+        cluster=_cluster(data.get("cluster", {}), source, path),
         source=source,
+    )
+
+
+_HOST_RE = re.compile(r"(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
+_COMMAND_RE = re.compile(r"[A-Za-z0-9._/~+-]+")
+_LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _labels(value: object) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and _LABEL_RE.fullmatch(v) for v in value
+    ):
+        return None
+    return tuple(value)
+
+
+def server_decl(data: object, name: str = "server", source: Path | None = None) -> ServerDecl:
+    """One `[[cluster.servers]]` table (`name` is what errors call it), validated."""
+    server = _Table(data, name, source, section="cluster.servers")
+    if "host" not in server.data:
+        raise server.error("host", None, _EXPECTED["cluster.servers.host"])
+    return ServerDecl(
+        host=server.get("host", "", _instance(str, _HOST_RE.fullmatch)),
+        gpus=server.get("gpus", (), _device_list),
+        labels=server.get("labels", (), _labels),
+        command=server.get("command", "gpuq", _instance(str, _COMMAND_RE.fullmatch)),
+    )
+
+
+def _cluster(data: object, source: Path | None, path: Converter[Path]) -> ClusterConfig:
+    """The `[cluster]` section with its `[[cluster.servers]]` tables.
+
+    A host is what ssh gets as its destination: one starting with '-' would be
+    read as an option, so the pattern refuses it; two tables of one host are refused.
+    """
+    table = _Table(data, "cluster", source)
+    d = ClusterConfig()
+    servers: list[ServerDecl] = []
+    tables: list[object] = table.get("servers", [], _instance(list))
+    for i, item in enumerate(tables):
+        decl = server_decl(item, f"cluster.servers[{i}]", source)
+        if any(other.host == decl.host for other in servers):
+            raise ConfigError(
+                f"two [[cluster.servers]] tables have host = {decl.host!r}"
+                + (f" in {source}" if source else ""),
+                "keep one table per server",
+            )
+        servers.append(decl)
+    return ClusterConfig(
+        servers=tuple(servers),
+        ssh_config=table.get("ssh_config", d.ssh_config, path),
+        connect_timeout=table.get("connect_timeout", d.connect_timeout, _positive_duration),
     )
 
 

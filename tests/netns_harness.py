@@ -94,7 +94,11 @@ class Lab:
         return ["ssh", "-F", str(self.ssh_config), name, *command]
 
     def run_in(
-        self, name: str, argv: Sequence[str], timeout: float = 60.0
+        self,
+        name: str,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run `argv` inside server `name`'s namespace (a process on that server)."""
         return subprocess.run(
@@ -102,6 +106,7 @@ class Lab:
             capture_output=True,
             timeout=timeout,
             check=False,
+            env=env,
         )
 
     def popen_in(self, name: str, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:

@@ -414,7 +414,16 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "link_group": "",
         "job_memory": 0,
     }
-    assert set(data) == {"daemon", "scheduler", "gpus", "defaults", "client", "logs", "source"}
+    assert set(data) == {
+        "daemon",
+        "scheduler",
+        "gpus",
+        "defaults",
+        "client",
+        "logs",
+        "cluster",
+        "source",
+    }
 
 
 def test_config_to_dict_of_defaults_has_no_source(env: dict[str, str]) -> None:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gpuq.cli import render, replay, sim
+from gpuq.cli import cluster, render, replay, sim
 from gpuq.cli.errors import render_error
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
@@ -35,6 +35,7 @@ app = typer.Typer(
 )
 daemon_app = typer.Typer(help="Start, stop and inspect the gpuq daemon.", no_args_is_help=True)
 app.add_typer(daemon_app, name="daemon")
+app.add_typer(cluster.cluster_app, name="cluster")
 
 
 def _print_version(value: bool) -> None:

@@ -166,10 +166,28 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq doctor --json | jq '.checks[] | select(.status != \"ok\")'",
         ),
     ),
+    "cluster": (
+        ("Check every server of the config.", "gpuq cluster ls"),
+        ("Add a server, checked first.", "gpuq cluster add gpu2 --label a100"),
+    ),
+    "cluster add": (
+        ("Add a server of your ssh config, with a label.", "gpuq cluster add gpu2 --label a100"),
+        (
+            "Where gpuq is not on the PATH of ssh commands there.",
+            "gpuq cluster add gpu3 --command /opt/gpuq/bin/gpuq",
+        ),
+    ),
+    "cluster ls": (
+        ("Check every server now.", "gpuq cluster ls"),
+        (
+            "The servers that are down, in a script.",
+            "gpuq cluster ls --json | jq -r '.servers[] | select(.up | not) | .host'",
+        ),
+    ),
     "bridge": (
         (
             "Check that a head can reach the daemon on gpu2 (prints its handshake).",
-            "echo '{\"id\": 0, \"method\": \"hello\", \"params\": {\"version\": 1}}' "
+            'echo \'{"id": 0, "method": "hello", "params": {"version": 1}}\' '
             "| ssh -o BatchMode=yes gpu2 gpuq bridge",
         ),
     ),

@@ -3,7 +3,7 @@
 `gpuq daemon reload` (the `reload` request) and SIGHUP read the daemon's
 config file again. A file that does not validate changes nothing. Keys that
 change live: everything under `[scheduler]` (the policy included),
-`[logs]`, `[defaults]` and `[client]`, and `daemon.kill_grace`. Keys that
+`[logs]`, `[defaults]`, `[client]` and `[cluster]`, and `daemon.kill_grace`. Keys that
 need `gpuq daemon restart`: the rest of `[daemon]` (directories, socket
 mode, node name) and `[gpus]`; a reload reports them and `gpuq ls`/`doctor`
 keep warning until the restart.
@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuq.config import Config, config_to_dict, load_config
 
-LIVE_SECTIONS = ("scheduler", "logs", "defaults", "client")
+LIVE_SECTIONS = ("scheduler", "logs", "defaults", "client", "cluster")
 LIVE_DAEMON_KEYS = ("kill_grace",)
 
 
@@ -112,6 +112,7 @@ def reload(current: Config) -> tuple[Config, list[str], list[str]]:
         logs=fresh.logs,
         defaults=fresh.defaults,
         client=fresh.client,
+        cluster=fresh.cluster,
         daemon=dataclasses.replace(current.daemon, kill_grace=fresh.daemon.kill_grace),
     )
     return running, applied, restart
