@@ -81,6 +81,10 @@ def test_add_checks_the_server_then_appends_its_table(cluster: Cluster) -> None:
     assert code == 4 and "already a server" in err
     assert cluster.head_config.read_text() == text
 
+    _, out, _ = cluster.gpuq("doctor", "--json")
+    [check] = [c for c in json.loads(out)["checks"] if c["name"] == "server gpu2"]
+    assert check["status"] == "ok" and "3 GPUs" in check["message"]
+
 
 def expect_refusal(cluster: Cluster, args: list[str], code: int, *words: str) -> str:
     before = cluster.head_config.read_text()
@@ -130,6 +134,9 @@ def test_ls_reports_a_server_cut_off_as_down(cluster: Cluster) -> None:
     code, out, _ = cluster.gpuq("cluster", "ls", timeout=120)
     assert code == 5
     assert "gpu2" in out and "down" in out
+    code, out, _ = cluster.gpuq("doctor", "--json", timeout=120)
+    [check] = [c for c in json.loads(out)["checks"] if c["name"] == "server gpu2"]
+    assert code == 1 and check["status"] == "fail" and check["hint"]
     cluster.net.mend("gpu2")
     code, out, err = cluster.gpuq("cluster", "ls", timeout=120)
     assert code == 0, err

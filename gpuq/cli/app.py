@@ -605,7 +605,7 @@ def _responsiveness_lines(status: dict[str, Any]) -> list[str]:
 
 @app.command()
 def doctor(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
-    """Check the set-up: config, state directory, socket, NVML, systemd linger, ssh."""
+    """Check the set-up: config, state directory, socket, NVML, linger, ssh, and each server."""
     from gpuq.cli.doctor import print_checks, run_checks
 
     checks = run_checks(config)

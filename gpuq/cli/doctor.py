@@ -185,6 +185,33 @@ def check_ssh() -> Check:
     return Check("ssh", "ok", path)
 
 
+def check_servers(config: Config) -> list[Check]:
+    """Each server of `[[cluster.servers]]`, reached through `ssh HOST gpuq bridge` now."""
+    from gpuq.cluster.probe import check
+
+    checks = []
+    for server in config.cluster.servers:
+        name = f"server {server.host}"
+        try:
+            result = check(server, config)
+        except GpuqError as exc:
+            checks.append(Check(name, "fail", exc.message, exc.hint or ""))
+            continue
+        detail = f"node {result.node}, gpuq {result.daemon_version}, {len(result.gpus)} GPUs"
+        if result.version_note:
+            checks.append(
+                Check(
+                    name,
+                    "warn",
+                    f"{detail}: {result.version_note}",
+                    "run the same gpuq release on every server",
+                )
+            )
+        else:
+            checks.append(Check(name, "ok", f"{detail} ({result.seconds:.2f} s)"))
+    return checks
+
+
 def check_python() -> Check:
     """The interpreter and whether the runner's PyTorch is there."""
     import importlib.util
@@ -234,6 +261,7 @@ def run_checks(config_path: str | None) -> list[Check]:
         check_python,
     ]
     checks.extend(step() for step in steps)
+    checks.extend(check_servers(config))
     return checks
 
 
