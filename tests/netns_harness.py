@@ -19,6 +19,7 @@ a namespace can be made (the CI installs openssh-server).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import shutil
@@ -114,6 +115,19 @@ class Lab:
         netns = self.servers[name].netns
         return subprocess.Popen(["ip", "netns", "exec", netns, *argv], **kwargs)  # type: ignore[call-overload,no-any-return]
 
+    @contextlib.contextmanager
+    def inside(self, name: str) -> Iterator[None]:
+        """Run this thread inside server `name`'s network namespace (its processes too)."""
+        original = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        target = os.open(f"/var/run/netns/{self.servers[name].netns}", os.O_RDONLY)
+        try:
+            _setns(target)
+            yield
+        finally:
+            _setns(original)
+            os.close(target)
+            os.close(original)
+
     def cut(self, name: str) -> None:
         """Take server `name`'s link down: packets to and from it are lost."""
         server = self.servers[name]
@@ -123,6 +137,17 @@ class Lab:
         """Bring server `name`'s link back up."""
         server = self.servers[name]
         _ip("link", "set", server.veth, "up", netns=server.netns)
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    """setns(2) into the network namespace `fd` (os.setns arrives with Python 3.12)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
 
 
 def _keygen(path: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,16 @@ from typing import Any
 
 import pytest
 
+from gpuq.cluster.remote import SshClient
+from gpuq.config import Config, ServerDecl, load_config
+from gpuq.errors import DaemonUnavailable
 from gpuq.wire import PROTOCOL_VERSION
 from tests.daemon_harness import DaemonHarness, running_daemon
 from tests.netns_harness import Lab, servers
 
 THREE_GPUS = '[[gpus.fake]]\nname = "Fake L4"\nmemory = "24G"\ncount = 3\n'
 BRIDGE = [sys.executable, "-m", "gpuq.cli.entry", "bridge"]
+GPUQ = str(Path(sys.executable).parent / "gpuq")
 
 
 @pytest.fixture
@@ -103,3 +108,47 @@ def test_a_server_cut_off_ends_the_bridge_session_within_seconds(
     net.mend("gpu2")
     again = net.run_in("head", net.ssh_command("gpu2", "true"), timeout=60)
     assert again.returncode == 0, again.stderr
+
+
+def head_config(net: Lab, root: Path) -> Config:
+    """The head's config: its ssh config is the lab's, its runtime directory short."""
+    path = root / "head-client.toml"
+    runtime = Path(tempfile.mkdtemp(prefix="gqh-"))
+    path.write_text(
+        f'[daemon]\nstate_dir = "{root / "head-state"}"\nruntime_dir = "{runtime}"\n'
+        f'[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "3s"\n'
+        '[client]\ntimeout = "5s"\n'
+    )
+    return load_config(str(path), environ={})
+
+
+def test_a_client_over_ssh_is_an_ordinary_client_until_the_server_is_cut_off(
+    lab: tuple[Lab, DaemonHarness], tmp_path: Path
+) -> None:
+    net, remote = lab
+    config = head_config(net, tmp_path)
+    server = ServerDecl("gpu2", command=GPUQ)
+    with net.inside("head"), SshClient.connect_to(server, config) as client:
+        assert client.hello["pid"] == remote.process.pid  # type: ignore[union-attr]
+        for _ in range(3):  # one session, many requests
+            assert len(client.call("gpus")["gpus"]) == 3
+        net.cut("gpu2")
+        started = time.monotonic()
+        with pytest.raises(DaemonUnavailable):
+            client.call("gpus")
+        assert time.monotonic() - started < 30  # the client timeout (5 s), not forever
+        process = client.process
+    assert process.poll() is not None  # closing the client ended its ssh
+
+
+def test_a_session_that_cannot_start_says_why(
+    lab: tuple[Lab, DaemonHarness], tmp_path: Path
+) -> None:
+    net, _ = lab
+    config = head_config(net, tmp_path)
+    with net.inside("head"):
+        with pytest.raises(DaemonUnavailable, match="gpu2 has no gpuq"):
+            SshClient.connect_to(ServerDecl("gpu2", command="/no/gpuq"), config)
+        net.cut("gpu2")
+        with pytest.raises(DaemonUnavailable, match="gpu2 did not answer"):
+            SshClient.connect_to(ServerDecl("gpu2", command=GPUQ), config)

@@ -122,7 +122,7 @@ def test_a_server_of_another_protocol_is_refused_with_both_versions(cluster: Clu
             "hint": None,
         },
     }
-    newer.write_text(f"#!/bin/sh\ncat >/dev/null\necho '{json.dumps(reply)}'\n")
+    newer.write_text(f"#!/bin/sh\nread -r hello\necho '{json.dumps(reply)}'\n")
     newer.chmod(newer.stat().st_mode | stat.S_IXUSR)
     expect_refusal(cluster, ["gpu2", "--command", str(newer)], 6, "0.3.0", "protocol")
 
