@@ -60,7 +60,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             yield Cluster(net, remote, head_config, tmp_path)
 
 
-def test_add_checks_the_server_then_appends_its_table(cluster: Cluster) -> None:
+def test_add_checks_the_server_appends_its_table_and_remove_takes_it_out(cluster: Cluster) -> None:
     before = cluster.head_config.read_text()
     code, out, err = cluster.gpuq("cluster", "add", "gpu2", "--label", "l4", "--command", GPUQ)
     assert code == 0, err
@@ -84,6 +84,12 @@ def test_add_checks_the_server_then_appends_its_table(cluster: Cluster) -> None:
     _, out, _ = cluster.gpuq("doctor", "--json")
     [check] = [c for c in json.loads(out)["checks"] if c["name"] == "server gpu2"]
     assert check["status"] == "ok" and "3 GPUs" in check["message"]
+
+    code, _, err = cluster.gpuq("cluster", "remove", "gpu2")
+    assert code == 0 and "removed gpu2" in err
+    assert cluster.head_config.read_text() == before
+    code, _, err = cluster.gpuq("cluster", "remove", "gpu2")
+    assert code == 3 and "gpu2 is not a server" in err
 
 
 def expect_refusal(cluster: Cluster, args: list[str], code: int, *words: str) -> str:

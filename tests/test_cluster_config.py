@@ -6,10 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.cluster.edit import append_server, server_table
+from gpuq.cluster.edit import append_server, remove_server, server_table
 from gpuq.cluster.ssh import bridge_argv, explain
 from gpuq.config import ClusterConfig, ServerDecl, load_config
-from gpuq.errors import ConfigError, ConflictError, DaemonUnavailable, ProtocolError
+from gpuq.errors import (
+    ConfigError,
+    ConflictError,
+    DaemonUnavailable,
+    NotFoundError,
+    ProtocolError,
+)
 
 
 def config_of(tmp_path: Path, text: str) -> ClusterConfig:
@@ -154,3 +160,41 @@ def test_a_new_file_is_created_with_the_table(tmp_path: Path) -> None:
     append_server(path, ServerDecl("gpu2", command="/opt/gpuq"))
     assert path.read_text() == server_table(ServerDecl("gpu2", command="/opt/gpuq"))
     assert 'command = "/opt/gpuq"' in path.read_text()
+
+
+def test_removing_a_server_deletes_its_table_and_nothing_else(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '# lab servers\n[scheduler]\npolicy = "fifo"\n\n'
+        '[[cluster.servers]]\nhost = "gpu2"\nlabels = ["a100"]  # the new one\n\n'
+        "# the old box, keep it last\n"
+        '[[cluster.servers]]\nhost = "gpu3"\n'
+    )
+    remove_server(path, "gpu2")
+    assert path.read_text() == (
+        '# lab servers\n[scheduler]\npolicy = "fifo"\n\n'
+        "# the old box, keep it last\n"
+        '[[cluster.servers]]\nhost = "gpu3"\n'
+    )
+    remove_server(path, "gpu3")
+    assert path.read_text() == '# lab servers\n[scheduler]\npolicy = "fifo"\n'
+    with pytest.raises(NotFoundError, match="gpu3 is not a server"):
+        remove_server(path, "gpu3")
+
+
+def test_a_table_gpuq_cannot_find_line_by_line_is_left_to_the_user(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    original = '[cluster]\nservers = [{host = "gpu2"}]\n'  # an inline table: no header line
+    path.write_text(original)
+    with pytest.raises(ConfigError, match="cannot find"):
+        remove_server(path, "gpu2")
+    assert path.read_text() == original
+
+
+def test_added_then_removed_gives_the_file_back(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    original = '[daemon]\nnode_name = "head"\n'
+    path.write_text(original)
+    append_server(path, ServerDecl("gpu2", labels=("l4",)))
+    remove_server(path, "gpu2")
+    assert path.read_text() == original

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from gpuq.config import ServerDecl, load_config, server_decl
-from gpuq.errors import ConflictError, ExitCode, GpuqError, UsageError
+from gpuq.errors import ConflictError, ExitCode, GpuqError, NotFoundError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
 from gpuq.paths import default_config_path
 
@@ -78,6 +78,33 @@ def add(
             )
         if result.version_note:
             print(f"warning: {result.version_note}", file=sys.stderr)
+
+    _run(json_out, body)
+
+
+@cluster_app.command("remove")
+def remove(
+    host: Annotated[str, typer.Argument(help="The server's host, as in the config.")],
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Remove a server's [[cluster.servers]] table from the config file (exit 3 if not there).
+
+    Only that table's lines go; the rest of the file stays as written.
+    """
+
+    def body() -> None:
+        from gpuq.cluster.edit import remove_server
+
+        cfg = load_config(config)
+        path = cfg.source or default_config_path()
+        if not path.exists():
+            raise NotFoundError(f"{host} is not a server: there is no config file {path}")
+        remove_server(path, host)
+        if json_out:
+            _print_json({"removed": host, "config": str(path)})
+        else:
+            print(f"removed {host} from {path}", file=sys.stderr)
 
     _run(json_out, body)
 

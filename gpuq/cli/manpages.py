@@ -177,6 +177,7 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "gpuq cluster add gpu3 --command /opt/gpuq/bin/gpuq",
         ),
     ),
+    "cluster remove": (("Take gpu2 out of the config.", "gpuq cluster remove gpu2"),),
     "cluster ls": (
         ("Check every server now.", "gpuq cluster ls"),
         (
