@@ -42,6 +42,17 @@ def lab(tmp_path: Path) -> Iterator[tuple[Lab, DaemonHarness]]:
             yield made, remote
 
 
+def bridge_from_head(net: Lab) -> subprocess.Popen[bytes]:
+    """`ssh gpu2 gpuq bridge`, started on the head, with pipes."""
+    return net.popen_in(
+        "head",
+        net.ssh_command("gpu2", *BRIDGE),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 def exchange(bridge: subprocess.Popen[bytes], request: dict[str, Any]) -> dict[str, Any]:
     """Send one request line through the bridge and read the next non-heartbeat line."""
     assert bridge.stdin is not None and bridge.stdout is not None
@@ -59,13 +70,7 @@ def test_a_head_reaches_another_servers_daemon_through_ssh(
     lab: tuple[Lab, DaemonHarness],
 ) -> None:
     net, remote = lab
-    with net.popen_in(
-        "head",
-        net.ssh_command("gpu2", *BRIDGE),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as bridge:
+    with bridge_from_head(net) as bridge:
         hello = exchange(
             bridge, {"id": 0, "method": "hello", "params": {"version": PROTOCOL_VERSION}}
         )
@@ -93,13 +98,7 @@ def test_a_server_cut_off_ends_the_bridge_session_within_seconds(
     lab: tuple[Lab, DaemonHarness],
 ) -> None:
     net, _ = lab
-    with net.popen_in(
-        "head",
-        net.ssh_command("gpu2", *BRIDGE),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    ) as bridge:
+    with bridge_from_head(net) as bridge:
         exchange(bridge, {"id": 0, "method": "hello", "params": {"version": PROTOCOL_VERSION}})
         net.cut("gpu2")
         # ServerAliveInterval 2 x ServerAliveCountMax 2: about 6 s of silence ends it.

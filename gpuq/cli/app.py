@@ -9,20 +9,19 @@ here as a click command built from the same option table.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import time
-from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from gpuq.cli import cluster, render, replay, sim
-from gpuq.cli.errors import render_error
+from gpuq.cli.common import ConfigOpt, JsonOpt
+from gpuq.cli.common import print_json as _print_json
+from gpuq.cli.common import run as _run
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
-from gpuq.errors import ExitCode, GpuqError
-from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.errors import ExitCode
 from gpuq.textsafe import visible
 
 app = typer.Typer(
@@ -70,13 +69,6 @@ def main_options(
     """
 
 
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON (schema in docs/json-schema.md).")
-]
-ConfigOpt = Annotated[
-    str | None,
-    typer.Option("--config", envvar="GPUQ_CONFIG", help="Configuration file.", show_envvar=True),
-]
 IdsArg = Annotated[
     list[int],
     typer.Argument(help="Job ids; an array's id stands for all its tasks.", show_default=False),
@@ -85,23 +77,10 @@ IdsArg = Annotated[
 T = TypeVar("T")
 
 
-def _run(json_mode: bool, body: Callable[[], int | None]) -> None:
-    """Run a command body, turning a GpuqError into stderr text and an exit code."""
-    try:
-        code = body() or 0
-    except GpuqError as exc:
-        code = render_error(exc, json_mode)
-    raise typer.Exit(code)
-
-
 def _client(config_path: str | None, autostart: bool = True) -> Any:
     from gpuq.client import Client
 
     return Client.connect(load_config(config_path), autostart=autostart)
-
-
-def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **data}, indent=2))
 
 
 def _print_warnings(result: dict[str, Any]) -> None:

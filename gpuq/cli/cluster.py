@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any
 
 import typer
 
+from gpuq.cli.common import ConfigOpt, JsonOpt, print_json, run
 from gpuq.config import ServerDecl, load_config, server_decl
-from gpuq.errors import ConflictError, ExitCode, GpuqError, NotFoundError, UsageError
-from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.errors import ExitCode, GpuqError, NotFoundError, UsageError
 from gpuq.paths import default_config_path
 
 cluster_app = typer.Typer(
     help="The lab's other servers: list and check them over ssh, add one.",
     no_args_is_help=True,
 )
-
-ConfigOpt = Annotated[
-    str | None,
-    typer.Option("--config", envvar="GPUQ_CONFIG", help="Configuration file.", show_envvar=True),
-]
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON (schema in docs/json-schema.md).")
-]
 
 
 @cluster_app.command("add")
@@ -55,22 +46,19 @@ def add(
     """
 
     def body() -> None:
-        from gpuq.cluster.edit import append_server
+        from gpuq.cluster.edit import already_listed, append_server
         from gpuq.cluster.probe import check
 
         cfg = load_config(config)
         server = _declared(host, label or [], gpus, command)
         path = cfg.source or default_config_path()
         if any(s.host == server.host for s in cfg.cluster.servers):
-            raise ConflictError(
-                f"{server.host} is already a server of {path}",
-                "edit its [[cluster.servers]] table there to change it",
-            )
+            raise already_listed(server.host, path)
         print(f"checking {server.host} over ssh ...", file=sys.stderr)
         result = check(server, cfg)
         append_server(path, server)
         if json_out:
-            _print_json({"added": result.to_dict(), "config": str(path)})
+            print_json({"added": result.to_dict(), "config": str(path)})
         else:
             print(
                 f"added {server.host} to {path}: node {result.node}, gpuq "
@@ -79,7 +67,7 @@ def add(
         if result.version_note:
             print(f"warning: {result.version_note}", file=sys.stderr)
 
-    _run(json_out, body)
+    run(json_out, body)
 
 
 @cluster_app.command("remove")
@@ -102,11 +90,11 @@ def remove(
             raise NotFoundError(f"{host} is not a server: there is no config file {path}")
         remove_server(path, host)
         if json_out:
-            _print_json({"removed": host, "config": str(path)})
+            print_json({"removed": host, "config": str(path)})
         else:
             print(f"removed {host} from {path}", file=sys.stderr)
 
-    _run(json_out, body)
+    run(json_out, body)
 
 
 @cluster_app.command("ls")
@@ -126,7 +114,7 @@ def list_servers(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
                     {"host": server.host, "up": False, "error": exc.message, "hint": exc.hint}
                 )
         if json_out:
-            _print_json({"servers": rows})
+            print_json({"servers": rows})
         elif not rows:
             print("no servers in the config: add one with gpuq cluster add HOST", file=sys.stderr)
         else:
@@ -142,7 +130,7 @@ def list_servers(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
                     print(f"{row['host']:<{width}}  down   {row['error']}")
         return ExitCode.UNAVAILABLE if any(not row["up"] for row in rows) else 0
 
-    _run(json_out, body)
+    run(json_out, body)
 
 
 def _declared(host: str, labels: list[str], gpus: str | None, command: str) -> ServerDecl:
@@ -163,22 +151,8 @@ def _declared(host: str, labels: list[str], gpus: str | None, command: str) -> S
         raise UsageError(message, hint) from None
 
 
-def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **data}, indent=2))
-
-
 def _gpus_text(names: tuple[str, ...] | list[str]) -> str:
     if not names:
         return "no GPUs"
     kinds = sorted(set(names))
     return f"{len(names)} GPU{'s' if len(names) != 1 else ''} ({', '.join(kinds)})"
-
-
-def _run(json_mode: bool, body: Any) -> None:
-    from gpuq.cli.errors import render_error
-
-    try:
-        code = body() or 0
-    except GpuqError as exc:
-        code = render_error(exc, json_mode)
-    raise typer.Exit(code)

@@ -35,6 +35,14 @@ def server_table(server: ServerDecl) -> str:
     return "\n".join(lines) + "\n"
 
 
+def already_listed(host: str, path: Path) -> ConflictError:
+    """The error for adding a server the config file at `path` already has."""
+    return ConflictError(
+        f"{host} is already a server of {path}",
+        f"edit its [[cluster.servers]] table there, or gpuq cluster remove {host} first",
+    )
+
+
 def append_server(path: Path, server: ServerDecl) -> None:
     """Append `server` to the config file at `path` (created if absent); refuse a duplicate host."""
     try:
@@ -46,10 +54,7 @@ def append_server(path: Path, server: ServerDecl) -> None:
     if old:
         current = load_config(str(path), environ={})
         if any(s.host == server.host for s in current.cluster.servers):
-            raise ConflictError(
-                f"{server.host} is already a server of {path}",
-                "edit its [[cluster.servers]] table there to change it",
-            )
+            raise already_listed(server.host, path)
     separator = "" if not old or old.endswith("\n\n") else ("\n" if old.endswith("\n") else "\n\n")
     _replace(path, old + separator + server_table(server), lambda hosts: server.host in hosts)
 
