@@ -24,15 +24,24 @@ def add(
         str, typer.Argument(help="The server: a host name or an alias of your ssh config.")
     ],
     label: Annotated[
-        list[str] | None, typer.Option("--label", help="A label for placement (repeatable).")
+        list[str] | None,
+        typer.Option("--label", metavar="LABEL", help="A label for placement (repeatable)."),
     ] = None,
     gpus: Annotated[
         str | None,
-        typer.Option("--gpus", help="Only these GPUs of it: indices or UUIDs, comma-separated."),
+        typer.Option(
+            "--gpus",
+            metavar="GPUS",
+            help="Only these GPUs of it: indices or UUIDs, comma-separated.",
+        ),
     ] = None,
     command: Annotated[
         str,
-        typer.Option("--command", help="The gpuq command on that server, where not on ssh's PATH."),
+        typer.Option(
+            "--command",
+            metavar="PATH",
+            help="The gpuq command on that server, where not on ssh's PATH.",
+        ),
     ] = "gpuq",
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
