@@ -117,6 +117,10 @@ class ClusterConfig:
     ssh_config: Path | None = None
     """An ssh config file for these connections (ssh -F); None: the user's own."""
     connect_timeout: float = 10.0
+    heartbeat: float = 5.0
+    """Seconds between two status requests to each server (`gpuq.daemon.servers`)."""
+    down_after: float = 30.0
+    """Seconds without an answer after which a server is down."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,8 @@ _EXPECTED: dict[str, str] = {
     "cluster.servers": "tables written [[cluster.servers]]",
     "cluster.ssh_config": "a file path (an ssh config for gpuq's connections)",
     "cluster.connect_timeout": 'seconds, more than 0, or a duration such as "10s"',
+    "cluster.heartbeat": 'seconds, from 0.05 to 3600, or a duration such as "5s"',
+    "cluster.down_after": 'seconds, more than 0, or a duration such as "30s"',
     "cluster.servers.host": "an ssh destination: a host name or ssh alias, optionally user@, "
     "not starting with '-'",
     "cluster.servers.gpus": _DEVICES,
@@ -526,6 +532,8 @@ def _cluster(data: object, source: Path | None, path: Converter[Path]) -> Cluste
         servers=tuple(servers),
         ssh_config=table.get("ssh_config", d.ssh_config, path),
         connect_timeout=table.get("connect_timeout", d.connect_timeout, _positive_duration),
+        heartbeat=table.get("heartbeat", d.heartbeat, _interval),
+        down_after=table.get("down_after", d.down_after, _positive_duration),
     )
 
 

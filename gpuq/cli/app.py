@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -552,12 +553,30 @@ def daemon_status(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         for line in _responsiveness_lines(status):
             print(line)
         print(f"  Jobs:      {counts}")
+        for line in _server_lines(status, format_duration):
+            print(visible(line))
         print(visible(f"  State dir: {status['state_dir']}"))
         print(visible(f"  Socket:    {status['runtime_dir']}/gpuq.sock"))
         for warning in status.get("warnings") or []:
             print(visible(f"  Warning:   {warning}"))
 
     _run(json_out, body)
+
+
+def _server_lines(status: dict[str, Any], format_duration: Callable[[float], str]) -> list[str]:
+    """One line per server of [cluster]: up or down, since when, and why."""
+    lines = []
+    now = time.time()
+    for server in status.get("servers") or []:
+        since = format_duration(max(0.0, now - server["since"]))
+        if server["state"] == "up":
+            detail = f"up {since}: node {server['node']}, {server['gpus']} GPUs"
+        elif server["state"] == "down":
+            detail = f"down for {since}: {server['reason']}"
+        else:
+            detail = "not checked yet" + (f" ({server['reason']})" if server["reason"] else "")
+        lines.append(f"  Server:    {server['host']} {detail}")
+    return lines
 
 
 def _responsiveness_lines(status: dict[str, Any]) -> list[str]:

@@ -213,6 +213,7 @@ class Server:
             asyncio.create_task(self._schedule_forever(state)),
             asyncio.create_task(self._housekeeping(state)),
             asyncio.create_task(timings.watch_loop(state.loop_lag, state.should_exit)),
+            asyncio.create_task(state.servers.run(lambda: state.config, state.should_exit)),
         ]
         await state.should_exit.wait()
 
@@ -270,6 +271,7 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
         if self.state is not None:
+            self.state.servers.close()
             self.state.node.unwatch_all()
             self.state.node.close()
         if self._spawner is not None:

@@ -29,6 +29,7 @@ from gpuq.daemon.scheduler.introspect import Introspection
 from gpuq.daemon.scheduler.packs import PackBook
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
 from gpuq.daemon.scheduler.view import ViewCache
+from gpuq.daemon.servers import ServerWatch
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.daemon.timings import DecisionTimes, LoopLag
@@ -116,6 +117,8 @@ class DaemonState:
         self.config_watch = ConfigWatch(config.source)
         self.problems: dict[str, str] = {}
         """What the user must know about the daemon itself (full disk, state directory gone)."""
+        self.servers = ServerWatch()
+        """The other servers' sessions and health (`gpuq.daemon.servers`)."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -304,4 +307,5 @@ class DaemonState:
             "warnings": self.warnings(),
             "loop_lag": self.loop_lag.summary(),
             "decisions": self.decision_times.summary(),
+            "servers": self.servers.summary(),
         }
