@@ -86,3 +86,13 @@ def test_a_server_removed_from_the_config_is_dropped_at_reload(lab: Head) -> Non
     reloaded = lab.head.cli("daemon", "reload")
     assert reloaded.returncode == 0, reloaded.stderr
     wait_for(lambda: lab.servers() == [], what="gpu2 dropped")
+
+
+def test_the_daemon_stops_while_a_server_hangs(lab: Head) -> None:
+    wait_for(lambda: lab.gpu2()["state"] == "up", what="gpu2 up")
+    lab.net.cut("gpu2")  # the next beat hangs in ssh until its timeouts
+    stopped = lab.head.cli("daemon", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    process = lab.head.process
+    assert process is not None
+    wait_for(lambda: process.poll() is not None, what="the head daemon to exit")

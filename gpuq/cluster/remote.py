@@ -107,8 +107,8 @@ class SshClient(Client):
         return explain(host, command, status, self._stderr.read().decode(errors="replace"))
 
     def close(self) -> None:
-        """Close the connection and end the ssh process."""
-        super().close()
+        """Close the connection and end the ssh process, even while another thread reads it."""
+        self.interrupt()  # a read blocked in another thread (a heartbeat) returns at once
         if self._process.poll() is None:
             _signal(self._process, signal.SIGTERM)
             try:
@@ -116,6 +116,7 @@ class SshClient(Client):
             except subprocess.TimeoutExpired:
                 _signal(self._process, signal.SIGKILL)
                 self._process.wait()
+        super().close()
         self._stderr.close()
 
     def __enter__(self) -> SshClient:

@@ -8,10 +8,11 @@ down, with the last error as the reason (a session that fails is closed and
 opened again at the next beat). `gpuq daemon status` shows each server's
 state, since when, and why.
 
-Everything that talks to a server runs in a thread pool of its own, one beat
-per server at a time: a server that hangs until its timeouts (connect and
+Everything that talks to a server runs in a thread of its own, one beat per
+server at a time: a server that hangs until its timeouts (connect and
 client: up to tens of seconds) delays neither the event loop, nor the GPU
-sampling's threads, nor the other servers. The servers follow the config:
+sampling's threads, nor the other servers, nor the daemon's exit (daemon
+threads). The servers follow the config:
 one added or removed by a reload is watched or dropped at the next beat.
 """
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,6 @@ from gpuq.config import Config, ServerDecl
 from gpuq.errors import GpuqError
 
 log = logging.getLogger("gpuq.daemon")
-
-MAX_THREADS = 16
-"""Servers beaten at once; more wait for a thread."""
 
 
 @dataclass
@@ -71,8 +69,7 @@ class ServerWatch:
     def __init__(self) -> None:
         self.health: dict[str, Health] = {}
         self._sessions: dict[str, SshClient] = {}
-        self._beating: dict[str, asyncio.Future[None]] = {}
-        self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="gpuq-servers")
+        self._beating: dict[str, threading.Thread] = {}
         self._closed = False
 
     def summary(self) -> list[dict[str, Any]]:
@@ -81,16 +78,20 @@ class ServerWatch:
 
     async def run(self, config_of: Any, should_exit: asyncio.Event) -> None:
         """Beat every configured server each `cluster.heartbeat` seconds until `should_exit`."""
-        loop = asyncio.get_running_loop()
         while not should_exit.is_set():
             config: Config = config_of()
             self._follow(config)
             for server in config.cluster.servers:
                 running = self._beating.get(server.host)
-                if running is None or running.done():
-                    self._beating[server.host] = loop.run_in_executor(
-                        self._pool, self._beat, server, config
+                if running is None or not running.is_alive():
+                    beat = threading.Thread(
+                        target=self._beat,
+                        args=(server, config),
+                        name=f"gpuq-server-{server.host}",
+                        daemon=True,  # a beat stuck in ssh never holds the daemon's exit
                     )
+                    self._beating[server.host] = beat
+                    beat.start()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(should_exit.wait(), timeout=config.cluster.heartbeat)
 
@@ -101,7 +102,7 @@ class ServerWatch:
             del self.health[host]
             session = self._sessions.pop(host, None)
             if session is not None:
-                self._pool.submit(session.close)
+                threading.Thread(target=session.close, daemon=True).start()
         now = time.time()
         self.health = {host: self.health.get(host) or Health(host, since=now) for host in hosts}
 
@@ -150,4 +151,3 @@ class ServerWatch:
             with contextlib.suppress(Exception):
                 session.close()
         self._sessions.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
