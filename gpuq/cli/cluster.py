@@ -13,7 +13,7 @@ from gpuq.errors import ExitCode, GpuqError, NotFoundError, UsageError
 from gpuq.paths import default_config_path
 
 cluster_app = typer.Typer(
-    help="The lab's other servers: list and check them over ssh, add one.",
+    help="The lab's other servers: list and check them over ssh, add and remove them.",
     no_args_is_help=True,
 )
 
