@@ -25,6 +25,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,10 @@ from pathlib import Path
 
 import pytest
 
+GPUQ = str(Path(sys.executable).parent / "gpuq")
+"""This environment's gpuq command, which ssh sessions on the servers run (`command = ...`)."""
+THREE_GPUS = '[[gpus.fake]]\nname = "Fake L4"\nmemory = "24G"\ncount = 3\n'
+"""The fake GPUs of a server under test, told apart from the harness's default two."""
 SSHD = "/usr/sbin/sshd"
 SUBNET = "10.77.0"
 START_TIMEOUT = 20.0

@@ -24,11 +24,9 @@ from gpuq.config import Config, ServerDecl, load_config
 from gpuq.errors import DaemonUnavailable
 from gpuq.wire import PROTOCOL_VERSION
 from tests.daemon_harness import DaemonHarness, running_daemon
-from tests.netns_harness import Lab, servers
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
 
-THREE_GPUS = '[[gpus.fake]]\nname = "Fake L4"\nmemory = "24G"\ncount = 3\n'
 BRIDGE = [sys.executable, "-m", "gpuq.cli.entry", "bridge"]
-GPUQ = str(Path(sys.executable).parent / "gpuq")
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,7 @@ import pytest
 
 from gpuq.config import load_config
 from tests.daemon_harness import DaemonHarness, running_daemon
-from tests.netns_harness import Lab, servers
-
-THREE_GPUS = '[[gpus.fake]]\nname = "Fake L4"\nmemory = "24G"\ncount = 3\n'
-GPUQ = str(Path(sys.executable).parent / "gpuq")
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
 
 
 @dataclass

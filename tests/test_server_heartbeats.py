@@ -10,7 +10,6 @@ is dropped. Root only.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +18,7 @@ from typing import Any
 import pytest
 
 from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
-from tests.netns_harness import Lab, servers
-
-THREE_GPUS = '[[gpus.fake]]\nname = "Fake L4"\nmemory = "24G"\ncount = 3\n'
-GPUQ = str(Path(sys.executable).parent / "gpuq")
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
 
 
 @dataclass
