@@ -319,3 +319,33 @@ class GpuInfo:
             "parent_uuid": self.parent_uuid,
             "link_group": self.link_group,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuInfo:
+        """Decode `to_dict` from another server's daemon; ValueError if a field is wrong.
+
+        Its processes are left out: their pids mean nothing here.
+        """
+
+        def integer(name: str) -> int:
+            value = data.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"GPU field {name} must be a non-negative integer")
+            return value
+
+        uuid, name = data.get("uuid"), data.get("name")
+        if not isinstance(uuid, str) or not uuid or not isinstance(name, str):
+            raise ValueError("a GPU needs a uuid and a name")
+        util = data.get("utilization")
+        parent = data.get("parent_uuid")
+        return cls(
+            uuid=uuid,
+            index=integer("index"),
+            name=name,
+            memory_total=integer("memory_total"),
+            memory_used=integer("memory_used"),
+            utilization=float(util) if isinstance(util, int | float) else None,
+            node=str(data.get("node") or ""),
+            parent_uuid=parent if isinstance(parent, str) else None,
+            link_group=str(data.get("link_group") or ""),
+        )

@@ -217,6 +217,61 @@ class Subscribe:
     topics: tuple[str, ...] = ("jobs",)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeLaunch:
+    """Start one attempt of a head daemon's job here (`gpuq.daemon.hosted`).
+
+    `head` names the daemon that owns the job; `launch` holds the fields of
+    its `LaunchSpec`; `gpus` are this server's GPUs the attempt holds.
+    """
+
+    head: str
+    job: int
+    attempt: int
+    launch: dict[str, Any]
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSignal:
+    """Signal a hosted attempt's whole process tree (if it is still that attempt)."""
+
+    head: str
+    job: int
+    attempt: int
+    signal: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSync:
+    """What the head's attempts here are doing, and this server's GPUs.
+
+    `expect` maps each job id (as a string: JSON keys are strings) to the
+    attempt the head believes runs here; the reply says what each is doing
+    and names live attempts the head no longer expects. `dirs` are working
+    directories the head asks about. With `wait`, the reply waits up to
+    that many seconds for a hosted attempt to change after `version`.
+    """
+
+    head: str
+    expect: dict[str, Any]
+    dirs: tuple[str, ...] = ()
+    version: int = -1
+    wait: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRead:
+    """Up to `limit` bytes of a hosted attempt's output file from `offset` (logs)."""
+
+    head: str
+    job: int
+    stream: str
+    offset: int = 0
+    limit: int = 256 * 1024
+    tail: int | None = None
+
+
 Request = (
     Hello
     | Submit
@@ -238,6 +293,10 @@ Request = (
     | Reload
     | Clean
     | Subscribe
+    | NodeLaunch
+    | NodeSignal
+    | NodeSync
+    | NodeRead
 )
 
 METHODS: Final[dict[str, type[Request]]] = {
@@ -261,6 +320,10 @@ METHODS: Final[dict[str, type[Request]]] = {
     "reload": Reload,
     "clean": Clean,
     "subscribe": Subscribe,
+    "node.launch": NodeLaunch,
+    "node.signal": NodeSignal,
+    "node.sync": NodeSync,
+    "node.read": NodeRead,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}
 STREAM_TOPICS: Final = ("jobs", "gpus", "metrics")

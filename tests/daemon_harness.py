@@ -165,10 +165,14 @@ class DaemonHarness:
 
     def kill_jobs(self) -> None:
         """Kill every job process and shim this daemon ever started."""
-        jobs_dir = self.state_dir / "jobs"
-        if not jobs_dir.exists():
-            return
-        for job_dir in jobs_dir.iterdir():
+        hosted = self.state_dir / "hosted"  # attempts run for other servers' daemons
+        job_dirs = [
+            job_dir
+            for jobs_dir in [self.state_dir / "jobs", *hosted.glob("*/jobs")]
+            if jobs_dir.is_dir()
+            for job_dir in jobs_dir.iterdir()
+        ]
+        for job_dir in job_dirs:
             for name in (jobfiles.CHILD, jobfiles.SHIM):
                 record = jobfiles.read_json(job_dir / name)
                 if jobfiles.is_same_process(record):

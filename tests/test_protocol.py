@@ -40,6 +40,10 @@ from gpuq.protocol import (
     JobMetrics,
     ListJobs,
     Logs,
+    NodeLaunch,
+    NodeRead,
+    NodeSignal,
+    NodeSync,
     Release,
     Reload,
     Request,
@@ -118,6 +122,28 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
     ("subscribe", {}, Subscribe()),
     ("subscribe", {"topics": ["jobs", "gpus"]}, Subscribe(("jobs", "gpus"))),
     ("subscribe", {"topics": ["metrics"]}, Subscribe(("metrics",))),
+    (
+        "node.launch",
+        {"head": "gpu1", "job": 7, "attempt": 2, "launch": {}, "gpus": ["GPU-a"]},
+        NodeLaunch("gpu1", 7, 2, {}, ("GPU-a",)),
+    ),
+    (
+        "node.signal",
+        {"head": "gpu1", "job": 7, "attempt": 2, "signal": 15},
+        NodeSignal("gpu1", 7, 2, 15),
+    ),
+    ("node.sync", {"head": "gpu1", "expect": {"7": 2}}, NodeSync("gpu1", {"7": 2})),
+    (
+        "node.sync",
+        {"head": "gpu1", "expect": {}, "dirs": ["/home/ada"], "version": 4, "wait": 1},
+        NodeSync("gpu1", {}, ("/home/ada",), 4, 1.0),
+    ),
+    ("node.read", {"head": "gpu1", "job": 7, "stream": "stdout"}, NodeRead("gpu1", 7, "stdout")),
+    (
+        "node.read",
+        {"head": "gpu1", "job": 7, "stream": "stderr", "offset": 10, "limit": 5, "tail": 3},
+        NodeRead("gpu1", 7, "stderr", 10, 5, 3),
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ from gpuq.daemon.handlers import (
     listing,
     logs,
     metrics,
+    node,
     reload,
     show,
     shutdown,
@@ -32,6 +33,10 @@ from gpuq.protocol import (
     JobMetrics,
     ListJobs,
     Logs,
+    NodeLaunch,
+    NodeRead,
+    NodeSignal,
+    NodeSync,
     Release,
     Reload,
     Request,
@@ -80,5 +85,13 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return clean.handle(state, request)
         case Subscribe():
             return await subscribe.handle(state, request, emit)
+        case NodeLaunch():
+            return await node.launch(state, request)
+        case NodeSignal():
+            return await node.signal(state, request)
+        case NodeSync():
+            return await node.sync(state, request)
+        case NodeRead():
+            return node.read(state, request)
         case _:
             assert_never(request)

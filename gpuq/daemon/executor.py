@@ -51,6 +51,30 @@ class Outcome:
     start_failed: bool = False
     time_limit: bool = False
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for a head that learns how its attempt ended on another server."""
+        return {
+            "returncode": self.returncode,
+            "signal": self.signal,
+            "reason": self.reason,
+            "end_time": self.end_time,
+            "start_failed": self.start_failed,
+            "time_limit": self.time_limit,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Outcome:
+        """Decode `to_dict` (from another daemon: types are checked, not trusted)."""
+        rc, sig, end = data.get("returncode"), data.get("signal"), data.get("end_time")
+        return cls(
+            rc if isinstance(rc, int) and not isinstance(rc, bool) else None,
+            sig if isinstance(sig, str) else None,
+            str(data.get("reason") or ""),
+            float(end) if isinstance(end, int | float) and not isinstance(end, bool) else None,
+            start_failed=data.get("start_failed") is True,
+            time_limit=data.get("time_limit") is True,
+        )
+
     @property
     def exit_code(self) -> int | None:
         """Shell-style exit code: 128 + signal number for a killed job."""
@@ -78,6 +102,78 @@ class LaunchSpec:
     kill_grace: float
     create_below: Mapping[str, str] = field(default_factory=dict)
     max_log_bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The launch record the shim reads, also how a head sends it to another server."""
+        return {
+            "command": list(self.command),
+            "cwd": self.cwd,
+            "env": dict(self.env),
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "create_below": dict(self.create_below),
+            "max_log_bytes": self.max_log_bytes,
+            "time_limit": self.time_limit,
+            "signal": None if self.signal is None else list(self.signal),
+            "kill_grace": self.kill_grace,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchSpec:
+        """Decode `to_dict` from another daemon; ValueError names the first bad field."""
+
+        def strings(name: str) -> dict[str, str]:
+            value = data.get(name) or {}
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ValueError(f"{name} must map strings to strings")
+            return dict(value)
+
+        def number(name: str, *, optional: bool) -> float | None:
+            value = data.get(name)
+            if value is None and optional:
+                return None
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number")
+            return float(value)
+
+        command = data.get("command")
+        if (
+            not isinstance(command, list)
+            or not command
+            or not all(isinstance(a, str) for a in command)
+        ):
+            raise ValueError("command must be a non-empty list of strings")
+        for name in ("cwd", "stdout", "stderr"):
+            if not isinstance(data.get(name), str) or not data[name].startswith("/"):
+                raise ValueError(f"{name} must be an absolute path")
+        sig = data.get("signal")
+        if sig is not None and (
+            not isinstance(sig, list)
+            or len(sig) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in sig)
+        ):
+            raise ValueError("signal must be [signal number, seconds] or null")
+        max_bytes = data.get("max_log_bytes")
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+        ):
+            raise ValueError("max_log_bytes must be an integer or null")
+        kill_grace = number("kill_grace", optional=False)
+        assert kill_grace is not None
+        return cls(
+            command=tuple(command),
+            cwd=data["cwd"],
+            env=strings("env"),
+            stdout=data["stdout"],
+            stderr=data["stderr"],
+            time_limit=number("time_limit", optional=True),
+            signal=None if sig is None else (int(sig[0]), float(sig[1])),
+            kill_grace=kill_grace,
+            create_below=strings("create_below"),
+            max_log_bytes=max_bytes,
+        )
 
 
 OnSpawned = Callable[[Spawned], None]
@@ -113,21 +209,7 @@ class Executor:
         job_dir = self.job_dir(job_id)
         for stale in (jobfiles.EXIT, jobfiles.CHILD, jobfiles.SHIM):
             (job_dir / stale).unlink(missing_ok=True)
-        jobfiles.write_json(
-            job_dir / jobfiles.LAUNCH,
-            {
-                "command": list(spec.command),
-                "cwd": spec.cwd,
-                "env": dict(spec.env),
-                "stdout": spec.stdout,
-                "stderr": spec.stderr,
-                "create_below": dict(spec.create_below),
-                "max_log_bytes": spec.max_log_bytes,
-                "time_limit": spec.time_limit,
-                "signal": None if spec.signal is None else list(spec.signal),
-                "kill_grace": spec.kill_grace,
-            },
-        )
+        jobfiles.write_json(job_dir / jobfiles.LAUNCH, spec.to_dict())
         jobfiles.reserve(job_dir)
         lock_fd = jobfiles.try_lock(job_dir / jobfiles.LOCK)
         if lock_fd is None:

@@ -54,15 +54,21 @@ def retry_delay(retries_done: int) -> float:
     return float(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2.0 ** min(retries_done, 20)))
 
 
-def output_targets(state: DaemonState, job: Job) -> tuple[str, str, dict[str, str]]:
+def output_targets(
+    state: DaemonState, job: Job, node: str | None = None
+) -> tuple[str, str, dict[str, str]]:
     """Absolute stdout and stderr paths, and where missing directories may be created.
 
     Relative patterns are taken from the job's working directory, and
-    directories are created only below it; gpuq's own log directory is
-    created as needed; an absolute pattern's directory must exist.
+    directories are created only below it; gpuq's own log directory (on the
+    node the job runs on, `node`: by default its last) is created as
+    needed; an absolute pattern's directory must exist.
     """
     spec = job.spec
     log_dir = state.config.daemon.log_dir
+    remote = state.remotes.get(job.node if node is None else node)
+    if remote is not None and remote.mirror is not None:
+        log_dir = remote.log_dir
     below: dict[str, str] = {}
 
     def expand(pattern: str) -> str:
@@ -105,7 +111,7 @@ def job_environment(
     the attempt being launched.
     """
     spec = state.store.full_spec(job.id)
-    job_dir = state.node.job_dir(job.id)
+    job_dir = state.node_of(job.id).job_dir(job.id)
     # A job submitted from inside another job must not inherit that job's values.
     environ = {k: v for k, v in spec.env.items() if k not in job_env.CONTRACT}
     uuids = ",".join(placement.gpu_uuids)
@@ -117,14 +123,14 @@ def job_environment(
             job_env.JOB_DIR: str(job_dir),
             job_env.CHECKPOINT_DIR: str(job_dir / jobfiles.CHECKPOINTS),
             job_env.ATTEMPT: str(job.attempts),
-            job_env.NODE: state.config.daemon.node_name,
+            job_env.NODE: job.node or state.config.daemon.node_name,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": uuids,
         }
     )
     if placement.gpu_mem is not None:
         environ[job_env.GPU_MEM] = str(placement.gpu_mem)
-    environ.update(state.node.device_env())
+    environ.update(state.node_of(job.id).device_env())
     if control_socket is not None:
         environ[job_env.CONTROL_SOCKET] = str(control_socket)
     if spec.array_index is not None:
@@ -138,9 +144,12 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
 
     `note` says why there, if the reason is worth telling ("moved to GPU 1: ...").
     """
-    stdout, stderr, below = output_targets(state, job)
+    node = state.gpu_node(placement.gpu_uuids)
+    stdout, stderr, below = output_targets(state, job, node)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
     where = ", ".join(placement.gpu_uuids) or "CPU"
+    if node in state.remotes:
+        where = f"{node}: {where}"
     why = f": {placement.reason}" if placement.reason else ""
     job = state.transition(
         job,
@@ -148,7 +157,7 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
         f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}",
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
-        node=state.config.daemon.node_name,
+        node=node,
         attempts=job.attempts + 1,
         stdout_path=stdout,
         stderr_path=stderr,
@@ -163,7 +172,7 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
         launch = LaunchSpec(
             command=spec.command,
             cwd=spec.cwd,
-            env=job_environment(state, job, placement, state.node.control.open(job.id)),
+            env=job_environment(state, job, placement, state.node_of(job.id).control.open(job.id)),
             stdout=stdout,
             stderr=stderr,
             time_limit=spec.time_limit,
@@ -173,17 +182,19 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
             max_log_bytes=state.config.logs.max_size or None,
         )
         faults.crash_point("starting-committed")
-        state.node.launch(job.id, launch, lambda spawned: _spawned(state, job.id, attempt, spawned))
+        state.node_of(job.id).launch(
+            job.id, launch, lambda spawned: _spawned(state, job.id, attempt, spawned)
+        )
         if not state.unrecorded:
             state.clear_disk_full()  # this job's files were written: there is room again
     except OSError as exc:
-        state.node.control.close(job.id)
+        state.node_of(job.id).control.close(job.id)
         if exc.errno in DISK_FULL_ERRNOS:
             _requeue_for_space(state, job, exc)
         else:
             state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
     except RuntimeError as exc:
-        state.node.control.close(job.id)
+        state.node_of(job.id).control.close(job.id)
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
 
 
@@ -208,8 +219,8 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
     if spawned.pid is None:
         if job is None or not current:
             return
-        state.node.control.close(job_id)
-        if state.node.live_shim(job_id) is None:
+        state.node_of(job_id).control.close(job_id)
+        if state.node_of(job_id).live_shim(job_id) is None:
             state.transition(
                 job,
                 JobState.QUEUED,
@@ -220,10 +231,10 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
             )
             return
         # The spawner forked the shim and died before answering: adopt it.
-        shim = state.node.read_record(job_id, jobfiles.SHIM)
+        shim = state.node_of(job_id).read_record(job_id, jobfiles.SHIM)
         assert shim is not None
         spawned = Spawned(int(shim["pid"]), None)
-        state.node.control.open(job_id)
+        state.node_of(job_id).control.open(job_id)
     faults.crash_point("shim-spawned")
     if job is None or not current:  # cannot happen: a starting job stays until its shim ends
         log.error("job %s: a shim started for attempt %d, which is not current", job_id, attempt)
@@ -234,7 +245,7 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
 
 def watch(state: DaemonState, job_id: int, pid: int, pidfd: int | None = None) -> None:
     """Have `finish` called when the job's shim ends."""
-    state.node.watch(job_id, pid, lambda jid, out: finish(state, jid, out), pidfd)
+    state.node_of(job_id).watch(job_id, pid, lambda jid, out: finish(state, jid, out), pidfd)
 
 
 def finish(state: DaemonState, job_id: int, outcome: Outcome) -> None:
@@ -314,7 +325,7 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
             )
         else:
             state.transition(job, ended, why, **fields)
-    state.node.control.close(job.id)
+    state.node_of(job.id).control.close(job.id)
     peak = state.memory_peaks.pop(job.id, None)
     if peak:
         try:
@@ -353,10 +364,10 @@ def _terminate(state: DaemonState, job_id: int, attempt: int) -> None:
     if job is None or not job.state.is_active or job.attempts != attempt:
         return
     loop = asyncio.get_running_loop()
-    if not state.node.signal(job_id, signal.SIGTERM):
+    if not state.node_of(job_id).signal(job_id, signal.SIGTERM):
         loop.call_later(CHILD_POLL_SECONDS, _terminate, state, job_id, attempt)
         return
-    state.node.signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
+    state.node_of(job_id).signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
     loop.call_later(state.config.daemon.kill_grace, _kill, state, job_id, attempt)
 
 
@@ -369,7 +380,7 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
     """SIGKILL what is left of the attempt's process group (not a later attempt's)."""
     job = state.active.get(job_id)
     if job is not None and job.attempts == attempt:
-        state.node.signal(job_id, signal.SIGKILL)
+        state.node_of(job_id).signal(job_id, signal.SIGKILL)
 
 
 def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | None) -> None:

@@ -18,16 +18,24 @@ import os
 import time
 
 from gpuq.daemon import jobfiles, suspend
+from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.scheduler.introspect import COMPUTING
 from gpuq.daemon.scheduler.slicer import PARK_RESIDENT_BYTES
 from gpuq.daemon.state import DaemonState, GpuSnapshot
 from gpuq.gpus import JobHolding
-from gpuq.models import GpuInfo, JobState
+from gpuq.models import GpuInfo, Job, JobState
+
+
+def _local(state: DaemonState, job: Job) -> bool:
+    """True for a job whose attempt runs on this server (not on another over ssh)."""
+    return job.node not in state.remotes
 
 
 def job_pgids(state: DaemonState) -> dict[int, int]:
-    """Process group id -> job id, for every job that may hold a GPU."""
+    """Process group id -> job id, for every job here that may hold a GPU."""
     for job in state.active.values():
+        if not _local(state, job):
+            continue
         if job.state.is_active and job.gpu_uuids and job.id not in state.child_pgids:
             record = state.node.read_record(job.id, jobfiles.CHILD)
             if jobfiles.is_same_process(record):
@@ -44,6 +52,8 @@ def holdings(state: DaemonState) -> dict[int, JobHolding]:
     """
     held = {}
     for job in state.active.values():
+        if not _local(state, job):
+            continue
         pgid = state.child_pgids.get(job.id)
         if not job.state.is_active or not job.gpu_uuids or pgid is None or not _exists(pgid):
             continue
@@ -95,8 +105,10 @@ def split_memory(
 async def sample_once(state: DaemonState) -> None:
     """Take one sample from the node (off the event loop: NVML calls block) and publish it."""
     pgids = job_pgids(state)
-    devices = await state.node.sample_gpus(holdings(state))
+    devices = await state.node.sample_gpus({**holdings(state), **state.hosted.holdings()})
     snap, per_job = split_memory(devices, pgids)
+    for remote in state.remotes.values():
+        add_remote(snap, remote)
     for job_id, used in per_job.items():
         state.memory_peaks[job_id] = max(state.memory_peaks.get(job_id, 0), used)
     foreign_changed = snap.foreign_memory != state.gpus.foreign_memory
@@ -104,7 +116,25 @@ async def sample_once(state: DaemonState) -> None:
     state.introspection.note_utilization(snap, state.active.values(), state.memory_peaks)
     if foreign_changed:
         state.wake.set()
-    state.publish({"type": "gpus", "gpus": [g.to_dict() for g in devices], "time": snap.time})
+    state.publish({"type": "gpus", "gpus": [g.to_dict() for g in snap.devices], "time": snap.time})
+
+
+def add_remote(snap: GpuSnapshot, remote: RemoteNode) -> None:
+    """Add another server's GPUs as it last reported them (none while it is down).
+
+    Memory of this head's jobs there is gpuq's; the rest is foreign, and a
+    GPU the server's own jobs or another head's hold is foreign whole.
+    """
+    mirror = remote.mirror
+    if mirror is None:
+        return
+    for gpu in mirror.devices:
+        snap.devices.append(gpu)
+        ours = mirror.memory_head.get(gpu.uuid, 0)
+        snap.gpuq_memory[gpu.uuid] = ours
+        foreign = max(0, gpu.memory_used - ours)
+        snap.foreign_memory[gpu.uuid] = gpu.memory_total if gpu.uuid in mirror.busy else foreign
+        snap.jobs_on_gpu[gpu.uuid] = sorted(mirror.jobs_on_gpu.get(gpu.uuid, []))
 
 
 async def run_monitor(state: DaemonState, interval: float = 1.0) -> None:

@@ -88,7 +88,7 @@ def requeue_after_oom(state: DaemonState, job: Job, outcome: Outcome) -> bool:
     """Requeue a job that ran out of GPU memory while packed (module docstring); else False."""
     if outcome.returncode in (None, 0) or outcome.time_limit or outcome.start_failed:
         return False
-    record = state.node.read_record(job.id, f"{jobfiles.CHECKPOINTS}/{OOM_FILE}")
+    record = state.node_of(job.id).read_record(job.id, f"{jobfiles.CHECKPOINTS}/{OOM_FILE}")
     if not record or record.get("job_id") != job.id or record.get("attempt") != job.attempts:
         return False
     book = state.packs

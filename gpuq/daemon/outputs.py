@@ -189,3 +189,24 @@ class LogLimit:
             os.ftruncate(rw, target + tail)
         finally:
             os.close(rw)
+
+
+def tail_offset(path: str, lines: int) -> int:
+    """Byte offset where the last `lines` lines of the file start."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        end = pos = handle.tell()
+        if lines <= 0:
+            return end
+        found = 0
+        while pos > 0 and found <= lines:
+            step = min(8192, pos)
+            pos -= step
+            handle.seek(pos)
+            block = handle.read(step)
+            for i in range(len(block) - 1, -1, -1):
+                if block[i] == 10 and pos + i != end - 1:
+                    found += 1
+                    if found == lines:
+                        return pos + i + 1
+    return 0

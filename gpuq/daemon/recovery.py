@@ -31,7 +31,7 @@ import time
 from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.state import DaemonState
-from gpuq.models import JobState
+from gpuq.models import Job, JobState
 
 
 def recover(state: DaemonState) -> dict[str, int]:
@@ -39,6 +39,9 @@ def recover(state: DaemonState) -> dict[str, int]:
     counts = {"adopted": 0, "finished": 0, "requeued": 0, "lost": 0}
     for job in sorted(state.active.values(), key=lambda j: j.id):
         if not job.state.is_active or suspend.is_checkpointed(state, job):
+            continue
+        if job.node and job.node != state.config.daemon.node_name:
+            counts["remote"] = counts.get("remote", 0) + _adopt_remote(state, job)
             continue
         try:
             pid = state.node.live_shim(job.id)
@@ -85,3 +88,53 @@ def recover(state: DaemonState) -> dict[str, int]:
             lifecycle.finish(state, job.id, Outcome(None, None, reason, None))
             counts["lost"] += 1
     return counts
+
+
+def _adopt_remote(state: DaemonState, job: Job) -> int:
+    """Leave an attempt on another server to that server's node: its next sync tells.
+
+    Running there: it is watched as before (a starting one turns running);
+    ended: its outcome is recorded; never started (the head stopped
+    mid-placement): the job goes back to the queue, no attempt counted.
+    A job on a server no longer configured is lost. Returns 1 if adopted.
+    """
+    remote = state.remotes.get(job.node)
+    if remote is None:
+        lifecycle.finish(
+            state,
+            job.id,
+            Outcome(None, None, f"lost: its server {job.node} is no longer configured", None),
+        )
+        return 0
+
+    def running(job_id: int) -> None:
+        current = state.active.get(job_id)
+        if current is not None and current.state is JobState.STARTING:
+            state.transition(
+                current, JobState.RUNNING, "re-adopted after daemon restart", start_time=time.time()
+            )
+
+    def missing(job_id: int, outcome: Outcome) -> None:
+        current = state.active.get(job_id)
+        if current is not None and current.state is JobState.STARTING:
+            state.transition(
+                current,
+                JobState.QUEUED,
+                f"requeued: the daemon stopped before the job started on {job.node}",
+                attempts=max(0, current.attempts - 1),
+                gpu_uuids=(),
+                gpu_mem_reserved=None,
+            )
+        else:
+            lifecycle.finish(state, job_id, outcome)
+
+    remote.adopt(
+        job.id,
+        job.attempts,
+        lambda job_id, outcome: lifecycle.finish(state, job_id, outcome),
+        running,
+        missing,
+    )
+    if lifecycle.cancel_requested(state, job):
+        lifecycle.resume_cancel(state, job)
+    return 1

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from gpuq import env as job_env
 from gpuq.config import Config
-from gpuq.daemon import lifecycle, monitor, recovery, statedir, suspend, timings
+from gpuq.daemon import lifecycle, monitor, recovery, remotes, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.control import CONTROL_DIR, ControlHub, report_interval
 from gpuq.daemon.executor import Executor
+from gpuq.daemon.hosted import Hosted
 from gpuq.daemon.node.local import LocalNode
 from gpuq.daemon.scheduler import memory, tick
 from gpuq.daemon.spawner import SpawnerClient
@@ -150,6 +151,7 @@ class Server:
         )
         state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
         state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
+        state.hosted = Hosted(cfg.state_dir / "hosted", cfg.log_dir / "hosted", self._spawner)
         self.state = state
         if self._spawner is not None:
             self._spawner.attach(asyncio.get_running_loop())
@@ -158,9 +160,12 @@ class Server:
         memory.restore(state)
         memory.restore_turns(state)
         memory.restore_packs(state)
+        remotes.follow(state)  # before recovery, which hands them their jobs
         await monitor.sample_once(state)
         counts = recovery.recover(state)
         log.info("recovered jobs: %s", counts)
+        if hosted := state.hosted.recover(asyncio.get_running_loop()):
+            log.info("recovered %d attempt(s) run for other servers", hosted)
 
         async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             task = asyncio.current_task()
@@ -214,6 +219,7 @@ class Server:
             asyncio.create_task(self._housekeeping(state)),
             asyncio.create_task(timings.watch_loop(state.loop_lag, state.should_exit)),
             asyncio.create_task(state.servers.run(lambda: state.config, state.should_exit)),
+            asyncio.create_task(remotes.run(state)),
         ]
         await state.should_exit.wait()
 
@@ -273,6 +279,10 @@ class Server:
         if self.state is not None:
             self.state.servers.close()
             self.state.node.unwatch_all()
+            self.state.hosted.unwatch_all(asyncio.get_running_loop())
+            for remote in self.state.remotes.values():
+                remote.unwatch_all()
+                remote.close()
             self.state.node.close()
         if self._spawner is not None:
             self._spawner.close()

@@ -22,7 +22,9 @@ from typing import Any
 from gpuq.config import Config
 from gpuq.daemon import notify, reload
 from gpuq.daemon.executor import Outcome
+from gpuq.daemon.hosted import Hosted
 from gpuq.daemon.node.interface import Node
+from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.reload import ConfigWatch
 from gpuq.daemon.scheduler import memory
 from gpuq.daemon.scheduler.introspect import Introspection
@@ -119,6 +121,12 @@ class DaemonState:
         """What the user must know about the daemon itself (full disk, state directory gone)."""
         self.servers = ServerWatch()
         """The other servers' sessions and health (`gpuq.daemon.servers`)."""
+        self.hosted = Hosted(
+            config.daemon.state_dir / "hosted", config.daemon.log_dir / "hosted", None
+        )
+        """Attempts this daemon runs for other servers' daemons (`gpuq.daemon.hosted`)."""
+        self.remotes: dict[str, RemoteNode] = {}
+        """The other servers, as nodes jobs run on (`gpuq.daemon.node.remote`), by host."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -144,6 +152,27 @@ class DaemonState:
                 f"job ids so far run from 1 to {highest}" if highest else "no job was submitted",
             )
         return job
+
+    def node_of(self, job_id: int) -> Node:
+        """The node the job's current attempt runs on: another server's, or this one."""
+        job = self.active.get(job_id)
+        if job is not None and job.node:
+            remote = self.remotes.get(job.node)
+            if remote is not None:
+                return remote
+        return self.node
+
+    def node_named(self, name: str) -> Node:
+        """The node called `name` (this server's own name or an unknown one: this server)."""
+        return self.remotes.get(name) or self.node
+
+    def gpu_node(self, uuids: Iterable[str]) -> str:
+        """The name of the node whose GPUs these are (none: this server)."""
+        wanted = set(uuids)
+        for gpu in self.gpus.devices:
+            if gpu.uuid in wanted and gpu.node in self.remotes:
+                return gpu.node
+        return self.config.daemon.node_name
 
     def resolve_ids(self, ids: Iterable[int]) -> list[int]:
         """Job ids, each array id replaced by the ids of its tasks (unknown ids kept)."""

@@ -83,7 +83,7 @@ def request(state: DaemonState, job: Job, mode: str) -> Job:
     """Suspend a running job in `mode` (see the module docstring)."""
     if mode not in SUSPEND_MODES:
         raise UsageError(f"unknown suspend mode {mode!r}", f"modes: {', '.join(SUSPEND_MODES)}")
-    runner = state.node.control.runner(job.id)
+    runner = state.node_of(job.id).control.runner(job.id)
     if mode == "auto":
         mode = "checkpoint" if runner is not None and "checkpoint" in runner.features else "stop"
     if mode == "stop":
@@ -96,14 +96,14 @@ def request(state: DaemonState, job: Job, mode: str) -> Job:
     now = time.time()
     state.store.record_suspend(job.id, job.attempts, mode, now)
     job = state.transition(job, JobState.SUSPENDING, f"suspend requested ({mode} mode)")
-    state.node.control.send(job.id, SuspendRequest(mode))
+    state.node_of(job.id).control.send(job.id, SuspendRequest(mode))
     _arm_grace(state, job, now)
     return job
 
 
 def can_preempt(state: DaemonState, job: Job) -> bool:
     """True when the scheduler may take the job's GPUs: running, with a checkpointing runner."""
-    runner = state.node.control.runner(job.id)
+    runner = state.node_of(job.id).control.runner(job.id)
     return job.state is JobState.RUNNING and runner is not None and "checkpoint" in runner.features
 
 
@@ -137,7 +137,7 @@ def preempt(
     state.store.record_suspend(job.id, job.attempts, "checkpoint", now, "policy", reason)
     job = state.transition(job, JobState.SUSPENDING, f"{reason} (checkpoint requested)")
     faults.crash_point(crash_point)
-    state.node.control.send(job.id, SuspendRequest("checkpoint"))
+    state.node_of(job.id).control.send(job.id, SuspendRequest("checkpoint"))
     _arm_grace(state, job, now)
     return job
 
@@ -152,7 +152,7 @@ def take_turn(state: DaemonState, job: Job, mode: str, reason: str) -> Job:
     faults.crash_point("turn-committed")
     if mode == "stop":
         return complete_stop(state, job.id) or job
-    state.node.control.send(job.id, SuspendRequest("park"))
+    state.node_of(job.id).control.send(job.id, SuspendRequest("park"))
     _arm_grace(state, job, now)
     return job
 
@@ -163,8 +163,8 @@ def give_turn(state: DaemonState, job: Job, reason: str) -> Job:
     job = state.transition(job, JobState.RUNNING, reason)
     faults.crash_point("resume-committed")
     if mode == "park":
-        state.node.control.send(job.id, ResumeRequest())
-    state.node.signal(job.id, signal.SIGCONT)
+        state.node_of(job.id).control.send(job.id, ResumeRequest())
+    state.node_of(job.id).signal(job.id, signal.SIGCONT)
     return job
 
 
@@ -172,7 +172,9 @@ def continue_readopted(state: DaemonState, job: Job) -> None:
     """Make sure a re-adopted running job computes: its resume may have died with a daemon."""
     record = state.store.suspend_of(job.id, job.attempts)
     if record is not None and record.completed is not None and record.mode in ("park", "stop"):
-        state.node.signal(job.id, signal.SIGCONT)  # the park's ResumeRequest follows its hello
+        state.node_of(job.id).signal(
+            job.id, signal.SIGCONT
+        )  # the park's ResumeRequest follows its hello
 
 
 def _turn_reason(record: SuspendRecord | None) -> str:
@@ -195,7 +197,7 @@ def _give_up(state: DaemonState, job_id: int, attempt: int, requested: float) ->
         return
     if record is None or record.requested != requested or record.completed is not None:
         return
-    state.node.control.send(job_id, ResumeRequest())
+    state.node_of(job_id).control.send(job_id, ResumeRequest())
     state.transition(
         job,
         JobState.RUNNING,
@@ -221,7 +223,7 @@ def _warn(state: DaemonState, job_id: int, attempt: int, signum: int) -> None:
     job = state.active.get(job_id)
     if job is None or job.attempts != attempt or job.state is not JobState.SUSPENDING:
         return
-    if not state.node.signal(job_id, signum):
+    if not state.node_of(job_id).signal(job_id, signum):
         loop = asyncio.get_running_loop()
         loop.call_later(CHILD_POLL_SECONDS, _warn, state, job_id, attempt, signum)
 
@@ -236,7 +238,7 @@ def complete_stop(state: DaemonState, job_id: int) -> Job | None:
     job = state.active.get(job_id)
     if job is None or job.state is not JobState.SUSPENDING:
         return None
-    if not state.node.signal(job_id, signal.SIGSTOP):
+    if not state.node_of(job_id).signal(job_id, signal.SIGSTOP):
         asyncio.get_running_loop().call_later(CHILD_POLL_SECONDS, complete_stop, state, job_id)
         return None
     state.store.complete_suspend(job_id, job.attempts, time.time())
@@ -271,13 +273,13 @@ def resume(state: DaemonState, job: Job) -> Job:
             exit_code=None,
         )
     if mode in RUNNER_MODES:
-        state.node.control.send(job.id, ResumeRequest())
-        state.node.signal(job.id, signal.SIGCONT)  # also ends a park, channel or not
+        state.node_of(job.id).control.send(job.id, ResumeRequest())
+        state.node_of(job.id).signal(job.id, signal.SIGCONT)  # also ends a park, channel or not
         why = f"resumed by user ({mode} mode)"
         if job.state is JobState.SUSPENDING:
             why = f"resumed by user: the {mode} request is withdrawn"
         return state.transition(job, JobState.RUNNING, why)
-    state.node.signal(job.id, signal.SIGCONT)
+    state.node_of(job.id).signal(job.id, signal.SIGCONT)
     return state.transition(job, JobState.RUNNING, "resumed by user")
 
 
@@ -285,7 +287,7 @@ def readopt(state: DaemonState, job: Job) -> Job:
     """Finish or keep waiting for the suspend of a job re-adopted after a restart."""
     record = state.store.suspend_of(job.id, job.attempts)
     if record is None or record.mode not in RUNNER_MODES:
-        state.node.signal(job.id, signal.SIGSTOP)
+        state.node_of(job.id).signal(job.id, signal.SIGSTOP)
         state.store.complete_suspend(job.id, job.attempts, time.time())
         return state.transition(job, JobState.SUSPENDED, "suspended (stop mode)")
     _arm_grace(state, job, record.requested)  # the request is sent again at the runner's hello
@@ -303,7 +305,7 @@ def suspended_by_exit(state: DaemonState, job: Job, outcome: Outcome) -> bool:
     """
     if outcome.returncode != SUSPEND_EXIT_CODE or outcome.reason:
         return False
-    ack = state.node.read_record(job.id, f"{jobfiles.CHECKPOINTS}/{ACK_FILE}")
+    ack = state.node_of(job.id).read_record(job.id, f"{jobfiles.CHECKPOINTS}/{ACK_FILE}")
     if ack is None or ack.get("mode") != "checkpoint":
         return False
     if ack.get("job_id") != job.id or ack.get("attempt") != job.attempts:
@@ -417,7 +419,9 @@ class ChannelListener:
                     f"{_cost(detail)} moved to host memory; GPUs kept",
                 )
             elif job.state is JobState.RUNNING:
-                state.node.control.send(job.id, ResumeRequest())  # parked after a withdrawal
+                state.node_of(job.id).control.send(
+                    job.id, ResumeRequest()
+                )  # parked after a withdrawal
         elif ack.request == "resume" and job.state is JobState.RUNNING:
             state.transition(job, job.state, f"back on the device: {_cost(detail)}")
         elif ack.request == "checkpoint":

@@ -8,33 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuq.daemon.lifecycle import output_paths
+from gpuq.daemon.node.remote import RemoteNode
+from gpuq.daemon.outputs import tail_offset
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
 from gpuq.protocol import Logs
 
 CHUNK = 256 * 1024
 POLL_SECONDS = 0.2
-
-
-def tail_offset(path: str, lines: int) -> int:
-    """Byte offset where the last `lines` lines of the file start."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        end = pos = handle.tell()
-        if lines <= 0:
-            return end
-        found = 0
-        while pos > 0 and found <= lines:
-            step = min(8192, pos)
-            pos -= step
-            handle.seek(pos)
-            block = handle.read(step)
-            for i in range(len(block) - 1, -1, -1):
-                if block[i] == 10 and pos + i != end - 1:
-                    found += 1
-                    if found == lines:
-                        return pos + i + 1
-    return 0
 
 
 async def handle(
@@ -44,6 +25,9 @@ async def handle(
     if request.stream not in ("stdout", "stderr"):
         raise UsageError(f"unknown stream {request.stream!r}", "use stdout or stderr")
     job = state.job(request.id)
+    remote = state.remotes.get(job.node) if job.stdout_path else None
+    if remote is not None:
+        return await _remote(state, remote, request, emit)
     stdout, stderr = (
         (job.stdout_path, job.stderr_path) if job.stdout_path else output_paths(state, job)
     )
@@ -65,3 +49,27 @@ async def handle(
             break
         await asyncio.sleep(POLL_SECONDS)
     return {"path": path, "offset": offset, "state": job.state.value}
+
+
+async def _remote(
+    state: DaemonState,
+    remote: RemoteNode,
+    request: Logs,
+    emit: Callable[[dict[str, Any]], Awaitable[None]],
+) -> dict[str, Any]:
+    """The output of a job that ran on another server, read there (`node.read`)."""
+    offset, tail, path = 0, request.tail, ""
+    while True:
+        job = state.job(request.id)  # looked at first: what it wrote before it ended is read
+        while True:
+            part = await remote.read_output(request.id, request.stream, offset, tail)
+            tail, path = None, str(part.get("path") or path)
+            offset = int(part["offset"])
+            if part["data"]:
+                await emit({"data": part["data"]})
+            if offset >= int(part.get("size") or 0):
+                break
+        if not request.follow or job.state.is_terminal:
+            break
+        await asyncio.sleep(POLL_SECONDS)
+    return {"path": path, "offset": offset, "state": job.state.value, "node": remote.name}

@@ -178,7 +178,7 @@ def turn_info(
         job = state.active.get(view.id)
         if job is None:
             continue
-        runner = state.node.control.runner(job.id)
+        runner = state.node_of(job.id).control.runner(job.id)
         modes = {"stop"}
         if runner is not None:
             modes.update(set(runner.features) & {"park", "checkpoint"})

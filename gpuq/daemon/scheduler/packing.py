@@ -325,6 +325,6 @@ def _take_off(state: DaemonState, job: Job, mode: str | None, reason: str) -> No
     elif suspend.can_preempt(state, job):
         suspend.preempt(state, job, reason)
     else:
-        runner = state.node.control.runner(job.id)
+        runner = state.node_of(job.id).control.runner(job.id)
         turn = "park" if runner is not None and "park" in runner.features else "stop"
         suspend.take_turn(state, job, turn, reason)

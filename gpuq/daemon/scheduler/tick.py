@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
-from gpuq.daemon.state import DaemonState
+from gpuq.daemon.state import DaemonState, GpuSnapshot
 from gpuq.models import Job, JobState
 from gpuq.policies.actions import plan
 from gpuq.policies.interface import ClusterState, Decision
@@ -80,6 +81,17 @@ def _after_turns(
     return kept
 
 
+def lend(gpus: GpuSnapshot, lent: set[str]) -> GpuSnapshot:
+    """The snapshot with the GPUs lent to other servers' jobs taken whole (`gpuq.daemon.hosted`)."""
+    if not lent:
+        return gpus
+    foreign = dict(gpus.foreign_memory)
+    for gpu in gpus.devices:
+        if gpu.uuid in lent:
+            foreign[gpu.uuid] = gpu.memory_total
+    return replace(gpus, foreign_memory=foreign)
+
+
 async def schedule_pass(state: DaemonState) -> list[Placement]:
     """Run one pass: settle, decide and launch. Returns the placements acted on.
 
@@ -115,7 +127,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     cluster = build_state(
         [job for job in ready.ready if job.spec.gpus > 0],
         list(state.active.values()),
-        state.gpus,
+        lend(state.gpus, state.hosted.lent_gpus()),
         state.config.scheduler.memory_margin,
         state.config.scheduler.foreign_tolerance,
         learned,

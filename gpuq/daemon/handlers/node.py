@@ -1,0 +1,129 @@
+"""node.*: what a head daemon on another server asks of this one (`gpuq.daemon.hosted`).
+
+`node.launch` starts an attempt of the head's job, `node.signal` signals
+one, `node.read` reads its output, and `node.sync` reports the head's
+attempts and this server's GPUs, waiting for a change when asked (the
+head's long poll: a job's end reaches it at once, not at the next beat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+from gpuq.daemon.executor import LaunchSpec
+from gpuq.daemon.state import DaemonState
+from gpuq.errors import UsageError
+from gpuq.protocol import NodeLaunch, NodeRead, NodeSignal, NodeSync
+
+SIGNAL_SETTLE = 5.0
+"""Seconds a signal waits for a just-started attempt's command to have a process group."""
+
+
+async def launch(state: DaemonState, request: NodeLaunch) -> dict[str, Any]:
+    """Start the attempt; the reply carries its shim's pid."""
+    try:
+        spec = LaunchSpec.from_dict(request.launch)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"invalid launch of job {request.job}: {exc}") from None
+    known = {gpu.uuid for gpu in state.gpus.devices}
+    unknown = [uuid for uuid in request.gpus if uuid not in known]
+    if unknown:
+        raise UsageError(
+            f"no GPU {', '.join(unknown)} on {state.config.daemon.node_name}",
+            "the head's view of this server's GPUs is out of date; it will sync again",
+        )
+    pid = await state.hosted.launch(request.head, request.job, request.attempt, spec, request.gpus)
+    state.wake.set()  # its GPUs are lent now: this daemon's own jobs go elsewhere
+    return {"pid": pid, "version": state.hosted.version}
+
+
+async def signal(state: DaemonState, request: NodeSignal) -> dict[str, Any]:
+    """Signal the attempt; `delivered` is False when it is not that attempt or not running.
+
+    An attempt whose shim runs but whose command has not started yet (no
+    process group to signal) is tried again for up to `SIGNAL_SETTLE` seconds.
+    """
+    hosted = state.hosted
+    deadline = time.monotonic() + SIGNAL_SETTLE
+    while True:
+        if hosted.signal(request.head, request.job, request.attempt, request.signal):
+            return {"delivered": True}
+        record = hosted.attempts.get((request.head, request.job))
+        alive = record is not None and record.attempt == request.attempt and not record.outcome
+        if not alive or time.monotonic() > deadline:
+            return {"delivered": False}
+        await asyncio.sleep(0.05)
+
+
+async def sync(state: DaemonState, request: NodeSync) -> dict[str, Any]:
+    """The head's attempts here, the live ones it no longer expects, and this server's GPUs."""
+    expect: dict[int, int] = {}
+    for key, attempt in request.expect.items():
+        if not key.isdigit() or not isinstance(attempt, int) or isinstance(attempt, bool):
+            raise UsageError("node.sync.expect maps job ids to attempt numbers")
+        expect[int(key)] = attempt
+    hosted = state.hosted
+    hosted.paths(request.head)  # checks the head's name before anything waits
+    await hosted.wait_change(request.version, request.wait)
+    reply = hosted.report(request.head, expect)
+    reply.update(hosted.paths(request.head))
+    reply.update(
+        {
+            "node": state.config.daemon.node_name,
+            "backend": state.node.gpu_backend,
+            "device_env": state.node.device_env(),
+            "gpus": _gpus(state, request.head),
+            "dirs_missing": [d for d in request.dirs if not os.path.isdir(d)],
+        }
+    )
+    return reply
+
+
+def _gpus(state: DaemonState, head: str) -> list[dict[str, Any]]:
+    """This server's GPUs as the head should see them.
+
+    Memory of the head's own attempts is `memory_head` (with their job ids
+    in `jobs`); all other memory is foreign to it. `busy` marks a GPU the
+    head must not place on: held by this daemon's own jobs or lent to
+    another head.
+    """
+    owners = {pgid: key for pgid, key in state.hosted.pgids().items()}
+    own = {uuid for job in state.active.values() if job.state.is_active for uuid in job.gpu_uuids}
+    lent_elsewhere = {
+        uuid
+        for (owner, _), a in state.hosted.attempts.items()
+        if owner != head and a.outcome is None
+        for uuid in a.gpus
+    }
+    out = []
+    for gpu in state.gpus.devices:
+        mine = 0
+        jobs: set[int] = set()
+        for proc in gpu.processes:
+            with contextlib.suppress(OSError):
+                key = owners.get(os.getpgid(proc.pid))
+                if key is not None and key[0] == head:
+                    mine += proc.used_memory or 0
+                    jobs.add(key[1])
+        data = gpu.to_dict()
+        data["processes"] = []
+        data.update(
+            {
+                "memory_head": mine,
+                "jobs": sorted(jobs),
+                "busy": gpu.uuid in own or gpu.uuid in lent_elsewhere,
+            }
+        )
+        out.append(data)
+    return out
+
+
+def read(state: DaemonState, request: NodeRead) -> dict[str, Any]:
+    """Part of a hosted attempt's output."""
+    return state.hosted.read(
+        request.head, request.job, request.stream, request.offset, request.limit, request.tail
+    )

@@ -1,0 +1,299 @@
+"""Attempts this daemon runs for other servers' daemons: the far half of a `RemoteNode`.
+
+A head daemon (the one where a user submitted) reaches this one over `ssh
+HOST gpuq bridge` and asks it to launch, signal and report attempts of the
+head's jobs (the `node.*` requests). Each head gets its own executor below
+`<state_dir>/hosted/<head>/jobs/<job id>/` and its own log directory
+`<log_dir>/hosted/<head>/`, so the head's job ids never meet this daemon's.
+
+The head is the truth about which attempts should run: each `node.sync`
+names the attempts it expects here, and the reply says what each is doing
+(starting, running, ended with its outcome, or missing) and which live
+attempts it no longer expects, which the head then stops (an attempt it
+superseded while this server was cut off). Nothing lives only in memory:
+a restarted daemon finds its hosted attempts again from their shims'
+records (`recover`). The GPUs lent to hosted attempts are taken out of this
+daemon's own scheduling (`lent_gpus`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuq.daemon import jobfiles
+from gpuq.daemon.executor import Executor, LaunchSpec, Outcome
+from gpuq.daemon.outputs import tail_offset
+from gpuq.daemon.spawner import Spawned, SpawnerClient
+from gpuq.errors import ConflictError, NotFoundError, StateError, UsageError
+from gpuq.gpus import JobHolding
+
+log = logging.getLogger("gpuq.daemon")
+
+HEAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+"""A head's node name: it names a directory, so no '/' and no leading '.'."""
+MAX_WAIT_SECONDS = 30.0
+"""The longest a `node.sync` waits for a change: below any client's timeout."""
+
+
+def check_head(head: str) -> str:
+    """`head` if it can name a directory of its own, else UsageError."""
+    if not HEAD_NAME.fullmatch(head):
+        raise UsageError(
+            f"invalid head node name {head!r}",
+            "a node name is letters, digits, '.', '_' and '-', not starting with '.' or '-'",
+        )
+    return head
+
+
+@dataclass
+class Attempt:
+    """One hosted attempt as this daemon knows it."""
+
+    head: str
+    job: int
+    attempt: int
+    gpus: tuple[str, ...]
+    pid: int | None = None
+    """The shim's pid once it runs."""
+    outcome: Outcome | None = None
+    """How it ended, once it has."""
+
+
+class Hosted:
+    """The attempts of other daemons' jobs that run here (module docstring)."""
+
+    def __init__(self, root: Path, log_root: Path, spawner: SpawnerClient | None) -> None:
+        self.root = root
+        self.log_root = log_root
+        self.spawner = spawner
+        self.attempts: dict[tuple[str, int], Attempt] = {}
+        self.version = 0
+        """Bumped when an attempt starts or ends: `node.sync` waits for it to move."""
+        self._changed = asyncio.Event()
+        self._executors: dict[str, Executor] = {}
+
+    def executor(self, head: str) -> Executor:
+        """The executor of `head`'s attempts (its jobs directory is made on first use)."""
+        executor = self._executors.get(head)
+        if executor is None:
+            executor = Executor(self.root / check_head(head) / "jobs", self.spawner)
+            self._executors[head] = executor
+        return executor
+
+    def paths(self, head: str) -> dict[str, str]:
+        """Where `head`'s attempts keep their directories and default logs here."""
+        return {
+            "jobs_dir": str(self.root / check_head(head) / "jobs"),
+            "log_dir": str(self.log_root / head),
+        }
+
+    # -- acting on attempts ----------------------------------------------
+
+    async def launch(
+        self, head: str, job: int, attempt: int, spec: LaunchSpec, gpus: tuple[str, ...]
+    ) -> int:
+        """Start the attempt and return its shim's pid; GpuqError says why it cannot run."""
+        key = (head, job)
+        current = self.attempts.get(key)
+        if current is not None and current.outcome is None:
+            if current.attempt == attempt and current.pid is not None:
+                return current.pid  # the head asked again after losing the reply
+            raise ConflictError(
+                f"job {job} of {head} already runs here (attempt {current.attempt})",
+                "the head stops a superseded attempt before starting another",
+            )
+        executor = self.executor(head)
+        if spec.stdout.startswith(str(self.log_root)) or spec.stderr.startswith(str(self.log_root)):
+            Path(self.log_root, head).mkdir(parents=True, exist_ok=True, mode=0o700)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Spawned] = loop.create_future()
+        record = Attempt(head, job, attempt, gpus)
+        self.attempts[key] = record
+        try:
+            executor.launch(job, spec, answer.set_result)
+            spawned = await answer
+        except OSError as exc:
+            del self.attempts[key]
+            raise StateError(f"cannot write the files of job {job} here: {exc}") from exc
+        except RuntimeError as exc:
+            del self.attempts[key]
+            raise ConflictError(str(exc)) from exc
+        if spawned.pid is None:
+            del self.attempts[key]
+            raise StateError(f"the job's supervisor did not start: {spawned.error}")
+        record.pid = spawned.pid
+        executor.watch(loop, job, spawned.pid, self._on_exit(head), spawned.pidfd)
+        self._bump()
+        log.info("job %d of %s: attempt %d started (shim %d)", job, head, attempt, spawned.pid)
+        return spawned.pid
+
+    def signal(self, head: str, job: int, attempt: int, signum: int) -> bool:
+        """Signal the attempt's process tree; False when it is not that attempt or not running."""
+        record = self.attempts.get((head, job))
+        if record is None or record.attempt != attempt or record.outcome is not None:
+            return False
+        return self.executor(head).signal(job, signum)
+
+    def _on_exit(self, head: str) -> Any:
+        def ended(job: int, outcome: Outcome) -> None:
+            record = self.attempts.get((head, job))
+            if record is not None:
+                record.outcome = outcome
+            self._bump()
+
+        return ended
+
+    def _bump(self) -> None:
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_change(self, version: int, timeout: float) -> None:
+        """Return once `version` is not the current one, or after `timeout` seconds."""
+        if version != self.version or timeout <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), min(timeout, MAX_WAIT_SECONDS))
+
+    # -- reporting -------------------------------------------------------
+
+    def report(self, head: str, expect: Mapping[int, int]) -> dict[str, Any]:
+        """Each expected attempt's state, and the live attempts `head` no longer expects.
+
+        Ended attempts the head no longer expects are forgotten: it has
+        recorded them.
+        """
+        attempts: dict[str, Any] = {}
+        for job, attempt in expect.items():
+            attempts[str(job)] = self._state_of(head, job, attempt)
+        stale = []
+        for (owner, job), record in list(self.attempts.items()):
+            if owner != head or job in expect:
+                continue
+            if record.outcome is None:
+                stale.append({"job": job, "attempt": record.attempt, "pid": record.pid})
+            else:
+                del self.attempts[(owner, job)]
+        return {"attempts": attempts, "stale": stale, "version": self.version}
+
+    def _state_of(self, head: str, job: int, attempt: int) -> dict[str, Any]:
+        record = self.attempts.get((head, job))
+        if record is not None and record.attempt == attempt:
+            if record.outcome is not None:
+                return {"state": "ended", "outcome": record.outcome.to_dict()}
+            if record.pid is None:
+                return {"state": "starting"}
+            return {"state": "running", "pid": record.pid}
+        if record is not None and record.outcome is None:
+            return {"state": "missing", "reason": f"attempt {record.attempt} runs here instead"}
+        executor = self.executor(head)
+        launch = executor.jobs_dir / str(job) / jobfiles.LAUNCH
+        recorded = jobfiles.read_json(launch)
+        if recorded is None or _attempt_of(recorded) != attempt:
+            return {"state": "missing", "reason": "this server never started that attempt"}
+        if executor.has_exit_record(job):  # ended before this daemon last started
+            return {"state": "ended", "outcome": executor.outcome(job).to_dict()}
+        return {"state": "missing", "reason": "its supervisor is gone without a record"}
+
+    def lent_gpus(self) -> set[str]:
+        """GPUs held by live hosted attempts: not this daemon's to place."""
+        return {uuid for a in self.attempts.values() if a.outcome is None for uuid in a.gpus}
+
+    def pgids(self) -> dict[int, tuple[str, int]]:
+        """Process group -> (head, job) of every live hosted attempt whose command runs."""
+        found = {}
+        for (head, job), record in self.attempts.items():
+            if record.outcome is not None:
+                continue
+            child = jobfiles.read_json(self.executor(head).jobs_dir / str(job) / jobfiles.CHILD)
+            if jobfiles.is_same_process(child):
+                assert child is not None
+                found[int(child["pgid"])] = (head, job)
+        return found
+
+    def holdings(self) -> dict[int, JobHolding]:
+        """What hosted attempts hold, for a fake GPU backend (keys below zero: not job ids)."""
+        held = {}
+        for index, (pgid, (head, job)) in enumerate(sorted(self.pgids().items())):
+            record = self.attempts[(head, job)]
+            if record.gpus:
+                held[-1 - index] = JobHolding(pgid, record.gpus, 0, True)
+        return held
+
+    def read(
+        self, head: str, job: int, stream: str, offset: int, limit: int, tail: int | None
+    ) -> dict[str, Any]:
+        """Bytes of an attempt's output from `offset` (or its last `tail` lines), as text."""
+        if stream not in ("stdout", "stderr"):
+            raise UsageError(f"unknown stream {stream!r}", "use stdout or stderr")
+        recorded = jobfiles.read_json(self.executor(head).jobs_dir / str(job) / jobfiles.LAUNCH)
+        if recorded is None:
+            raise NotFoundError(f"job {job} of {head} never ran here")
+        path = str(recorded.get(stream) or "")
+        if not os.path.exists(path):
+            return {"data": "", "offset": offset, "size": 0, "path": path}
+        if tail is not None:
+            offset = tail_offset(path, tail)
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read(max(0, min(limit, 4 * 1024 * 1024)))
+            size = os.fstat(handle.fileno()).st_size
+        return {
+            "data": data.decode(errors="replace"),
+            "offset": offset + len(data),
+            "size": size,
+            "path": path,
+        }
+
+    # -- a restart -------------------------------------------------------
+
+    def recover(self, loop: asyncio.AbstractEventLoop) -> int:
+        """Find the hosted attempts still running after this daemon restarted; how many."""
+        found = 0
+        if not self.root.is_dir():
+            return 0
+        for head_dir in sorted(self.root.iterdir()):
+            if not HEAD_NAME.fullmatch(head_dir.name) or not (head_dir / "jobs").is_dir():
+                continue
+            executor = self.executor(head_dir.name)
+            for job_dir in sorted((head_dir / "jobs").iterdir()):
+                if not job_dir.name.isdigit():
+                    continue
+                job = int(job_dir.name)
+                recorded = jobfiles.read_json(job_dir / jobfiles.LAUNCH)
+                try:
+                    pid = executor.live_shim(job, settle=2.0)
+                except RuntimeError:
+                    pid = None
+                if recorded is None or pid is None:
+                    continue
+                gpus = tuple(
+                    g
+                    for g in str(recorded.get("env", {}).get("GPUQ_GPU_UUIDS", "")).split(",")
+                    if g
+                )
+                self.attempts[(head_dir.name, job)] = Attempt(
+                    head_dir.name, job, _attempt_of(recorded), gpus, pid
+                )
+                executor.watch(loop, job, pid, self._on_exit(head_dir.name))
+                found += 1
+        return found
+
+    def unwatch_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Stop watching (daemon shutdown: the attempts run on, found again by `recover`)."""
+        for executor in self._executors.values():
+            executor.unwatch_all(loop)
+
+
+def _attempt_of(launch: Mapping[str, Any]) -> int:
+    env = launch.get("env")
+    value = env.get("GPUQ_ATTEMPT", "0") if isinstance(env, dict) else "0"
+    return int(value) if str(value).isdigit() else 0

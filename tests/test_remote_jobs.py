@@ -1,0 +1,190 @@
+"""Jobs on another server: placed by the head, run by that server's daemon, seen at the head.
+
+Real servers (tests/netns_harness.py): the head's daemon runs inside the
+head's namespace with gpu2 in its config and reaches gpu2's daemon through
+`ssh gpu2 gpuq bridge`. The head has two fake GPUs and gpu2 three, so a
+3-GPU job can only run on gpu2. Root only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuq.daemon import jobfiles
+from tests.daemon_harness import DaemonHarness, listed, running_daemon, submit_cli, wait_for
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+
+
+@dataclass
+class Cluster:
+    net: Lab
+    head: DaemonHarness
+    gpu2: DaemonHarness
+
+    def start_head(self) -> None:
+        with self.net.inside("head"):  # the daemon and its ssh sessions run on the head
+            self.head.start()
+
+    def hosted_dir(self, job_id: int) -> Path:
+        """The job's directory on gpu2, where gpu2's daemon runs it for the head."""
+        return self.gpu2.state_dir / "hosted" / "head" / "jobs" / str(job_id)
+
+    def remote_gpus(self) -> list[dict[str, object]]:
+        gpus: list[dict[str, object]] = self.head.call("gpus")["gpus"]
+        return [gpu for gpu in gpus if gpu["node"] == "gpu2"]
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Cluster]:
+    gpu2_toml = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
+    with running_daemon(tmp_path / "gpu2", **gpu2_toml) as gpu2:
+        head = DaemonHarness(tmp_path / "head", extra_toml='node_name = "head"')
+        configs = {"head": head.config_path, "gpu2": gpu2.config_path}
+        with servers(tmp_path / "net", ["head", "gpu2"], configs) as net:
+            with head.config_path.open("a") as config:
+                config.write(
+                    f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
+                    'heartbeat = "0.5s"\ndown_after = "3s"\n'
+                    f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
+                )
+            cluster = Cluster(net, head, gpu2)
+            cluster.start_head()
+            try:
+                wait_for(lambda: len(cluster.remote_gpus()) == 3, what="gpu2's GPUs at the head")
+                yield cluster
+            finally:
+                head.close()
+
+
+def test_the_head_shows_the_other_servers_gpus(lab: Cluster) -> None:
+    gpus = lab.head.call("gpus")["gpus"]
+    assert sorted(gpu["node"] for gpu in gpus) == ["gpu2", "gpu2", "gpu2", "head", "head"]
+    assert {gpu["name"] for gpu in lab.remote_gpus()} == {"Fake L4"}
+
+
+def test_a_job_too_big_for_the_head_runs_on_gpu2_with_its_exit_code_and_output(
+    lab: Cluster,
+) -> None:
+    job_id = submit_cli(
+        lab.head,
+        "--gpus",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        'echo "on $GPUQ_NODE with $CUDA_VISIBLE_DEVICES"; echo oops >&2; exit 3',
+    )
+    job = lab.head.wait_state(job_id, "failed", timeout=30)
+    assert job["exit_code"] == 3 and job["node"] == "gpu2"
+    remote_uuids = {gpu["uuid"] for gpu in lab.remote_gpus()}
+    assert set(job["gpu_uuids"]) == remote_uuids
+
+    # gpu2's daemon ran it, in a directory of the head's own, and kept its output there.
+    assert jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.EXIT) is not None
+    assert not (lab.head.state_dir / "jobs" / str(job_id)).exists()
+    assert job["stdout"].startswith(str(lab.gpu2.state_dir))
+
+    out = lab.head.cli("logs", str(job_id))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"on gpu2 with {','.join(job['gpu_uuids'])}\n"
+    err = lab.head.cli("logs", "--stderr", str(job_id))
+    assert err.stdout == "oops\n"
+    [row] = listed(lab.head, "--all")
+    assert row["node"] == "gpu2" and row["state"] == "failed"
+
+
+def test_logs_follow_a_remote_job_until_it_ends(lab: Cluster) -> None:
+    job_id = submit_cli(
+        lab.head, "--gpus", "3", "--", "sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.3; done"
+    )
+    followed = lab.head.cli("logs", "-f", str(job_id))
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout == "1\n2\n3\n"
+    assert lab.head.job(job_id)["state"] == "succeeded"
+
+
+def test_a_remote_job_is_cancelled_there(lab: Cluster) -> None:
+    job_id = submit_cli(lab.head, "--gpus", "3", "--", "sleep", "300")
+    lab.head.wait_state(job_id, "running", timeout=30)
+    child = wait_for(
+        lambda: jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD), what="child record"
+    )
+    assert lab.head.cli("cancel", str(job_id)).returncode == 0
+    job = lab.head.wait_state(job_id, "cancelled", timeout=30)
+    assert job["node"] == "gpu2"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(int(child["pgid"]), 0)
+
+
+def test_a_remote_job_is_suspended_and_resumed_there(lab: Cluster) -> None:
+    job_id = submit_cli(lab.head, "--gpus", "3", "--", "sh", "-c", "sleep 2; exit 5")
+    lab.head.wait_state(job_id, "running", timeout=30)
+    child = wait_for(
+        lambda: jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD), what="child record"
+    )
+    suspended = lab.head.cli("suspend", str(job_id))
+    assert suspended.returncode == 0, suspended.stderr
+    lab.head.wait_state(job_id, "suspended", timeout=30)
+    wait_for(lambda: _state_of(int(child["pid"])) == "T", what="the job to stop on gpu2")
+
+    resumed = lab.head.cli("resume", str(job_id))
+    assert resumed.returncode == 0, resumed.stderr
+    job = lab.head.wait_state(job_id, "failed", timeout=30)
+    assert job["exit_code"] == 5 and job["node"] == "gpu2"
+
+
+def _state_of(pid: int) -> str:
+    """The process's state letter (T: stopped), from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_gpu2_does_not_place_its_own_jobs_on_gpus_lent_to_the_head(lab: Cluster) -> None:
+    remote = submit_cli(lab.head, "--gpus", "3", "--", "sleep", "300")
+    lab.head.wait_state(remote, "running", timeout=30)
+    own = lab.gpu2.submit(["true"], gpus=1)
+    waiting = wait_for(lambda: (job := lab.gpu2.job(own))["reason"] and job, what="a reason")
+    assert waiting["state"] == "queued"  # every GPU of gpu2 is lent
+    lab.head.cli("cancel", str(remote))
+    lab.gpu2.wait_state(own, "succeeded", timeout=30)
+
+
+def test_a_restarted_head_adopts_its_remote_jobs(lab: Cluster) -> None:
+    job_id = submit_cli(lab.head, "--gpus", "3", "--", "sh", "-c", "sleep 3; exit 7")
+    lab.head.wait_state(job_id, "running", timeout=30)
+    lab.head.kill()
+    lab.start_head()
+    job = lab.head.wait_state(job_id, "failed", timeout=30)
+    assert job["exit_code"] == 7  # the true outcome, from gpu2
+    shown = json.loads(lab.head.cli("show", "--json", str(job_id)).stdout)
+    reasons = [event["reason"] for event in shown["events"]]
+    assert not any("lost" in reason for reason in reasons)
+
+
+def test_a_server_cut_off_loses_its_jobs_and_stops_them_when_it_returns(lab: Cluster) -> None:
+    job_id = submit_cli(lab.head, "--gpus", "3", "--", "sleep", "300")
+    lab.head.wait_state(job_id, "running", timeout=30)
+    child = wait_for(
+        lambda: jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD), what="child record"
+    )
+    lab.net.cut("gpu2")
+    job = lab.head.wait_state(job_id, "lost", timeout=30)
+    assert "gpu2 is down" in job["reason"]
+    wait_for(lambda: lab.remote_gpus() == [], what="gpu2's GPUs to leave the head's view")
+
+    lab.net.mend("gpu2")  # the attempt ran on: the head superseded it, so it is stopped
+    wait_for(lambda: not _alive(int(child["pgid"])), timeout=30, what="the stale attempt to stop")
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
