@@ -63,6 +63,7 @@ def test_row_cells_follow_the_column_order() -> None:
         array_index=2,
         priority=5,
         reason="started",
+        node="gpu2",
     )
     cells = dict(zip(COLUMNS, row_cells(running, NOW), strict=True))
     assert cells == {
@@ -72,6 +73,7 @@ def test_row_cells_follow_the_column_order() -> None:
         "name": "train7[2]",
         "gpus": "1x6.0G",
         "memory": "6.0G",
+        "node": "gpu2",
         "time": "1h02m",
         "priority": "5",
         "reason": "started",

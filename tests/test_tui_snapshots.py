@@ -17,7 +17,7 @@ from textual.widgets import Log
 
 from gpuq.tui.app import GpuqTop
 from gpuq.tui.detail import Chart, JobDetailScreen
-from gpuq.tui.replay import Lab, ReplaySource, synthetic_lab
+from gpuq.tui.replay import Lab, ReplaySource, synthetic_cluster, synthetic_lab
 
 NOW = 1_800_000_000.0
 SIZE = (140, 45)
@@ -62,6 +62,21 @@ def test_empty_queue(snap_compare: SnapCompare) -> None:
 
 def test_busy_packed_gpus(snap_compare: SnapCompare) -> None:
     app = top(ReplaySource(synthetic_lab(n_jobs=60, n_gpus=4, now=NOW)))
+
+    async def loaded(pilot: Pilot[Any]) -> None:
+        await settle(pilot, lambda: app.connected and app.table.row_count > 0)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=loaded)
+
+
+def test_several_servers_one_down(snap_compare: SnapCompare) -> None:
+    lab = synthetic_cluster(
+        60,
+        {"gpu1": 2, "gpu2": 3, "gpu3": 2},
+        {"gpu3": "ssh: connect to host gpu3 port 22: No route to host"},
+        now=NOW,
+    )
+    app = top(ReplaySource(lab))
 
     async def loaded(pilot: Pilot[Any]) -> None:
         await settle(pilot, lambda: app.connected and app.table.row_count > 0)

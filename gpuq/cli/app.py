@@ -117,7 +117,10 @@ def list_jobs(
 
     TIME is how long a job has run, over all its attempts and without the
     time it spent suspended; for a job that never started, how long it has
-    waited. Problems of the daemon itself (a full disk) are printed to stderr.
+    waited. With several servers ([[cluster.servers]] configured, or jobs
+    listed that ran on more than one), a NODE column names the server each
+    job runs or ran on, empty while it waits. Problems of the daemon itself
+    (a full disk) are printed to stderr.
     """
 
     def body() -> None:
@@ -135,7 +138,7 @@ def list_jobs(
         if json_out:
             _print_json({"jobs": result["jobs"], "warnings": result.get("warnings", [])})
         else:
-            print(render.jobs_table(result["jobs"]))
+            print(render.jobs_table(result["jobs"], nodes=result.get("nodes") or ()))
 
     _run(json_out, body)
 
@@ -146,7 +149,7 @@ def show(
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Show a job: spec, state, GPUs, run and wall time, each attempt, history with reasons.
+    """Show a job: spec, state, server and GPUs, run and wall time, each attempt, history.
 
     Given an array's id, show the array and all its tasks.
     """
@@ -371,17 +374,20 @@ def wait(
 
 @app.command()
 def gpus(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
-    """Show every GPU: memory used by gpuq jobs / other processes / free, and its jobs."""
+    """Show every GPU: memory used by gpuq jobs / other processes / free, and its jobs.
+
+    With several servers, GPUs are grouped by server and named NODE:INDEX
+    (each server has a GPU 0); below the table, each server that is down
+    (since when, and why), not yet checked, or without GPUs.
+    """
 
     def body() -> None:
         with _client(config) as client:
             result = client.call("gpus")
         if json_out:
             _print_json(result)
-        elif not result["gpus"]:
-            print("No GPUs (CPU-only jobs run with --gpus 0).")
         else:
-            print(render.gpus_table(result["gpus"]))
+            print(render.gpus_text(result))
 
     _run(json_out, body)
 

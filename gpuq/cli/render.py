@@ -17,6 +17,9 @@ from gpuq.textsafe import visible
 from gpuq.units import format_duration, format_size
 
 JOB_COLUMNS = ("ID", "NAME", "STATE", "GPUS", "TIME", "EXIT", "REASON")
+NODE_COLUMN_AFTER = JOB_COLUMNS.index("GPUS") + 1
+"""Where the NODE column goes in a `gpuq ls` table that has one."""
+PENDING_STATES = frozenset({"queued", "held"})
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -64,26 +67,64 @@ def time_cell(job: dict[str, Any], now: float) -> str:
     return format_duration(max(0.0, now - job["submit_time"]))
 
 
-def jobs_table(jobs: Sequence[dict[str, Any]], now: float | None = None) -> str:
-    """The `gpuq ls` table."""
+def node_cell(job: dict[str, Any]) -> str:
+    """The server the job runs or ran on; empty while it waits (even after an earlier attempt)."""
+    if job["state"] in PENDING_STATES:
+        return ""
+    return str(job.get("node") or "")
+
+
+def shows_nodes(jobs: Sequence[dict[str, Any]], nodes: Sequence[str] = ()) -> bool:
+    """Whether `gpuq ls` has a NODE column.
+
+    It has one where jobs may run on several servers: the daemon has other
+    servers (`nodes`, from the `list` reply, names more than one), or the
+    jobs listed ran on more than one. A single server's table stays as it was.
+    """
+    return len(set(nodes)) > 1 or len({job.get("node") for job in jobs} - {"", None}) > 1
+
+
+def jobs_table(
+    jobs: Sequence[dict[str, Any]], now: float | None = None, nodes: Sequence[str] = ()
+) -> str:
+    """The `gpuq ls` table, with a NODE column where `shows_nodes(jobs, nodes)`."""
     now = time.time() if now is None else now
+    with_node = shows_nodes(jobs, nodes)
     rows = []
     for job in jobs:
         name = job["name"]
         if job["array_index"] is not None:
             name = f"{name}[{job['array_index']}]"
-        rows.append(
-            (
-                str(job["id"]),
-                name[:24],
-                job["state"],
-                gpus_cell(job),
-                time_cell(job, now),
-                "" if job["exit_code"] is None else str(job["exit_code"]),
-                job["reason"],
-            )
-        )
-    return table(JOB_COLUMNS, rows)
+        row = [
+            str(job["id"]),
+            name[:24],
+            job["state"],
+            gpus_cell(job),
+            time_cell(job, now),
+            "" if job["exit_code"] is None else str(job["exit_code"]),
+            job["reason"],
+        ]
+        if with_node:
+            row.insert(NODE_COLUMN_AFTER, node_cell(job))
+        rows.append(row)
+    header = list(JOB_COLUMNS)
+    if with_node:
+        header.insert(NODE_COLUMN_AFTER, "NODE")
+    return table(header, rows)
+
+
+def node_detail(job: dict[str, Any]) -> str:
+    """The `Node:` of `gpuq show`: the server of the current or last attempt.
+
+    A job waiting again (a retry, a resume from a checkpoint) may start on
+    another server, so its last server is told as the past: `- (last ran on gpu2)`.
+    """
+    node = str(job.get("node") or "")
+    if not node:
+        return "-"
+    if job["state"] in PENDING_STATES:
+        return f"- (last ran on {node})"
+    return node
 
 
 def _when(stamp: float | None) -> str:
@@ -117,7 +158,7 @@ def job_detail(
         f"  User:       {job['user']}",
         f"  GPUs:       {gpus_cell(job)}"
         + (f" on {', '.join(job['gpu_uuids'])}" if job["gpu_uuids"] else ""),
-        f"  Node:       {job['node'] or '-'}",
+        f"  Node:       {node_detail(job)}",
         f"  Priority:   {job['priority']}",
         f"  Submitted:  {_when(job['submit_time'])}",
         f"  Started:    {_when(first)}"
@@ -242,19 +283,50 @@ def metrics_table(samples: Sequence[dict[str, Any]]) -> str:
     return table(METRICS_COLUMNS, rows)
 
 
-def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
+def gpu_nodes(gpus: Sequence[dict[str, Any]], servers: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """The servers of a `gpus` reply in the order they are shown.
+
+    The daemon's own first (the nodes of GPUs no configured server names),
+    then the servers of `[[cluster.servers]]` in the config's order, those
+    without GPUs (down, or none) included.
+    """
+    hosts = [str(server["host"]) for server in servers]
+    own = [str(gpu.get("node") or "") for gpu in gpus]
+    order = [node for node in own if node not in hosts] + hosts
+    return list(dict.fromkeys(order))
+
+
+def several_nodes(gpus: Sequence[dict[str, Any]], servers: Sequence[dict[str, Any]] = ()) -> bool:
+    """Whether GPUs must be named with their server: servers configured, or GPUs on several."""
+    return bool(servers) or len({gpu.get("node") or "" for gpu in gpus}) > 1
+
+
+def gpu_label(gpu: dict[str, Any], qualified: bool) -> str:
+    """`0`, or `gpu2:0` where GPUs of several servers are shown (each server has a GPU 0)."""
+    if qualified and gpu.get("node"):
+        return f"{gpu['node']}:{gpu['index']}"
+    return str(gpu["index"])
+
+
+def gpus_table(gpus: Sequence[dict[str, Any]], servers: Sequence[dict[str, Any]] = ()) -> str:
     """The `gpuq gpus` table: memory split by owner, utilization, jobs.
 
     A LINK column (the PCIe switch or NVLink group) appears where any GPU has one.
+    With several servers (`several_nodes`), GPUs are named `node:index` and
+    grouped by server, in `gpu_nodes` order.
     """
     links = any(gpu.get("link_group") for gpu in gpus)
+    qualified = several_nodes(gpus, servers)
+    if qualified:
+        rank = {node: i for i, node in enumerate(gpu_nodes(gpus, servers))}
+        gpus = sorted(gpus, key=lambda gpu: rank[str(gpu.get("node") or "")])
     rows = []
     for gpu in gpus:
         util = "-" if gpu["utilization"] is None else f"{gpu['utilization']:.0f}%"
         link = (gpu.get("link_group") or "-",) if links else ()
         rows.append(
             (
-                str(gpu["index"]),
+                gpu_label(gpu, qualified),
                 gpu["name"],
                 format_size(gpu["memory_total"]),
                 format_size(gpu["memory_gpuq"]),
@@ -269,3 +341,37 @@ def gpus_table(gpus: Sequence[dict[str, Any]]) -> str:
         )
     header = ("GPU", "NAME", "TOTAL", "GPUQ", "OTHER", "FREE", "UTIL", "MODE", "JOBS")
     return table((*header, *(("LINK",) if links else ()), "UUID"), rows)
+
+
+def server_lines(
+    gpus: Sequence[dict[str, Any]], servers: Sequence[dict[str, Any]], now: float
+) -> list[str]:
+    """A line per configured server that is not up (since when, and why) or is up without GPUs."""
+    with_gpus = {gpu.get("node") for gpu in gpus}
+    lines = []
+    for server in servers:
+        host = server["host"]
+        since = format_duration(max(0.0, now - float(server.get("since") or now)))
+        reason = server.get("reason")
+        if server["state"] == "down":
+            lines.append(f"{host}: down for {since}" + (f": {reason}" if reason else ""))
+        elif server["state"] != "up":
+            lines.append(f"{host}: not checked yet" + (f" ({reason})" if reason else ""))
+        elif host not in with_gpus:
+            lines.append(f"{host}: up, no GPUs")
+    return lines
+
+
+def gpus_text(result: dict[str, Any], now: float | None = None) -> str:
+    """The whole `gpuq gpus` text from a `gpus` reply: the table, then servers without GPUs.
+
+    Each line goes through `visible` (a server's reason is an error message
+    from ssh or the remote daemon).
+    """
+    now = time.time() if now is None else now
+    gpus, servers = result["gpus"], result.get("servers") or []
+    parts = [gpus_table(gpus, servers) if gpus else "No GPUs (CPU-only jobs run with --gpus 0)."]
+    down = server_lines(gpus, servers, now)
+    if down:
+        parts.append("\n".join(visible(line) for line in down))
+    return "\n\n".join(parts)

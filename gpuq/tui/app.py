@@ -27,14 +27,14 @@ from gpuq.errors import GpuqError, UsageError
 from gpuq.textsafe import visible
 from gpuq.tui.actions import JobActionsApp
 from gpuq.tui.detail import JobDetailScreen
-from gpuq.tui.gpumodel import GpuBoard
+from gpuq.tui.gpumodel import GpuBoard, gpus_summary
 from gpuq.tui.messages import (
     Connected,
     Disconnected,
     GpusSampled,
     JobChanged,
 )
-from gpuq.tui.model import COLUMN_TITLES, COLUMNS, JobFilter, QueueModel, summary_line
+from gpuq.tui.model import COLUMN_TITLES, NODE_COLUMN, JobFilter, QueueModel, summary_line
 from gpuq.tui.screens import HelpScreen, PromptScreen, binding_rows
 from gpuq.tui.source import Source
 from gpuq.tui.table import JobTable
@@ -44,7 +44,7 @@ RECONNECT_DELAYS: Final = (0.5, 1.0, 2.0, 5.0)
 """Seconds between reconnection attempts; the last one repeats."""
 FLUSH_DELAY: Final = 0.05
 """Job events arriving within this many seconds are applied to the table together."""
-FILTER_HELP: Final = "state:running,queued  user:ana  name:bert  gpus:2  or free words"
+FILTER_HELP: Final = "state:running,queued  user:ana  name:bert  gpus:2  node:gpu2  or free words"
 
 
 class GpuqTop(JobActionsApp):
@@ -201,6 +201,7 @@ class GpuqTop(JobActionsApp):
         self.query_one("#banner", Banner).hide()
         self.board.update_many(snapshot.gpu_samples)
         now = self.clock()
+        self._show_nodes(snapshot.jobs)
         if not self.model.jobs:
             self.model.replace(snapshot.jobs)
             self.table.load(self.model, now)
@@ -240,6 +241,7 @@ class GpuqTop(JobActionsApp):
         jobs = list(self._pending.values())
         self._pending.clear()
         now = self.clock()
+        self._show_nodes(jobs)
         changes = self.model.apply(jobs, now)
         if not changes.empty:
             self.table.apply(self.model, changes, now)
@@ -256,7 +258,18 @@ class GpuqTop(JobActionsApp):
     def on_gpus_sampled(self, message: GpusSampled) -> None:
         """Append the sample to the GPU history and redraw the panel."""
         self.board.update(message.document)
+        self._show_nodes(())
         self._draw_gpus()
+
+    def _show_nodes(self, jobs: Iterable[dict[str, Any]]) -> None:
+        """Show the queue's NODE column once jobs may run on several servers.
+
+        That is: the daemon has servers or GPUs on several, or the jobs known
+        (`model.nodes`, with `jobs` about to join them) ran on more than one.
+        """
+        nodes = self.model.nodes | ({str(job.get("node") or "") for job in jobs} - {""})
+        several = self.board.several_nodes or len(nodes) > 1
+        self.table.show_column(NODE_COLUMN, several)
 
     def _draw_gpus(self) -> None:
         jobs = self.model.jobs
@@ -266,7 +279,7 @@ class GpuqTop(JobActionsApp):
             for job_id in gpu.get("jobs", ())
             if job_id in jobs
         }
-        self.gpu_panel.show_board(self.board, states, self.compact)
+        self.gpu_panel.show_board(self.board, states, self.compact, self.clock())
 
     def _tick(self) -> None:
         self.table.refresh_times(self.model, self.clock())
@@ -274,7 +287,7 @@ class GpuqTop(JobActionsApp):
     def _update_status(self) -> None:
         model = self.model
         arrow = "↑" if model.reverse else "↓"
-        gpus = f"{len(self.board.gpus)} GPUs ({self.board.backend})" if self.board.backend else ""
+        gpus = gpus_summary(self.board)
         self.query_one("#status", StatusLine).show_status(
             [
                 f"gpuq top · {self.node}" if self.node else "gpuq top",
@@ -321,8 +334,10 @@ class GpuqTop(JobActionsApp):
 
     def action_sort_next(self) -> None:
         """Sort by the next column."""
-        index = (COLUMNS.index(self.model.sort_column) + 1) % len(COLUMNS)
-        self.model.sort_column = COLUMNS[index]
+        columns = self.table.columns
+        current = self.model.sort_column
+        index = (columns.index(current) + 1) % len(columns) if current in columns else 0
+        self.model.sort_column = columns[index]
         self._resort()
 
     def action_sort_reverse(self) -> None:
@@ -382,7 +397,7 @@ class GpuqTop(JobActionsApp):
             if isinstance(binding, Binding) and binding.action not in ("quit", "help"):
                 method = getattr(self, f"action_{binding.action}")
                 yield SystemCommand(binding.description, method.__doc__ or "", method)
-        for column in COLUMNS:
+        for column in self.table.columns:
             yield SystemCommand(
                 f"Sort by {COLUMN_TITLES[column].lower()}",
                 "Order the queue by this column",

@@ -3,7 +3,9 @@
 Pure code over the GPU objects of the `gpus` request (docs/json-schema.md).
 A memory bar is split into gpuq jobs / other processes / free cells; a GPU
 with several gpuq jobs resident is *packed*, one whose jobs take turns
-(some suspended while another runs) is *time-sliced*.
+(some suspended while another runs) is *time-sliced*. With several servers
+the GPUs are grouped by server (`NodeGroup`), each with its health from the
+reply's `servers`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpuq.units import format_size
+from gpuq.units import format_duration, format_size
 
 Gpu = dict[str, Any]
 
@@ -82,6 +84,39 @@ def utilization_text(gpu: Gpu) -> str:
     return "-" if util is None else f"{util:.0f}%"
 
 
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """One server's GPUs, and its health (`None` for the daemon's own server)."""
+
+    node: str
+    gpus: list[Gpu]
+    server: Mapping[str, Any] | None = None
+
+    @property
+    def down(self) -> bool:
+        """Whether the daemon's heartbeats find the server down."""
+        return self.server is not None and self.server.get("state") == "down"
+
+
+def node_state_text(group: NodeGroup, now: float) -> str:
+    """What a server's header says after its name: GPU count, or why it shows none.
+
+    `4 GPUs`; `down for 5m: ssh: connect to host gpu3 port 22: No route to host`;
+    `not checked yet`; `no GPUs`.
+    """
+    server = group.server or {}
+    state = server.get("state", "up")
+    reason = server.get("reason")
+    if state == "down":
+        since = format_duration(max(0.0, now - float(server.get("since") or now)))
+        return f"down for {since}" + (f": {reason}" if reason else "")
+    if state != "up":
+        return "not checked yet" + (f" ({reason})" if reason else "")
+    if not group.gpus:
+        return "no GPUs"
+    return f"{len(group.gpus)} GPU" + ("" if len(group.gpus) == 1 else "s")
+
+
 @dataclass
 class GpuBoard:
     """The latest GPUs document plus a utilization history per GPU."""
@@ -89,11 +124,33 @@ class GpuBoard:
     gpus: list[Gpu] = field(default_factory=list)
     backend: str = ""
     history: dict[str, deque[float | None]] = field(default_factory=dict)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    """Each configured server's health (the reply's `servers`); empty on one server."""
+
+    @property
+    def several_nodes(self) -> bool:
+        """Whether GPUs are shown by server: servers configured, or GPUs on several."""
+        return bool(self.servers) or len({gpu.get("node", "") for gpu in self.gpus}) > 1
+
+    def groups(self) -> list[NodeGroup]:
+        """The GPUs by server: the daemon's own first, then the servers in the config's order.
+
+        A server without GPUs in the sample (down, not checked yet, none) has an empty group.
+        """
+        hosts = {str(server["host"]): server for server in self.servers}
+        by_node: dict[str, list[Gpu]] = {}
+        for gpu in self.gpus:
+            by_node.setdefault(str(gpu.get("node", "")), []).append(gpu)
+        own = [node for node in by_node if node not in hosts]
+        return [NodeGroup(node, by_node.get(node, []), hosts.get(node)) for node in own] + [
+            NodeGroup(host, by_node.get(host, []), server) for host, server in hosts.items()
+        ]
 
     def update(self, document: Mapping[str, Any]) -> None:
         """Take one `gpus` result and append each GPU's utilization to its history."""
         self.gpus = sorted(document.get("gpus", []), key=lambda g: (g.get("node", ""), g["index"]))
         self.backend = str(document.get("backend", ""))
+        self.servers = list(document.get("servers") or [])
         seen = set()
         for gpu in self.gpus:
             seen.add(gpu["uuid"])
@@ -106,3 +163,18 @@ class GpuBoard:
         """Take several `gpus` results, oldest first."""
         for document in documents:
             self.update(document)
+
+
+def gpus_summary(board: GpuBoard) -> str:
+    """The status line's GPU part: `4 GPUs (fake)`; with servers, `12 GPUs on 3 servers, 1 down`.
+
+    Empty before the first sample.
+    """
+    if not board.backend:
+        return ""
+    if not board.several_nodes:
+        return f"{len(board.gpus)} GPUs ({board.backend})"
+    groups = board.groups()
+    down = sum(group.down for group in groups)
+    text = f"{len(board.gpus)} GPUs on {len(groups)} servers"
+    return text + (f", {down} down" if down else "")

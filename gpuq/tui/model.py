@@ -20,8 +20,21 @@ from gpuq.units import format_duration, format_size
 
 Job = dict[str, Any]
 
-COLUMNS: Final = ("id", "state", "user", "name", "gpus", "memory", "time", "priority", "reason")
+COLUMNS: Final = (
+    "id",
+    "state",
+    "user",
+    "name",
+    "gpus",
+    "memory",
+    "node",
+    "time",
+    "priority",
+    "reason",
+)
 """Column keys of the queue table, in display order."""
+NODE_COLUMN: Final = "node"
+"""Shown only where jobs may run on several servers (see `gpuq.tui.app`)."""
 COLUMN_TITLES: Final = {
     "id": "ID",
     "state": "STATE",
@@ -29,6 +42,7 @@ COLUMN_TITLES: Final = {
     "name": "NAME",
     "gpus": "GPUS",
     "memory": "MEM",
+    "node": "NODE",
     "time": "TIME",
     "priority": "PRIO",
     "reason": "REASON",
@@ -89,6 +103,21 @@ def memory_cell(job: Job) -> str:
     return "-"
 
 
+def node_cell(job: Job) -> str:
+    """The server the job runs or ran on; empty while it waits (even after an earlier attempt)."""
+    if job["state"] in PENDING_STATES:
+        return ""
+    return str(job.get("node") or "")
+
+
+def node_fact(job: Job) -> str:
+    """The detail view's server: the current attempt's, or `- (last ran on gpu2)` while waiting."""
+    node = str(job.get("node") or "")
+    if not node:
+        return "-"
+    return node_cell(job) or f"- (last ran on {node})"
+
+
 def elapsed(job: Job, now: float) -> float:
     """Seconds run for a started job, seconds waited for a pending one, else 0."""
     if job.get("start_time") is not None:
@@ -119,6 +148,7 @@ def row_cells(job: Job, now: float) -> tuple[str, ...]:
         textsafe.visible(job_name(job)),
         gpus_cell(job),
         memory_cell(job),
+        textsafe.visible(node_cell(job)),
         time_cell(job, now),
         str(job["priority"]),
         textsafe.visible(str(job.get("reason") or "")),
@@ -133,6 +163,7 @@ SORT_KEYS: Final[dict[str, SortKey]] = {
     "name": lambda job, now: (job_name(job), job["id"]),
     "gpus": lambda job, now: (job["gpus"], job.get("gpu_mem") or 0, job["id"]),
     "memory": lambda job, now: (job.get("gpu_mem_reserved") or job.get("gpu_mem") or 0, job["id"]),
+    "node": lambda job, now: (node_cell(job), job["id"]),
     "time": lambda job, now: (elapsed(job, now), job["id"]),
     "priority": lambda job, now: (job["priority"], job["id"]),
     "reason": lambda job, now: (str(job.get("reason") or ""), job["id"]),
@@ -142,7 +173,7 @@ SORT_KEYS: Final[dict[str, SortKey]] = {
 
 @dataclass(frozen=True, slots=True)
 class JobFilter:
-    """A parsed filter: `state:running,queued user:ana name:bert gpu:1 words`.
+    """A parsed filter: `state:running,queued user:ana name:bert gpu:1 node:gpu2 words`.
 
     Each `key:value` term must hold; a value list separated by commas means
     any of them. Bare words must each appear in the id, name, user, state or
@@ -155,6 +186,7 @@ class JobFilter:
     gpus: frozenset[int] = frozenset()
     words: tuple[str, ...] = ()
     text: str = ""
+    nodes: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, text: str) -> JobFilter:
@@ -167,6 +199,7 @@ class JobFilter:
         users: set[str] = set()
         names: list[str] = []
         gpus: set[int] = set()
+        nodes: set[str] = set()
         words: list[str] = []
         for term in terms:
             key, sep, value = term.partition(":")
@@ -190,12 +223,20 @@ class JobFilter:
                 if not all(v.isdigit() for v in values):
                     raise UsageError(f"filter: gpus takes numbers, got {value!r}", "e.g. gpus:1,2")
                 gpus.update(int(v) for v in values)
+            elif key == "node":
+                nodes.update(values)
             else:
                 raise UsageError(
-                    f"filter: unknown key {key!r}", "keys: state:, user:, name:, gpus:"
+                    f"filter: unknown key {key!r}", "keys: state:, user:, name:, gpus:, node:"
                 )
         return cls(
-            frozenset(states), frozenset(users), tuple(names), frozenset(gpus), tuple(words), text
+            frozenset(states),
+            frozenset(users),
+            tuple(names),
+            frozenset(gpus),
+            tuple(words),
+            text,
+            frozenset(nodes),
         )
 
     def matches(self, job: Job) -> bool:
@@ -205,6 +246,8 @@ class JobFilter:
         if self.users and job["user"] not in self.users:
             return False
         if self.gpus and job["gpus"] not in self.gpus:
+            return False
+        if self.nodes and node_cell(job) not in self.nodes:
             return False
         if self.names:
             name = job_name(job).lower()
@@ -253,6 +296,8 @@ class QueueModel:
     _visible: set[int] = field(default_factory=set, repr=False)
     _visible_view: tuple[JobFilter, bool] | None = field(default=None, repr=False)
     _counts: dict[str, int] | None = field(default=None, repr=False)
+    nodes: set[str] = field(default_factory=set)
+    """Every server a known job ran on (it only grows): several mean a NODE column."""
 
     def is_visible(self, job: Job) -> bool:
         """Whether the table shows `job` under the current filter."""
@@ -298,6 +343,7 @@ class QueueModel:
     def replace(self, jobs: Iterable[Job]) -> None:
         """Forget everything and take this full job list."""
         self.jobs = {job["id"]: job for job in jobs}
+        self.nodes = {str(job.get("node") or "") for job in self.jobs.values()} - {""}
         self._keys.clear()
         self._counts = None
         self._visible_view = None
@@ -318,6 +364,8 @@ class QueueModel:
             old = self.jobs.get(job_id)
             old_key = self.sort_key(job_id, now) if old is not None else None
             self.jobs[job_id] = job
+            if job.get("node"):
+                self.nodes.add(str(job["node"]))
             self._count(old, -1)
             self._count(job, 1)
             self._keys.pop(job_id, None)
@@ -398,7 +446,7 @@ def job_facts(job: Job, now: float) -> list[tuple[str, str]]:
         ("User", str(job["user"])),
         ("GPUs", gpus),
         ("Memory", memory_cell(job)),
-        ("Node", job.get("node") or "-"),
+        ("Node", node_fact(job)),
         ("Priority", str(job["priority"])),
         ("Submitted", ago(job.get("submit_time"), now)),
         ("Started", ago(job.get("start_time"), now)),

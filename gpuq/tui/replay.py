@@ -4,15 +4,17 @@
 (the same JSON objects the daemon sends), so the app can be drawn without a
 daemon, deterministically. `synthetic_lab` builds such documents for a lab
 of any size from a seed: jobs in every state, packed and time-sliced GPUs,
-foreign memory, utilization history and runner metrics.
+foreign memory, utilization history and runner metrics; `synthetic_cluster`
+the same over several servers, some of them down.
 """
 
 from __future__ import annotations
 
 import queue
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 from gpuq.errors import DaemonUnavailable, NotFoundError
@@ -307,51 +309,62 @@ def synthetic_lab(
     n_jobs: int = 40, n_gpus: int = 4, now: float = 1_800_000_000.0, seed: int = 7
 ) -> Lab:
     """A deterministic lab: `n_jobs` jobs in every state on `n_gpus` 80G fake GPUs."""
+    return synthetic_cluster(n_jobs, {"gpu1": n_gpus}, now=now, seed=seed)
+
+
+def synthetic_cluster(
+    n_jobs: int = 40,
+    gpus_per_node: Mapping[str, int] = MappingProxyType({"gpu1": 4}),
+    down: Mapping[str, str] = MappingProxyType({}),
+    now: float = 1_800_000_000.0,
+    seed: int = 7,
+) -> Lab:
+    """A deterministic lab of several servers, the first the daemon's own.
+
+    Each server of `gpus_per_node` has that many 80G fake GPUs, indexed from
+    0; the others are its `[[cluster.servers]]`, and those in `down` (host:
+    reason) are down: their GPUs are missing from the samples, and only
+    jobs that ended ran there. Jobs are dealt to servers by id.
+    """
     rng = random.Random(seed)
-    uuids = [f"GPU-{seed:04d}{i:04d}-0000-4000-8000-{i:012d}" for i in range(n_gpus)]
+    nodes = list(gpus_per_node)
+    up = [node for node in nodes if node not in down]
     weights = {"running": 3, "queued": 6, "held": 1, "suspended": 1, "succeeded": 4, "failed": 1}
     states = [s for s, w in weights.items() for _ in range(w)] + ["cancelled", "lost"]
     jobs = [_job(i + 1, rng, now, rng.choice(states)) for i in range(n_jobs)]
-    per_gpu = _place(jobs, n_gpus)
     for job in jobs:
-        job["gpu_uuids"] = [uuids[i] for i, held in per_gpu.items() if job["id"] in held]
-        if job["state"] == "running" and not job["gpu_uuids"] and job["gpus"]:
-            job.update(state="queued", start_time=None, node="", reason="waiting for a free GPU")
+        if job["node"]:
+            live = job["state"] not in ("succeeded", "failed", "cancelled", "lost")
+            pool = up if live else nodes
+            job["node"] = pool[job["id"] % len(pool)]
     by_id = {job["id"]: job for job in jobs}
-    samples = []
-    for tick in range(30):
-        gpus = []
-        for i, uuid in enumerate(uuids):
-            job_ids = per_gpu[i]
-            gpuq_mem = sum(by_id[j]["gpu_mem"] or 30 * GIB for j in job_ids)
-            foreign = 6 * GIB if i % 5 == 3 else 0
-            total = 80 * GIB
-            gpuq_mem = min(gpuq_mem, total - foreign)
-            busy = any(by_id[j]["state"] == "running" for j in job_ids)
-            util = (55 + 40 * ((tick * (i + 3)) % 7) / 6) if busy else 0.0
-            whole = any(by_id[j]["gpu_mem"] is None for j in job_ids)
-            gpus.append(
-                {
-                    "uuid": uuid,
-                    "index": i,
-                    "name": "NVIDIA H100 80GB HBM3",
-                    "memory_total": total,
-                    "memory_used": gpuq_mem + foreign,
-                    "utilization": util,
-                    "processes": [],
-                    "node": "gpu1",
-                    "parent_uuid": None,
-                    "link_group": "",
-                    "memory_gpuq": gpuq_mem,
-                    "memory_foreign": foreign,
-                    "memory_reserved": sum(by_id[j]["gpu_mem"] or 0 for j in job_ids),
-                    "memory_free": total - gpuq_mem - foreign,
-                    "jobs": sorted(job_ids),
-                    "mode": "whole" if whole else ("shared" if job_ids else "idle"),
-                }
-            )
-        samples.append({"gpus": gpus, "backend": "fake", "sampled_at": now - 30 + tick})
-    lab = Lab(node="gpu1", jobs=jobs, gpu_samples=samples)
+    samples: list[dict[str, Any]] = [
+        {"gpus": [], "backend": "fake", "sampled_at": now - 30 + tick, "servers": []}
+        for tick in range(30)
+    ]
+    first = 0
+    for node in nodes:
+        n_gpus = gpus_per_node[node]
+        uuids = [
+            f"GPU-{seed:04d}{first + i:04d}-0000-4000-8000-{first + i:012d}" for i in range(n_gpus)
+        ]
+        first += n_gpus
+        if node in down:
+            continue
+        per_gpu = _place([job for job in jobs if job["node"] == node], n_gpus)
+        for job in jobs:
+            if job["node"] != node:
+                continue
+            job["gpu_uuids"] = [uuids[i] for i, held in per_gpu.items() if job["id"] in held]
+            if job["state"] == "running" and not job["gpu_uuids"] and job["gpus"]:
+                job.update(
+                    state="queued", start_time=None, node="", reason="waiting for a free GPU"
+                )
+        for tick, sample in enumerate(samples):
+            sample["gpus"].extend(_gpus_at(tick, node, uuids, per_gpu, by_id))
+    for sample in samples:
+        sample["servers"] = [_health(node, down.get(node), now) for node in nodes[1:]]
+    lab = Lab(node=nodes[0], jobs=jobs, gpu_samples=samples)
     for job in jobs:
         job_id = job["id"]
         history = [{"time": job["submit_time"], "state": "queued", "reason": "submitted"}]
@@ -368,3 +381,69 @@ def synthetic_lab(
                 f"epoch {e} step {e * 50} loss {2.5 / (e + 1):.3f}\n" for e in range(12)
             )
     return lab
+
+
+def _gpus_at(
+    tick: int,
+    node: str,
+    uuids: list[str],
+    per_gpu: dict[int, list[int]],
+    by_id: Mapping[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The GPU objects of one server at sample `tick`."""
+    gpus = []
+    for i, uuid in enumerate(uuids):
+        job_ids = per_gpu[i]
+        gpuq_mem = sum(by_id[j]["gpu_mem"] or 30 * GIB for j in job_ids)
+        foreign = 6 * GIB if i % 5 == 3 else 0
+        total = 80 * GIB
+        gpuq_mem = min(gpuq_mem, total - foreign)
+        busy = any(by_id[j]["state"] == "running" for j in job_ids)
+        util = (55 + 40 * ((tick * (i + 3)) % 7) / 6) if busy else 0.0
+        whole = any(by_id[j]["gpu_mem"] is None for j in job_ids)
+        gpus.append(
+            {
+                "uuid": uuid,
+                "index": i,
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total": total,
+                "memory_used": gpuq_mem + foreign,
+                "utilization": util,
+                "processes": [],
+                "node": node,
+                "parent_uuid": None,
+                "link_group": "",
+                "memory_gpuq": gpuq_mem,
+                "memory_foreign": foreign,
+                "memory_reserved": sum(by_id[j]["gpu_mem"] or 0 for j in job_ids),
+                "memory_free": total - gpuq_mem - foreign,
+                "jobs": sorted(job_ids),
+                "mode": "whole" if whole else ("shared" if job_ids else "idle"),
+            }
+        )
+    return gpus
+
+
+def _health(host: str, down_reason: str | None, now: float) -> dict[str, Any]:
+    """A server's entry of `servers` (as `gpuq.daemon.servers.Health.to_dict` writes it)."""
+    if down_reason is not None:
+        return {
+            "host": host,
+            "state": "down",
+            "since": now - 300,
+            "reason": down_reason,
+            "node": None,
+            "pid": None,
+            "gpus": None,
+            "last_answer": None,
+        }
+    return {
+        "host": host,
+        "state": "up",
+        "since": now - 7200,
+        "reason": None,
+        "node": host,
+        "pid": 4242,
+        "gpus": None,
+        "last_answer": now - 1,
+    }

@@ -6,7 +6,8 @@ re-measures every new row, which costs a tenth of a second per update at
 and one rendered line per (row text, highlight, width) in a cache, so an
 update re-renders only the rows whose text changed. Column widths grow to
 fit what was shown and never shrink while the app runs, so rows do not jump
-sideways; the last column (the reason) takes the remaining width. A new row
+sideways; the last column (the reason) takes the remaining width. The NODE
+column is hidden until the app shows it (jobs on several servers). A new row
 count updates the scrollbar and repaints the table, without a layout of the
 whole screen (the table's height does not depend on its rows).
 """
@@ -28,6 +29,7 @@ from textual.strip import Strip
 from gpuq.tui.model import (
     COLUMN_TITLES,
     COLUMNS,
+    NODE_COLUMN,
     TIME_COLUMN,
     Job,
     QueueModel,
@@ -50,7 +52,7 @@ STATE_STYLES: Final = {
 }
 RIGHT_ALIGNED: Final = frozenset({"id", "time", "priority"})
 MIN_WIDTHS: Final = {column: len(COLUMN_TITLES[column]) for column in COLUMNS}
-MAX_WIDTHS: Final = {"user": 12, "name": 28, "gpus": 9, "memory": 7}
+MAX_WIDTHS: Final = {"user": 12, "name": 28, "gpus": 9, "memory": 7, "node": 16}
 
 
 class JobTable(ScrollView, can_focus=True):
@@ -100,6 +102,8 @@ class JobTable(ScrollView, can_focus=True):
         self._widths = dict(MIN_WIDTHS)
         self._lines: LRUCache[Any, Strip] = LRUCache(2000)
         self.cursor_row = 0
+        self.columns: tuple[str, ...] = tuple(c for c in COLUMNS if c != NODE_COLUMN)
+        """The columns shown, in order (`show_column`)."""
 
     # Queries
 
@@ -119,6 +123,16 @@ class JobTable(ScrollView, can_focus=True):
     def cell(self, job_id: int, column: str) -> str:
         """The text of one cell."""
         return self._cells[job_id][COLUMNS.index(column)]
+
+    def show_column(self, column: str, shown: bool) -> None:
+        """Show or hide one column (the NODE column, shown with several servers)."""
+        columns = tuple(c for c in COLUMNS if c in self.columns or (shown and c == column))
+        if not shown:
+            columns = tuple(c for c in columns if c != column)
+        if columns != self.columns:
+            self.columns = columns
+            self._lines.clear()
+            self.refresh()
 
     def selected_job_id(self) -> int | None:
         """The job under the cursor, or None when the table is empty."""
@@ -259,9 +273,9 @@ class JobTable(ScrollView, can_focus=True):
 
     def _column_at(self, x: int) -> str | None:
         left = 0
-        for column in COLUMNS:
+        for column in self.columns:
             right = left + self._widths[column] + 2
-            if x < right or column == COLUMNS[-1]:
+            if x < right or column == self.columns[-1]:
                 return column
             left = right
         return None  # pragma: no cover - the last column takes the rest
@@ -316,7 +330,9 @@ class JobTable(ScrollView, can_focus=True):
             text = Text(no_wrap=True, overflow="ellipsis")
             used = 0
             for column, value in zip(COLUMNS, cells, strict=True):
-                if column == COLUMNS[-1]:
+                if column not in self.columns:
+                    continue
+                if column == self.columns[-1]:
                     size = max(0, width - used - 1)
                 else:
                     size = self._widths[column]

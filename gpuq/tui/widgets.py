@@ -16,9 +16,11 @@ from textual.widgets import Static
 from gpuq.textsafe import visible
 from gpuq.tui.gpumodel import (
     GpuBoard,
+    NodeGroup,
     gpu_mark,
     memory_segments,
     memory_text,
+    node_state_text,
     sparkline,
     utilization_text,
 )
@@ -50,7 +52,11 @@ class Banner(Static):
 
 
 class GpuPanel(Static):
-    """Every GPU: memory bar by owner, utilization sparkline, mark and jobs."""
+    """Every GPU: memory bar by owner, utilization sparkline, mark and jobs.
+
+    With several servers, each server's GPUs come under a line with its name
+    and GPU count, or, for a server that is down, since when and why.
+    """
 
     DEFAULT_CSS = """
     GpuPanel { height: auto; padding: 0 1; }
@@ -61,13 +67,17 @@ class GpuPanel(Static):
         self.board = GpuBoard()
         self.job_states: Mapping[int, str] = {}
         self.compact = False
+        self.now = 0.0
         self._lines = 0
 
-    def show_board(self, board: GpuBoard, job_states: Mapping[int, str], compact: bool) -> None:
-        """Redraw from `board`; `job_states` tells which jobs are suspended."""
+    def show_board(
+        self, board: GpuBoard, job_states: Mapping[int, str], compact: bool, now: float
+    ) -> None:
+        """Redraw from `board`; `job_states` tells which jobs are suspended; `now` for ages."""
         self.board = board
         self.job_states = job_states
         self.compact = compact
+        self.now = now
         text = self.render_board(max(60, self.size.width - 2))
         lines = len(text.plain.splitlines())
         if lines != self._lines:
@@ -82,10 +92,25 @@ class GpuPanel(Static):
 
     def render_board(self, width: int) -> Text:
         """The panel's text for a given width."""
-        if not self.board.gpus:
-            return Text("No GPUs (CPU-only jobs run with --gpus 0).", style="dim")
-        lines = [self._gpu_lines(gpu, width) for gpu in self.board.gpus]
+        board = self.board
+        if not board.several_nodes:
+            if not board.gpus:
+                return Text("No GPUs (CPU-only jobs run with --gpus 0).", style="dim")
+            return Text("\n").join(self._gpu_lines(gpu, width) for gpu in board.gpus)
+        lines = []
+        for group in board.groups():
+            lines.append(self._node_header(group, width))
+            lines.extend(self._gpu_lines(gpu, width) for gpu in group.gpus)
         return Text("\n").join(lines)
+
+    def _node_header(self, group: NodeGroup, width: int) -> Text:
+        """`gpu2  4 GPUs`, or `gpu3  down for 5m: why` in red: one line, cut to `width`."""
+        header = Text(visible(group.node or "?"), style="bold underline")
+        state = group.server.get("state", "up") if group.server else "up"
+        style = "bold red" if group.down else ("dim" if state == "up" else "yellow")
+        detail = visible(node_state_text(group, self.now))
+        header.append(f"  {detail}"[: max(0, width - header.cell_len)], style=style)
+        return header
 
     def _gpu_lines(self, gpu: dict[str, Any], width: int) -> Text:
         mark = gpu_mark(gpu, self.job_states)

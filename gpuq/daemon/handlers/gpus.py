@@ -1,4 +1,4 @@
-"""gpus: every GPU, memory split by owner, utilization and jobs."""
+"""gpus: every GPU, memory split by owner, utilization and jobs; the servers' health."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from gpuq.protocol import Gpus
 
 
 def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
-    """The latest sample of every GPU, with gpuq's jobs on each."""
+    """The latest sample of every GPU, with gpuq's jobs on each, and each server's health.
+
+    `servers` (as in `status`) lets a client tell a server that is down, whose
+    GPUs are missing, from one that has none. `backend` is this daemon's own.
+    """
     snap = state.gpus
     reserved: dict[str, int] = {}
     jobs_on: dict[str, list[int]] = {}
@@ -41,4 +45,9 @@ def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
             }
         )
         out.append(data)
-    return {"gpus": out, "backend": state.node.gpu_backend, "sampled_at": snap.time}
+    return {
+        "gpus": out,
+        "backend": state.node.gpu_backend,
+        "sampled_at": snap.time,
+        "servers": state.servers.summary(),
+    }

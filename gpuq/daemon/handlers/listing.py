@@ -31,4 +31,14 @@ def handle(state: DaemonState, request: ListJobs) -> dict[str, Any]:
     return {
         "jobs": [state.with_reason(j).to_dict(now=now) for j in jobs],
         "warnings": state.warnings(),
+        "nodes": nodes(state),
     }
+
+
+def nodes(state: DaemonState) -> list[str]:
+    """The servers jobs may run on: this daemon's node, then each `[[cluster.servers]]` host.
+
+    `gpuq ls` shows its NODE column when there is more than one.
+    """
+    hosts = [server.host for server in state.config.cluster.servers]
+    return list(dict.fromkeys([state.config.daemon.node_name, *hosts]))
