@@ -251,6 +251,8 @@ class NodeSync:
     and names live attempts the head no longer expects. `dirs` are working
     directories the head asks about. With `wait`, the reply waits up to
     that many seconds for a hosted attempt to change after `version`.
+    Runners' messages come back in order until the head names the last
+    one it took in (`acked`, counted in the daemon run named `outbox`).
     """
 
     head: str
@@ -258,6 +260,18 @@ class NodeSync:
     dirs: tuple[str, ...] = ()
     version: int = -1
     wait: float = 0.0
+    acked: int = -1
+    outbox: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeControl:
+    """Pass a control message (`gpuq.control`) to a hosted attempt's runner."""
+
+    head: str
+    job: int
+    attempt: int
+    message: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +310,7 @@ Request = (
     | NodeLaunch
     | NodeSignal
     | NodeSync
+    | NodeControl
     | NodeRead
 )
 
@@ -323,6 +338,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "node.launch": NodeLaunch,
     "node.signal": NodeSignal,
     "node.sync": NodeSync,
+    "node.control": NodeControl,
     "node.read": NodeRead,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}

@@ -40,6 +40,7 @@ from gpuq.protocol import (
     JobMetrics,
     ListJobs,
     Logs,
+    NodeControl,
     NodeLaunch,
     NodeRead,
     NodeSignal,
@@ -137,6 +138,16 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
         "node.sync",
         {"head": "gpu1", "expect": {}, "dirs": ["/home/ada"], "version": 4, "wait": 1},
         NodeSync("gpu1", {}, ("/home/ada",), 4, 1.0),
+    ),
+    (
+        "node.sync",
+        {"head": "gpu1", "expect": {}, "acked": 12, "outbox": "3f2a"},
+        NodeSync("gpu1", {}, acked=12, outbox="3f2a"),
+    ),
+    (
+        "node.control",
+        {"head": "gpu1", "job": 7, "attempt": 2, "message": {"type": "resume"}},
+        NodeControl("gpu1", 7, 2, {"type": "resume"}),
     ),
     ("node.read", {"head": "gpu1", "job": 7, "stream": "stdout"}, NodeRead("gpu1", 7, "stdout")),
     (

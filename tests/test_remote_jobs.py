@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,9 @@ import pytest
 from gpuq.daemon import jobfiles
 from tests.daemon_harness import DaemonHarness, listed, running_daemon, submit_cli, wait_for
 from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+
+CONTROL_JOB = Path(__file__).resolve().parent / "control_job.py"
+"""A small deterministic PyTorch loop with gpuq.runner (tests/test_control_runner.py)."""
 
 
 @dataclass
@@ -139,6 +143,31 @@ def test_a_remote_job_is_suspended_and_resumed_there(lab: Cluster) -> None:
     assert job["exit_code"] == 5 and job["node"] == "gpu2"
 
 
+def test_a_runner_on_gpu2_reports_to_the_head_and_checkpoints_there(lab: Cluster) -> None:
+    job_id = lab.head.submit(
+        [sys.executable, str(CONTROL_JOB), "--step-delay", "0.05"],
+        gpus=3,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    sample = wait_for(
+        lambda: lab.head.call("show", id=job_id)["metrics"], timeout=60, what="relayed metrics"
+    )
+    assert sample["step"] >= 1 and lab.head.job(job_id)["node"] == "gpu2"
+
+    suspended = lab.head.cli("suspend", str(job_id))
+    assert suspended.stdout == f"job {job_id}: suspending\n", suspended.stderr
+    job = lab.head.wait_state(job_id, "suspended", timeout=60)
+    assert job["exit_code"] == 75 and job["gpu_uuids"] == []
+    assert job["reason"].startswith("suspended (checkpoint mode) at step ")
+    assert list((lab.hosted_dir(job_id) / "checkpoints").glob("ckpt-*.pt"))
+
+    assert lab.head.cli("resume", str(job_id)).returncode == 0
+    done = lab.head.wait_state(job_id, "succeeded", "failed", timeout=120)
+    out = lab.head.cli("logs", str(job_id)).stdout
+    assert done["state"] == "succeeded", out
+    assert done["node"] == "gpu2" and "resumed from step" in out
+
+
 def _state_of(pid: int) -> str:
     """The process's state letter (T: stopped), from /proc."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -175,7 +204,7 @@ def test_a_server_cut_off_loses_its_jobs_and_stops_them_when_it_returns(lab: Clu
     )
     lab.net.cut("gpu2")
     job = lab.head.wait_state(job_id, "lost", timeout=30)
-    assert "gpu2 is down" in job["reason"]
+    assert job["reason"].startswith("server gpu2 is down")
     wait_for(lambda: lab.remote_gpus() == [], what="gpu2's GPUs to leave the head's view")
 
     lab.net.mend("gpu2")  # the attempt ran on: the head superseded it, so it is stopped

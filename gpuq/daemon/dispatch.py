@@ -33,6 +33,7 @@ from gpuq.protocol import (
     JobMetrics,
     ListJobs,
     Logs,
+    NodeControl,
     NodeLaunch,
     NodeRead,
     NodeSignal,
@@ -91,6 +92,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return await node.signal(state, request)
         case NodeSync():
             return await node.sync(state, request)
+        case NodeControl():
+            return node.control(state, request)
         case NodeRead():
             return node.read(state, request)
         case _:

@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping
+import secrets
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuq import env as job_env
+from gpuq.control import ACK_FILE, OOM_FILE, Ack, Hello, Message, Metrics, to_dict
 from gpuq.daemon import jobfiles
+from gpuq.daemon.control import METRICS_INTERVAL, ControlHub
 from gpuq.daemon.executor import Executor, LaunchSpec, Outcome
 from gpuq.daemon.outputs import tail_offset
 from gpuq.daemon.spawner import Spawned, SpawnerClient
@@ -41,6 +46,10 @@ HEAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 """A head's node name: it names a directory, so no '/' and no leading '.'."""
 MAX_WAIT_SECONDS = 30.0
 """The longest a `node.sync` waits for a change: below any client's timeout."""
+RECORDS = (f"{jobfiles.CHECKPOINTS}/{ACK_FILE}", f"{jobfiles.CHECKPOINTS}/{OOM_FILE}")
+"""What an ended attempt's report carries of its files: how it checkpointed, or ran out."""
+MAX_OUTBOX = 10_000
+"""Runner messages kept for a head that does not collect them; the oldest go first."""
 
 
 def check_head(head: str) -> str:
@@ -70,15 +79,53 @@ class Attempt:
 class Hosted:
     """The attempts of other daemons' jobs that run here (module docstring)."""
 
-    def __init__(self, root: Path, log_root: Path, spawner: SpawnerClient | None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        log_root: Path,
+        spawner: SpawnerClient | None,
+        control_root: Path | None = None,
+        metrics_interval: float | Callable[[], float] = METRICS_INTERVAL,
+    ) -> None:
         self.root = root
         self.log_root = log_root
         self.spawner = spawner
+        self.control_root = control_root or root / "ctl"
+        self.metrics_interval = metrics_interval
         self.attempts: dict[tuple[str, int], Attempt] = {}
         self.version = 0
-        """Bumped when an attempt starts or ends: `node.sync` waits for it to move."""
+        """Bumped when an attempt starts or ends, or a runner speaks: `node.sync` waits on it."""
         self._changed = asyncio.Event()
         self._executors: dict[str, Executor] = {}
+        self._hubs: dict[str, ControlHub] = {}
+        self._outbox: dict[str, list[dict[str, Any]]] = {}
+        self._seq = 0
+        self.outbox_id = secrets.token_hex(8)
+        """Names this daemon's run: a head that sees it change counts messages afresh."""
+
+    def hub(self, head: str) -> ControlHub:
+        """The control sockets of `head`'s attempts; what their runners say waits in its outbox."""
+        hub = self._hubs.get(head)
+        if hub is None:
+            hub = ControlHub(self.control_root / check_head(head), self.metrics_interval)
+            hub.listener = _Relay(self, head)
+            self._hubs[head] = hub
+        return hub
+
+    def relay(self, head: str, job: int, message: Message) -> None:
+        """Keep a runner's message for `head`'s next sync."""
+        self._seq += 1
+        outbox = self._outbox.setdefault(head, [])
+        outbox.append({"seq": self._seq, "job": job, "message": to_dict(message)})
+        del outbox[:-MAX_OUTBOX]
+        self._bump()
+
+    def control_send(self, head: str, job: int, attempt: int, message: Message) -> bool:
+        """Pass the head's message to the attempt's runner; False if none is connected."""
+        record = self.attempts.get((head, job))
+        if record is None or record.attempt != attempt or record.outcome is not None:
+            return False
+        return self.hub(head).send(job, message)
 
     def executor(self, head: str) -> Executor:
         """The executor of `head`'s attempts (its jobs directory is made on first use)."""
@@ -89,10 +136,11 @@ class Hosted:
         return executor
 
     def paths(self, head: str) -> dict[str, str]:
-        """Where `head`'s attempts keep their directories and default logs here."""
+        """Where `head`'s attempts keep their directories, default logs and control sockets."""
         return {
             "jobs_dir": str(self.root / check_head(head) / "jobs"),
             "log_dir": str(self.log_root / head),
+            "control_dir": str(self.control_root / head),
         }
 
     # -- acting on attempts ----------------------------------------------
@@ -111,6 +159,14 @@ class Hosted:
                 "the head stops a superseded attempt before starting another",
             )
         executor = self.executor(head)
+        if job_env.CONTROL_SOCKET in spec.env:  # the head wants to talk to its runner
+            environ = dict(spec.env)
+            path = self.hub(head).open(job)
+            if path is None:
+                del environ[job_env.CONTROL_SOCKET]
+            else:
+                environ[job_env.CONTROL_SOCKET] = str(path)
+            spec = dataclasses.replace(spec, env=environ)
         if spec.stdout.startswith(str(self.log_root)) or spec.stderr.startswith(str(self.log_root)):
             Path(self.log_root, head).mkdir(parents=True, exist_ok=True, mode=0o700)
         loop = asyncio.get_running_loop()
@@ -121,19 +177,24 @@ class Hosted:
             executor.launch(job, spec, answer.set_result)
             spawned = await answer
         except OSError as exc:
-            del self.attempts[key]
+            self._drop(key)
             raise StateError(f"cannot write the files of job {job} here: {exc}") from exc
         except RuntimeError as exc:
-            del self.attempts[key]
+            self._drop(key)
             raise ConflictError(str(exc)) from exc
         if spawned.pid is None:
-            del self.attempts[key]
+            self._drop(key)
             raise StateError(f"the job's supervisor did not start: {spawned.error}")
         record.pid = spawned.pid
         executor.watch(loop, job, spawned.pid, self._on_exit(head), spawned.pidfd)
         self._bump()
         log.info("job %d of %s: attempt %d started (shim %d)", job, head, attempt, spawned.pid)
         return spawned.pid
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        """Forget an attempt that never started, and its control socket."""
+        del self.attempts[key]
+        self.hub(key[0]).close(key[1])
 
     def signal(self, head: str, job: int, attempt: int, signum: int) -> bool:
         """Signal the attempt's process tree; False when it is not that attempt or not running."""
@@ -147,6 +208,7 @@ class Hosted:
             record = self.attempts.get((head, job))
             if record is not None:
                 record.outcome = outcome
+            self.hub(head).close(job)
             self._bump()
 
         return ended
@@ -165,12 +227,15 @@ class Hosted:
 
     # -- reporting -------------------------------------------------------
 
-    def report(self, head: str, expect: Mapping[int, int]) -> dict[str, Any]:
-        """Each expected attempt's state, and the live attempts `head` no longer expects.
+    def report(self, head: str, expect: Mapping[int, int], acked: int = -1) -> dict[str, Any]:
+        """Each expected attempt's state, live attempts `head` no longer expects, runners' news.
 
-        Ended attempts the head no longer expects are forgotten: it has
-        recorded them.
+        Runners' messages are those after `acked`, the last one the head
+        took in. Ended attempts the head no longer expects are forgotten:
+        it has recorded them.
         """
+        outbox = self._outbox.get(head, [])
+        outbox[:] = [item for item in outbox if item["seq"] > acked]
         attempts: dict[str, Any] = {}
         for job, attempt in expect.items():
             attempts[str(job)] = self._state_of(head, job, attempt)
@@ -182,16 +247,23 @@ class Hosted:
                 stale.append({"job": job, "attempt": record.attempt, "pid": record.pid})
             else:
                 del self.attempts[(owner, job)]
-        return {"attempts": attempts, "stale": stale, "version": self.version}
+        return {
+            "attempts": attempts,
+            "stale": stale,
+            "messages": list(outbox),
+            "outbox": self.outbox_id,
+            "version": self.version,
+        }
 
     def _state_of(self, head: str, job: int, attempt: int) -> dict[str, Any]:
         record = self.attempts.get((head, job))
         if record is not None and record.attempt == attempt:
             if record.outcome is not None:
-                return {"state": "ended", "outcome": record.outcome.to_dict()}
+                return self._ended(head, job, record.outcome)
             if record.pid is None:
                 return {"state": "starting"}
-            return {"state": "running", "pid": record.pid}
+            runner = self.hub(head).runner(job) is not None
+            return {"state": "running", "pid": record.pid, "runner": runner}
         if record is not None and record.outcome is None:
             return {"state": "missing", "reason": f"attempt {record.attempt} runs here instead"}
         executor = self.executor(head)
@@ -200,8 +272,18 @@ class Hosted:
         if recorded is None or _attempt_of(recorded) != attempt:
             return {"state": "missing", "reason": "this server never started that attempt"}
         if executor.has_exit_record(job):  # ended before this daemon last started
-            return {"state": "ended", "outcome": executor.outcome(job).to_dict()}
+            return self._ended(head, job, executor.outcome(job))
         return {"state": "missing", "reason": "its supervisor is gone without a record"}
+
+    def _ended(self, head: str, job: int, outcome: Outcome) -> dict[str, Any]:
+        """An ended attempt's report, with the records the head reads of it (`RECORDS`)."""
+        job_dir = self.executor(head).jobs_dir / str(job)
+        records = {name: jobfiles.read_json(job_dir / name) for name in RECORDS}
+        return {
+            "state": "ended",
+            "outcome": outcome.to_dict(),
+            "records": {name: data for name, data in records.items() if data is not None},
+        }
 
     def lent_gpus(self) -> set[str]:
         """GPUs held by live hosted attempts: not this daemon's to place."""
@@ -283,6 +365,8 @@ class Hosted:
                 self.attempts[(head_dir.name, job)] = Attempt(
                     head_dir.name, job, _attempt_of(recorded), gpus, pid
                 )
+                if job_env.CONTROL_SOCKET in (recorded.get("env") or {}):
+                    self.hub(head_dir.name).open(job)  # its runner reconnects by itself
                 executor.watch(loop, job, pid, self._on_exit(head_dir.name))
                 found += 1
         return found
@@ -291,6 +375,23 @@ class Hosted:
         """Stop watching (daemon shutdown: the attempts run on, found again by `recover`)."""
         for executor in self._executors.values():
             executor.unwatch_all(loop)
+        for hub in self._hubs.values():
+            hub.close_all()
+
+
+class _Relay:
+    """The listener of a head's control hub: every runner message goes to its outbox."""
+
+    def __init__(self, hosted: Hosted, head: str) -> None:
+        self.hosted, self.head = hosted, head
+
+    def on_hello(self, job_id: int, hello: Hello) -> None:
+        """A runner connected: the head learns it at its next sync."""
+        self.hosted.relay(self.head, job_id, hello)
+
+    def on_message(self, job_id: int, message: Metrics | Ack) -> None:
+        """A sample or an acknowledgement, for the head."""
+        self.hosted.relay(self.head, job_id, message)
 
 
 def _attempt_of(launch: Mapping[str, Any]) -> int:

@@ -103,7 +103,7 @@ def _adopt_remote(state: DaemonState, job: Job) -> int:
         lifecycle.finish(
             state,
             job.id,
-            Outcome(None, None, f"lost: its server {job.node} is no longer configured", None),
+            Outcome(None, None, f"its server {job.node} is no longer configured", None),
         )
         return 0
 

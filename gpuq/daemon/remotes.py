@@ -13,7 +13,7 @@ import contextlib
 import socket
 
 from gpuq.config import Config
-from gpuq.daemon import lifecycle
+from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.state import DaemonState
@@ -31,7 +31,7 @@ def follow(state: DaemonState) -> None:
         node = state.remotes.pop(host)
         node.close()
         for job in [j for j in state.active.values() if j.node == host and j.state.is_active]:
-            reason = f"lost: its server {host} was removed from the config"
+            reason = f"its server {host} was removed from the config"
             lifecycle.finish(state, job.id, Outcome(None, None, reason, None))
     loop = asyncio.get_running_loop()
     for host, server in servers.items():
@@ -40,6 +40,7 @@ def follow(state: DaemonState) -> None:
             current.server = server  # a changed declaration applies from the next session
             continue
         node = RemoteNode(server, head_name(state.config), lambda: state.config, loop)
+        node.listener = suspend.ChannelListener(state)
         state.remotes[host] = node
         node.start()
 

@@ -151,7 +151,13 @@ class Server:
         )
         state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
         state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
-        state.hosted = Hosted(cfg.state_dir / "hosted", cfg.log_dir / "hosted", self._spawner)
+        state.hosted = Hosted(
+            cfg.state_dir / "hosted",
+            cfg.log_dir / "hosted",
+            self._spawner,
+            cfg.runtime_dir / "ctl-hosted",
+            self._report_interval,
+        )
         self.state = state
         if self._spawner is not None:
             self._spawner.attach(asyncio.get_running_loop())

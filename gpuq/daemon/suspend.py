@@ -365,12 +365,12 @@ class ChannelListener:
             )
         record = self.state.store.suspend_of(job_id, job.attempts)
         if record is not None and record.mode == "park" and job.state is JobState.RUNNING:
-            self.state.node.control.send(job_id, ResumeRequest())  # a resume lost in a crash
+            self.state.node_of(job_id).control.send(job_id, ResumeRequest())  # lost in a crash
             return
         if record is None or record.completed is not None or record.mode not in RUNNER_MODES:
             return
         if job.state is JobState.SUSPENDING:
-            self.state.node.control.send(job_id, SuspendRequest(record.mode))
+            self.state.node_of(job_id).control.send(job_id, SuspendRequest(record.mode))
 
     def on_message(self, job_id: int, message: Metrics | Ack) -> None:
         """Store and publish a metrics sample, or act on an acknowledgement."""

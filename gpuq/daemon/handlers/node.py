@@ -14,10 +14,11 @@ import os
 import time
 from typing import Any
 
+from gpuq.control import parse_message
 from gpuq.daemon.executor import LaunchSpec
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
-from gpuq.protocol import NodeLaunch, NodeRead, NodeSignal, NodeSync
+from gpuq.protocol import NodeControl, NodeLaunch, NodeRead, NodeSignal, NodeSync
 
 SIGNAL_SETTLE = 5.0
 """Seconds a signal waits for a just-started attempt's command to have a process group."""
@@ -69,7 +70,8 @@ async def sync(state: DaemonState, request: NodeSync) -> dict[str, Any]:
     hosted = state.hosted
     hosted.paths(request.head)  # checks the head's name before anything waits
     await hosted.wait_change(request.version, request.wait)
-    reply = hosted.report(request.head, expect)
+    acked = request.acked if request.outbox == hosted.outbox_id else -1
+    reply = hosted.report(request.head, expect, acked)
     reply.update(hosted.paths(request.head))
     reply.update(
         {
@@ -120,6 +122,13 @@ def _gpus(state: DaemonState, head: str) -> list[dict[str, Any]]:
         )
         out.append(data)
     return out
+
+
+def control(state: DaemonState, request: NodeControl) -> dict[str, Any]:
+    """Pass the message to the attempt's runner; `delivered` False if none is connected."""
+    message = parse_message(request.message)
+    delivered = state.hosted.control_send(request.head, request.job, request.attempt, message)
+    return {"delivered": delivered}
 
 
 def read(state: DaemonState, request: NodeRead) -> dict[str, Any]:

@@ -16,8 +16,9 @@ KILL after the grace period. A server silent for `cluster.down_after`
 seconds is down: its GPUs leave the view and each attempt it ran ends as
 lost, so the head can run the job elsewhere.
 
-Control channels to runners on another server are not carried yet: a
-remote job runs without one (its runner works on, unsteered).
+A runner there talks to the server's daemon, which relays: what it says
+comes back with the next sync, in order and once each, and what the head
+sends it goes through the action thread (`RemoteControl`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from typing import Any
 
 from gpuq.cluster.remote import SshClient
 from gpuq.config import Config, ServerDecl
-from gpuq.control import Hello, Message
+from gpuq.control import Ack, Hello, Message, Metrics, parse_message, to_dict
+from gpuq.daemon.control import ControlListener
 from gpuq.daemon.executor import LaunchSpec, OnSpawned, Outcome
 from gpuq.daemon.spawner import Spawned
 from gpuq.errors import GpuqError
@@ -48,26 +50,42 @@ POLL_SECONDS = 1.0
 """How long a sync waits on the server for a change: the GPU view's freshness."""
 
 
-class NoControl:
-    """The control channel of a node whose runners cannot be reached yet: none."""
+class RemoteControl:
+    """Control channels to runners on another server, relayed by its daemon.
+
+    What a runner says reaches the head with the next sync (`messages`);
+    what the head sends goes through the action thread (`node.control`).
+    """
+
+    def __init__(self, node: RemoteNode) -> None:
+        self._node = node
+        self.hellos: dict[int, Hello] = {}
 
     def open(self, job_id: int) -> Path | None:
-        """No channel: the job's runner works without one."""
-        return None
+        """Where the job's runner connects there (the server binds it at launch)."""
+        mirror = self._node._last
+        return None if mirror is None else mirror.control_dir / f"{job_id}.sock"
 
     def close(self, job_id: int) -> None:
-        """Nothing to close."""
+        """Forget the job's runner (the server closes its socket when the attempt ends)."""
+        self.hellos.pop(job_id, None)
 
     def close_all(self) -> None:
-        """Nothing to close."""
+        """Forget every runner."""
+        self.hellos.clear()
 
     def runner(self, job_id: int) -> Hello | None:
-        """No runner is ever connected."""
-        return None
+        """The hello of the job's runner, while the server says it is connected."""
+        mirror = self._node.mirror
+        report = {} if mirror is None else mirror.attempts.get(job_id, {})
+        return self.hellos.get(job_id) if report.get("runner") else None
 
     def send(self, job_id: int, message: Message) -> bool:
-        """Nothing can be sent."""
-        return False
+        """Relay `message` to the job's runner; False if none is connected there."""
+        if self.runner(job_id) is None:
+            return False
+        self._node.send_control(job_id, message)
+        return True
 
 
 @dataclass
@@ -81,6 +99,8 @@ class Mirror:
     attempts: dict[int, dict[str, Any]]
     jobs_dir: Path
     log_dir: Path
+    control_dir: Path
+    messages: list[dict[str, Any]]
     backend: str
     device_env: dict[str, str]
     dirs_missing: frozenset[str]
@@ -108,7 +128,11 @@ class RemoteNode:
         self.last_answer: float | None = None
         self._config_of = config_of
         self._loop = loop
-        self._control = NoControl()
+        self._control = RemoteControl(self)
+        self.listener: ControlListener | None = None
+        """Who hears what runners there say (the head's `suspend.ChannelListener`)."""
+        self._acked = -1
+        self._outbox = ""
         self._lock = threading.Lock()
         self._expect: dict[int, int] = {}
         self._launched_at: dict[int, int] = {}
@@ -135,8 +159,8 @@ class RemoteNode:
     # -- the Node interface ------------------------------------------------
 
     @property
-    def control(self) -> NoControl:
-        """No control channels to runners on another server yet (module docstring)."""
+    def control(self) -> RemoteControl:
+        """Control channels to the runners of jobs there, relayed by the server's daemon."""
         return self._control
 
     @property
@@ -238,6 +262,23 @@ class RemoteNode:
         self._send_signal(job_id, attempt, signum)
         return True
 
+    def send_control(self, job_id: int, message: Message) -> None:
+        """Relay a control message to the attempt's runner there (`RemoteControl.send`)."""
+        attempt = self._expect.get(job_id)
+        if attempt is None:
+            return
+        params = {"head": self.head, "job": job_id, "attempt": attempt, "message": to_dict(message)}
+
+        def act(session: SshClient) -> None:
+            session.call("node.control", **params)
+
+        def failed(why: str) -> None:
+            log.warning(
+                "server %s: a message to job %d's runner failed: %s", self.name, job_id, why
+            )
+
+        self._act(act, failed)
+
     def _send_signal(self, job_id: int, attempt: int, signum: int) -> None:
         params = {"head": self.head, "job": job_id, "attempt": attempt, "signal": signum}
 
@@ -254,7 +295,9 @@ class RemoteNode:
         report = {} if self.mirror is None else self.mirror.attempts.get(job_id, {})
         if report.get("state") == "ended":
             return Outcome.from_dict(report.get("outcome") or {})
-        return Outcome(None, None, f"lost on {self.name}: {report.get('reason', 'no word')}", None)
+        return Outcome(
+            None, None, f"gone from {self.name}: {report.get('reason', 'no word')}", None
+        )
 
     def live_shim(self, job_id: int, settle: float = 10.0) -> int | None:
         """The attempt's shim pid there, if the server last said it runs."""
@@ -276,8 +319,10 @@ class RemoteNode:
         return []
 
     def read_record(self, job_id: int, name: str) -> dict[str, Any] | None:
-        """Records of jobs on another server are not mirrored yet."""
-        return None
+        """A record of an ended attempt the server sent (`gpuq.daemon.hosted.RECORDS`)."""
+        report = {} if self._last is None else self._last.attempts.get(job_id, {})
+        record = (report.get("records") or {}).get(name)
+        return dict(record) if isinstance(record, dict) else None
 
     def remove_job_files(self, job_id: int) -> None:
         """The server keeps the job's directory (cleaned with the server's own `gpuq clean`)."""
@@ -348,9 +393,11 @@ class RemoteNode:
             with self._lock:
                 expect = dict(self._expect)
                 dirs = sorted(self._dirs)
+                acked, outbox = self._acked, self._outbox
             try:
-                if session is None:
-                    session = SshClient.connect_to(self.server, config)
+                if session is None:  # silent past a beat beyond its poll: not answering
+                    timeout = POLL_SECONDS + config.cluster.heartbeat
+                    session = SshClient.connect_to(self.server, config, timeout=timeout)
                     version = -1
                 reply = session.call(
                     "node.sync",
@@ -359,6 +406,8 @@ class RemoteNode:
                     dirs=dirs,
                     version=version,
                     wait=POLL_SECONDS,
+                    acked=acked,
+                    outbox=outbox,
                 )
                 version = int(reply.get("version", -1))
             except (GpuqError, OSError) as exc:
@@ -390,6 +439,11 @@ class RemoteNode:
             return
         self.mirror = self._last = mirror
         attempts, version = mirror.attempts, mirror.version
+        outbox = str(reply.get("outbox") or "")
+        if outbox != self._outbox:  # the server's daemon restarted: its count began anew
+            with self._lock:
+                self._outbox, self._acked = outbox, -1
+        self._hear(mirror.messages)
         self._asked = asked
         for job_id, report in attempts.items():
             if job_id in self._launching or self._launched_at.get(job_id, -1) > version:
@@ -401,7 +455,7 @@ class RemoteNode:
                 self._end(job_id, Outcome.from_dict(report.get("outcome") or {}))
             elif report.get("state") == "missing":
                 why = str(report.get("reason") or "it is not there")
-                lost = Outcome(None, None, f"lost on {self.name}: {why}", None)
+                lost = Outcome(None, None, f"gone from {self.name}: {why}", None)
                 if adopting is not None:
                     self._watchers.pop(job_id, None)
                     self._forget(job_id)
@@ -414,6 +468,26 @@ class RemoteNode:
                 else:
                     self._adopting[job_id] = adopting  # still starting: ask again
         self._stop_stale(reply.get("stale") or [], now)
+
+    def _hear(self, messages: list[dict[str, Any]]) -> None:
+        """Hand what runners there said to the listener, each message once, in order."""
+        for item in messages:
+            seq, job_id = item.get("seq"), item.get("job")
+            if not isinstance(seq, int) or seq <= self._acked or not isinstance(job_id, int):
+                continue
+            with self._lock:
+                self._acked = seq
+            try:
+                message = parse_message(item.get("message"))
+            except GpuqError as exc:
+                log.warning("server %s: job %d's runner: %s", self.name, job_id, exc.message)
+                continue
+            if isinstance(message, Hello):
+                self._control.hellos[job_id] = message
+                if self.listener is not None:
+                    self.listener.on_hello(job_id, message)
+            elif isinstance(message, Metrics | Ack) and self.listener is not None:
+                self.listener.on_message(job_id, message)
 
     def _end(self, job_id: int, outcome: Outcome) -> None:
         on_exit = self._watchers.pop(job_id, None)
@@ -463,9 +537,7 @@ class RemoteNode:
         self.down_reason = why
         self.mirror = None
         for job_id in list(self._watchers):
-            self._end(
-                job_id, Outcome(None, None, f"lost: server {self.name} is down ({why})", None)
-            )
+            self._end(job_id, Outcome(None, None, f"server {self.name} is down ({why})", None))
         with self._lock:
             self._expect.clear()
 
@@ -485,6 +557,8 @@ def _mirror(reply: Mapping[str, Any], name: str, now: float) -> Mirror:
         },
         jobs_dir=Path(str(reply["jobs_dir"])),
         log_dir=Path(str(reply["log_dir"])),
+        control_dir=Path(str(reply["control_dir"])),
+        messages=[dict(m) for m in reply.get("messages") or [] if isinstance(m, dict)],
         backend=str(reply.get("backend") or "unknown"),
         device_env={str(k): str(v) for k, v in (reply.get("device_env") or {}).items()},
         dirs_missing=frozenset(str(d) for d in reply.get("dirs_missing") or ()),
