@@ -218,6 +218,17 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a running `gpuq.runner` job to another server (or this one): checkpoint, copy, resume.
+
+    `to` names the node: this daemon's own name or a `[[cluster.servers]]` host.
+    """
+
+    id: int
+    to: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeLaunch:
     """Start one attempt of a head daemon's job here (`gpuq.daemon.hosted`).
 
@@ -275,6 +286,19 @@ class NodeControl:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeReceive:
+    """Take a job's checkpoints copied from another server (`gpuq.daemon.incoming`).
+
+    `phase` "prepare" makes the directory the copy fills; "commit" checks
+    what arrived and puts it in place of the job's checkpoints.
+    """
+
+    head: str
+    job: int
+    phase: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRead:
     """Up to `limit` bytes of a hosted attempt's output file from `offset` (logs)."""
 
@@ -307,10 +331,12 @@ Request = (
     | Reload
     | Clean
     | Subscribe
+    | Migrate
     | NodeLaunch
     | NodeSignal
     | NodeSync
     | NodeControl
+    | NodeReceive
     | NodeRead
 )
 
@@ -335,10 +361,12 @@ METHODS: Final[dict[str, type[Request]]] = {
     "reload": Reload,
     "clean": Clean,
     "subscribe": Subscribe,
+    "migrate": Migrate,
     "node.launch": NodeLaunch,
     "node.signal": NodeSignal,
     "node.sync": NodeSync,
     "node.control": NodeControl,
+    "node.receive": NodeReceive,
     "node.read": NodeRead,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}

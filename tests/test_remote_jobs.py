@@ -1,9 +1,7 @@
 """Jobs on another server: placed by the head, run by that server's daemon, seen at the head.
 
-Real servers (tests/netns_harness.py): the head's daemon runs inside the
-head's namespace with gpu2 in its config and reaches gpu2's daemon through
-`ssh gpu2 gpuq bridge`. The head has two fake GPUs and gpu2 three, so a
-3-GPU job can only run on gpu2. Root only.
+A head and gpu2 in network namespaces (tests/cluster_harness.py): a 3-GPU
+job can only run on gpu2. Root only.
 """
 
 from __future__ import annotations
@@ -12,58 +10,22 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpuq.daemon import jobfiles
-from tests.daemon_harness import DaemonHarness, listed, running_daemon, submit_cli, wait_for
-from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+from tests.cluster_harness import Cluster, head_and_gpu2
+from tests.daemon_harness import listed, submit_cli, wait_for
 
 CONTROL_JOB = Path(__file__).resolve().parent / "control_job.py"
 """A small deterministic PyTorch loop with gpuq.runner (tests/test_control_runner.py)."""
 
 
-@dataclass
-class Cluster:
-    net: Lab
-    head: DaemonHarness
-    gpu2: DaemonHarness
-
-    def start_head(self) -> None:
-        with self.net.inside("head"):  # the daemon and its ssh sessions run on the head
-            self.head.start()
-
-    def hosted_dir(self, job_id: int) -> Path:
-        """The job's directory on gpu2, where gpu2's daemon runs it for the head."""
-        return self.gpu2.state_dir / "hosted" / "head" / "jobs" / str(job_id)
-
-    def remote_gpus(self) -> list[dict[str, object]]:
-        gpus: list[dict[str, object]] = self.head.call("gpus")["gpus"]
-        return [gpu for gpu in gpus if gpu["node"] == "gpu2"]
-
-
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Cluster]:
-    gpu2_toml = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
-    with running_daemon(tmp_path / "gpu2", **gpu2_toml) as gpu2:
-        head = DaemonHarness(tmp_path / "head", extra_toml='node_name = "head"')
-        configs = {"head": head.config_path, "gpu2": gpu2.config_path}
-        with servers(tmp_path / "net", ["head", "gpu2"], configs) as net:
-            with head.config_path.open("a") as config:
-                config.write(
-                    f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
-                    'heartbeat = "0.5s"\ndown_after = "3s"\n'
-                    f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
-                )
-            cluster = Cluster(net, head, gpu2)
-            cluster.start_head()
-            try:
-                wait_for(lambda: len(cluster.remote_gpus()) == 3, what="gpu2's GPUs at the head")
-                yield cluster
-            finally:
-                head.close()
+    with head_and_gpu2(tmp_path) as cluster:
+        yield cluster
 
 
 def test_the_head_shows_the_other_servers_gpus(lab: Cluster) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gpuq.cli import cluster, render, replay, sim
+from gpuq.cli import cluster, migrate, render, replay, sim
 from gpuq.cli.common import ConfigOpt, JsonOpt
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
@@ -36,6 +36,7 @@ app = typer.Typer(
 daemon_app = typer.Typer(help="Start, stop and inspect the gpuq daemon.", no_args_is_help=True)
 app.add_typer(daemon_app, name="daemon")
 app.add_typer(cluster.cluster_app, name="cluster")
+app.command("migrate")(migrate.migrate)
 
 
 def _print_version(value: bool) -> None:

@@ -128,6 +128,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "suspend": (("Pause a running job.", "gpuq suspend 42"),),
     "resume": (("Continue a suspended job.", "gpuq resume 42"),),
+    "migrate": (
+        ("Move job 42 to the server gpu2 (checkpoint, copy, resume).", "gpuq migrate 42 --to gpu2"),
+        ("The GPUs it goes to, for a script.", "gpuq migrate --json 42 --to gpu2"),
+    ),
     "priority": (("Move two queued jobs ahead of the others.", "gpuq priority 10 42 43"),),
     "wait": (
         ("Wait for two jobs and act on the result.", "gpuq wait 42 43 && echo all succeeded"),
@@ -288,6 +292,7 @@ RELATED: dict[str, tuple[str, ...]] = {
     "release": ("hold",),
     "suspend": ("resume",),
     "resume": ("suspend",),
+    "migrate": ("suspend", "show", "cluster"),
 }
 """Further pages for SEE ALSO, beyond gpuq(1) and the enclosing group."""
 

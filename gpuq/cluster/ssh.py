@@ -16,6 +16,7 @@ name can never be read as an ssh option.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from gpuq.config import ClusterConfig, ServerDecl
@@ -30,8 +31,8 @@ SSH_FAILED = 255
 COMMAND_NOT_FOUND = 127
 
 
-def bridge_argv(server: ServerDecl, cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
-    """The argv that opens `gpuq bridge` on `server`."""
+def ssh_argv(cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
+    """Ssh and its options, the destination left to add: every connection gpuq makes."""
     argv = ["ssh"]
     if cluster.ssh_config is not None:
         argv += ["-F", str(cluster.ssh_config)]
@@ -44,12 +45,36 @@ def bridge_argv(server: ServerDecl, cluster: ClusterConfig, runtime_dir: Path) -
         "-o", "ControlMaster=auto",
         "-o", f"ControlPath={runtime_dir / 'ssh-%C'}",
         "-o", f"ControlPersist={CONTROL_PERSIST}",
-        "--",
-        server.host,
-        server.command,
-        "bridge",
     ]  # fmt: skip
     return argv
+
+
+def bridge_argv(server: ServerDecl, cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
+    """The argv that opens `gpuq bridge` on `server`."""
+    return [*ssh_argv(cluster, runtime_dir), "--", server.host, server.command, "bridge"]
+
+
+def rsync_argv(source: str, target: str, cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
+    """Rsync of directory `source` into `target` over gpuq's shared ssh connection.
+
+    Either side may be ``HOST:PATH``. Paths go to the far side unexpanded
+    (``--protect-args``); the copy keeps times and modes, and whole files
+    (checkpoints change whole: the delta algorithm would only cost time).
+    """
+    return [
+        "rsync",
+        "--recursive",
+        "--times",
+        "--perms",
+        "--whole-file",
+        "--delete",
+        "--protect-args",
+        "--rsh",
+        shlex.join(ssh_argv(cluster, runtime_dir)),
+        "--",
+        source.rstrip("/") + "/",
+        target.rstrip("/") + "/",
+    ]
 
 
 _SSH_CAUSES: tuple[tuple[str, str, str], ...] = (

@@ -13,6 +13,7 @@ from gpuq.daemon.handlers import (
     listing,
     logs,
     metrics,
+    migrate,
     node,
     reload,
     show,
@@ -33,9 +34,11 @@ from gpuq.protocol import (
     JobMetrics,
     ListJobs,
     Logs,
+    Migrate,
     NodeControl,
     NodeLaunch,
     NodeRead,
+    NodeReceive,
     NodeSignal,
     NodeSync,
     Release,
@@ -86,6 +89,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return clean.handle(state, request)
         case Subscribe():
             return await subscribe.handle(state, request, emit)
+        case Migrate():
+            return migrate.handle(state, request)
         case NodeLaunch():
             return await node.launch(state, request)
         case NodeSignal():
@@ -94,6 +99,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return await node.sync(state, request)
         case NodeControl():
             return node.control(state, request)
+        case NodeReceive():
+            return node.receive(state, request)
         case NodeRead():
             return node.read(state, request)
         case _:

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq import env as job_env
-from gpuq.daemon import faults, jobfiles, oom, suspend
+from gpuq.daemon import faults, jobfiles, oom, suspend, transfer
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
@@ -145,19 +145,23 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
     `note` says why there, if the reason is worth telling ("moved to GPU 1: ...").
     """
     node = state.gpu_node(placement.gpu_uuids)
+    source = transfer.checkpoint_source(state, job, node)
     stdout, stderr, below = output_targets(state, job, node)
     state.child_pgids.pop(job.id, None)  # an earlier attempt's process group
     where = ", ".join(placement.gpu_uuids) or "CPU"
     if node in state.remotes:
         where = f"{node}: {where}"
     why = f": {placement.reason}" if placement.reason else ""
+    reason = f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}"
+    if source is not None:
+        reason += f"; its checkpoint is copied from {source} first"
     job = state.transition(
         job,
         JobState.STARTING,
-        f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}",
+        reason,
         gpu_uuids=placement.gpu_uuids,
         gpu_mem_reserved=placement.gpu_mem,
-        node=node,
+        node=node if source is None else source,  # where its checkpoint is, until it is copied
         attempts=job.attempts + 1,
         stdout_path=stdout,
         stderr_path=stderr,
@@ -166,6 +170,30 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
         end_time=None,
         retry_at=None,
     )
+    if source is None:
+        _launch(state, job, placement, stdout, stderr, below)
+        return
+    job_id = job.id
+
+    def copied() -> None:
+        current = state.active[job_id]
+        if cancel_requested(state, current):
+            state.transition(current, JobState.CANCELLED, "cancelled by user", end_time=time.time())
+        else:
+            _launch(state, current, placement, stdout, stderr, below)
+
+    transfer.begin(state, job, source, node, copied)
+
+
+def _launch(
+    state: DaemonState,
+    job: Job,
+    placement: Placement,
+    stdout: str,
+    stderr: str,
+    below: dict[str, str],
+) -> None:
+    """Ask the job's node to start the attempt `start` recorded."""
     spec = job.spec
     attempt = job.attempts
     try:

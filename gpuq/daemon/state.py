@@ -125,6 +125,8 @@ class DaemonState:
             config.daemon.state_dir / "hosted", config.daemon.log_dir / "hosted", None
         )
         """Attempts this daemon runs for other servers' daemons (`gpuq.daemon.hosted`)."""
+        self.background: set[asyncio.Task[None]] = set()
+        """Work running beside the loop's handlers (checkpoint copies), kept until it ends."""
         self.remotes: dict[str, RemoteNode] = {}
         """The other servers, as nodes jobs run on (`gpuq.daemon.node.remote`), by host."""
         self.wake = asyncio.Event()

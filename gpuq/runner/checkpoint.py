@@ -35,7 +35,6 @@ import logging
 import os
 import pickle
 import re
-import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,17 +43,18 @@ from typing import IO, Any, BinaryIO, cast
 
 import torch
 
+from gpuq import ckptfile
 from gpuq.errors import StateError
 
 log = logging.getLogger("gpuq.runner")
 
-MAGIC = b"GPUQCKPT"
-VERSION = 1
-HEADER = struct.Struct(">8sIQ32s")
+MAGIC = ckptfile.MAGIC
+VERSION = ckptfile.VERSION
+HEADER = ckptfile.HEADER
 KEEP = 2
 """Complete checkpoints kept: the newest and the one before it."""
 
-_NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_NAME = ckptfile.NAME
 _TEMPORARY = re.compile(r"^\.ckpt-\d+\.pt\.tmp-(\d+)$")
 
 

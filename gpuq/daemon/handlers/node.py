@@ -15,10 +15,11 @@ import time
 from typing import Any
 
 from gpuq.control import parse_message
+from gpuq.daemon import incoming
 from gpuq.daemon.executor import LaunchSpec
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import UsageError
-from gpuq.protocol import NodeControl, NodeLaunch, NodeRead, NodeSignal, NodeSync
+from gpuq.errors import ConflictError, UsageError
+from gpuq.protocol import NodeControl, NodeLaunch, NodeRead, NodeReceive, NodeSignal, NodeSync
 
 SIGNAL_SETTLE = 5.0
 """Seconds a signal waits for a just-started attempt's command to have a process group."""
@@ -129,6 +130,23 @@ def control(state: DaemonState, request: NodeControl) -> dict[str, Any]:
     message = parse_message(request.message)
     delivered = state.hosted.control_send(request.head, request.job, request.attempt, message)
     return {"delivered": delivered}
+
+
+def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
+    """Prepare for, or take in, the job's checkpoints copied from another server."""
+    hosted = state.hosted
+    record = hosted.attempts.get((request.head, request.job))
+    if record is not None and record.outcome is None:
+        raise ConflictError(
+            f"job {request.job} of {request.head} runs here: its checkpoints cannot be replaced",
+            "the head copies checkpoints only to a server the job is not running on",
+        )
+    job_dir = hosted.executor(request.head).jobs_dir / str(request.job)
+    if request.phase == "prepare":
+        return {"path": str(incoming.prepare(job_dir))}
+    if request.phase == "commit":
+        return incoming.commit(job_dir)
+    raise UsageError(f"unknown phase {request.phase!r}", "use prepare or commit")
 
 
 def read(state: DaemonState, request: NodeRead) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from gpuq.control import Ack, Hello, Message, Metrics, parse_message, to_dict
 from gpuq.daemon.control import ControlListener
 from gpuq.daemon.executor import LaunchSpec, OnSpawned, Outcome
 from gpuq.daemon.spawner import Spawned
-from gpuq.errors import GpuqError
+from gpuq.errors import DaemonUnavailable, GpuqError
 from gpuq.gpus import JobHolding
 from gpuq.models import GpuInfo
 
@@ -206,7 +206,7 @@ class RemoteNode:
             reply = session.call("node.launch", **params)
             self._loop.call_soon_threadsafe(self._launched, job_id, reply, on_spawned)
 
-        self._act(act, lambda why: self._launch_failed(job_id, why, on_spawned))
+        self._act(act, lambda error: self._launch_failed(job_id, error.message, on_spawned))
 
     def _launched(self, job_id: int, reply: Mapping[str, Any], on_spawned: OnSpawned) -> None:
         self._launching.discard(job_id)
@@ -272,9 +272,12 @@ class RemoteNode:
         def act(session: SshClient) -> None:
             session.call("node.control", **params)
 
-        def failed(why: str) -> None:
+        def failed(error: GpuqError) -> None:
             log.warning(
-                "server %s: a message to job %d's runner failed: %s", self.name, job_id, why
+                "server %s: a message to job %d's runner failed: %s",
+                self.name,
+                job_id,
+                error.message,
             )
 
         self._act(act, failed)
@@ -285,8 +288,14 @@ class RemoteNode:
         def act(session: SshClient) -> None:
             session.call("node.signal", **params)
 
-        def failed(why: str) -> None:
-            log.warning("server %s: signal %d to job %d failed: %s", self.name, signum, job_id, why)
+        def failed(error: GpuqError) -> None:
+            log.warning(
+                "server %s: signal %d to job %d failed: %s",
+                self.name,
+                signum,
+                job_id,
+                error.message,
+            )
 
         self._act(act, failed)
 
@@ -350,22 +359,30 @@ class RemoteNode:
         self, job_id: int, stream: str, offset: int, tail: int | None
     ) -> dict[str, Any]:
         """Part of the job's output there (`node.read`), off the event loop."""
-        answer: asyncio.Future[dict[str, Any]] = self._loop.create_future()
-        params = {"head": self.head, "job": job_id, "stream": stream, "offset": offset}
+        params: dict[str, Any] = {"job": job_id, "stream": stream, "offset": offset}
         if tail is not None:
             params["tail"] = tail
+        return await self.request("node.read", **params)
+
+    async def request(self, method: str, **params: Any) -> dict[str, Any]:
+        """One `node.*` request for this head, through the action thread; its result.
+
+        A GpuqError says why it failed (the server's own error, or no session).
+        """
+        answer: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        params = {"head": self.head, **params}
 
         def act(session: SshClient) -> None:
-            reply = session.call("node.read", **params)
+            reply = session.call(method, **params)
             self._loop.call_soon_threadsafe(_settle, answer, reply, None)
 
-        self._act(act, lambda why: _settle(answer, None, GpuqError(f"{self.name}: {why}")))
+        self._act(act, lambda error: _settle(answer, None, error))
         return await answer
 
     # -- the threads -----------------------------------------------------
 
-    def _act(self, act: Callable[[SshClient], Any], failed: Callable[[str], None]) -> None:
-        """Queue `act` for the action thread; `failed(why)` runs on the loop if it fails."""
+    def _act(self, act: Callable[[SshClient], Any], failed: Callable[[GpuqError], None]) -> None:
+        """Queue `act` for the action thread; `failed(error)` runs on the loop if it fails."""
         self._actions.put(_Action(act, failed))
 
     def _act_forever(self) -> None:
@@ -379,9 +396,9 @@ class RemoteNode:
                 if session is not None and not _answered(exc):
                     session.close()
                     session = None
-                why = exc.message if isinstance(exc, GpuqError) else str(exc)
+                error = exc if isinstance(exc, GpuqError) else DaemonUnavailable(str(exc))
                 with contextlib.suppress(RuntimeError):  # the loop closed: the head stops
-                    self._loop.call_soon_threadsafe(action.failed, why)
+                    self._loop.call_soon_threadsafe(action.failed, error)
         if session is not None:
             session.close()
 
@@ -572,7 +589,7 @@ class _Action:
     """One call for the action thread, and what to do on the loop if it fails."""
 
     run: Callable[[SshClient], Any]
-    failed: Callable[[str], None]
+    failed: Callable[[GpuqError], None]
 
 
 def _settle(

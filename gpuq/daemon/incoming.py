@@ -1,0 +1,60 @@
+"""A job's checkpoints arriving from another server: a temporary name, checked, then renamed.
+
+`prepare` makes an empty ``checkpoints.incoming`` beside the job's
+``checkpoints`` for rsync to fill; `commit` checks every checkpoint file
+that arrived against its own header (`gpuq.ckptfile`) and only then puts
+the directory in place of ``checkpoints``, whose previous content (an
+earlier stay of the job on this server) goes. A copy cut off midway, or
+damaged, never replaces anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from gpuq import ckptfile
+from gpuq.daemon import jobfiles
+from gpuq.errors import StateError
+
+INCOMING = f"{jobfiles.CHECKPOINTS}.incoming"
+_OLD = f"{jobfiles.CHECKPOINTS}.old"
+
+
+def prepare(job_dir: Path) -> Path:
+    """An empty directory for the job's arriving checkpoints; its path."""
+    incoming = job_dir / INCOMING
+    shutil.rmtree(incoming, ignore_errors=True)
+    incoming.mkdir(parents=True, mode=0o700)
+    return incoming
+
+
+def commit(job_dir: Path) -> dict[str, Any]:
+    """Check what arrived and put it in place; StateError (nothing replaced) if it is unsound."""
+    incoming = job_dir / INCOMING
+    if not incoming.is_dir():
+        raise StateError("no checkpoints arrived", "the copy did not run, or it was cut off")
+    problems = ckptfile.verify_dir(incoming)
+    if problems:
+        shutil.rmtree(incoming, ignore_errors=True)
+        raise StateError(
+            f"the copied checkpoints are damaged: {'; '.join(problems)}",
+            "the copy is discarded; the job stays where its checkpoint is sound",
+        )
+    files = [p for p in incoming.iterdir() if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    current, old = job_dir / jobfiles.CHECKPOINTS, job_dir / _OLD
+    shutil.rmtree(old, ignore_errors=True)
+    if current.exists():
+        current.rename(old)
+    incoming.rename(current)
+    fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename survives a crash
+    finally:
+        os.close(fd)
+    shutil.rmtree(old, ignore_errors=True)
+    checkpoints = sum(1 for p in files if ckptfile.NAME.match(p.name))
+    return {"files": len(files), "checkpoints": checkpoints, "bytes": size}

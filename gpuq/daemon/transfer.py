@@ -1,0 +1,160 @@
+"""A job's checkpoint follows it to the server it restarts on (the copy phase of a migration).
+
+A job suspended to a checkpoint on one node and placed on another cannot
+restart from a checkpoint it does not have there. `start` asks
+`checkpoint_source` first; when the checkpoint is elsewhere, the job turns
+`starting` on its new GPUs (so nobody else takes them) but keeps naming the
+node that holds its checkpoint until the copy is done, and `begin` copies it:
+
+1. the target prepares an empty ``checkpoints.incoming`` (`node.receive`,
+   or `gpuq.daemon.incoming` here);
+2. rsync copies the directory over gpuq's shared ssh connection (between
+   two other servers, through a directory of this one);
+3. the target checks every checkpoint file against its own SHA-256 header
+   and only then renames the directory into place;
+4. the job names its new node, and its attempt launches there.
+
+A copy that fails (a server down, a full disk, rsync cut off, a damaged
+file) replaces nothing: the job goes back to the queue, still naming the
+node that holds its checkpoint, and tries again after `RETRY_SECONDS`. A
+head that dies mid-copy finds the job `starting` with no attempt on the
+node it names, so recovery queues it again, and the copy runs anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuq.cluster.ssh import rsync_argv
+from gpuq.daemon import incoming, jobfiles
+from gpuq.daemon.state import DaemonState
+from gpuq.errors import GpuqError, StateError
+from gpuq.models import Job, JobState
+from gpuq.units import format_size
+
+log = logging.getLogger("gpuq.daemon")
+
+RETRY_SECONDS = 30.0
+"""How long a job whose checkpoint could not be copied waits before it is placed again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Copied:
+    """A finished copy: what arrived and how long it took."""
+
+    files: int
+    bytes: int
+    seconds: float
+
+
+def checkpoint_source(state: DaemonState, job: Job, node: str) -> str | None:
+    """The node holding the checkpoint `job` restarts from, if that is not `node`."""
+    if not job.attempts or not job.node or job.node == node:
+        return None
+    record = state.store.suspend_of(job.id, job.attempts)
+    if record is None or record.mode != "checkpoint" or record.completed is None:
+        return None
+    return job.node
+
+
+def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable[[], None]) -> None:
+    """Copy the job's checkpoint from `source` to `target`, then call `then` (on the loop)."""
+    attempt = job.attempts
+
+    async def run() -> None:
+        try:
+            copied = await copy(state, job.id, source, target)
+        except GpuqError as exc:
+            _failed(state, job.id, attempt, source, exc.message)
+            return
+        current = state.active.get(job.id)
+        if current is None or current.attempts != attempt or current.state is not JobState.STARTING:
+            return  # cancelled meanwhile
+        speed = format_size(int(copied.bytes / copied.seconds)) if copied.seconds > 0 else "-"
+        state.transition(
+            current,
+            JobState.STARTING,
+            f"checkpoint copied from {source} to {target}: {format_size(copied.bytes)} "
+            f"in {copied.seconds:.2f}s ({speed}/s), verified",
+            node=target,
+        )
+        then()
+
+    task = asyncio.get_running_loop().create_task(run())
+    state.background.add(task)
+    task.add_done_callback(state.background.discard)
+
+
+def _failed(state: DaemonState, job_id: int, attempt: int, source: str, why: str) -> None:
+    job = state.active.get(job_id)
+    if job is None or job.attempts != attempt or job.state is not JobState.STARTING:
+        return
+    log.warning("job %d: its checkpoint could not be copied from %s: %s", job_id, source, why)
+    state.transition(
+        job,
+        JobState.QUEUED,
+        f"could not copy its checkpoint from {source}: {why}; trying again in {RETRY_SECONDS:.0f}s",
+        attempts=max(0, job.attempts - 1),
+        gpu_uuids=(),
+        gpu_mem_reserved=None,
+        node=source,
+        retry_at=time.time() + RETRY_SECONDS,
+    )
+
+
+async def copy(state: DaemonState, job_id: int, source: str, target: str) -> Copied:
+    """Copy the job's checkpoints from `source` to `target`, checked; GpuqError if not."""
+    started = time.perf_counter()
+    src_dir = state.node_named(source).job_dir(job_id) / jobfiles.CHECKPOINTS
+    src = f"{source}:{src_dir}" if source in state.remotes else str(src_dir)
+    remote_target = state.remotes.get(target)
+    if remote_target is not None:
+        prepared = await remote_target.request("node.receive", job=job_id, phase="prepare")
+        dst = f"{target}:{prepared['path']}"
+    else:
+        dst = str(incoming.prepare(state.node.job_dir(job_id)))
+    if source in state.remotes and remote_target is not None:  # two hops, through here
+        hop = state.config.daemon.state_dir / "transfer" / str(job_id)
+        shutil.rmtree(hop, ignore_errors=True)
+        hop.mkdir(parents=True, mode=0o700)
+        try:
+            await _rsync(state, src, str(hop))
+            await _rsync(state, str(hop), dst)
+        finally:
+            shutil.rmtree(hop, ignore_errors=True)
+    else:
+        await _rsync(state, src, dst)
+    if remote_target is not None:
+        result: dict[str, Any] = await remote_target.request(
+            "node.receive", job=job_id, phase="commit"
+        )
+    else:
+        result = await asyncio.to_thread(incoming.commit, state.node.job_dir(job_id))
+    return Copied(int(result["files"]), int(result["bytes"]), time.perf_counter() - started)
+
+
+async def _rsync(state: DaemonState, source: str, target: str) -> None:
+    """Run rsync in a worker thread; StateError with its last words if it fails."""
+    config = state.config
+    argv = rsync_argv(source, target, config.cluster, config.daemon.runtime_dir)
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, argv, capture_output=True, text=True, check=False
+        )
+    except FileNotFoundError:
+        raise StateError(
+            "rsync is not installed here", "install rsync on every server (Debian: rsync)"
+        ) from None
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise StateError(
+            f"rsync failed (exit {done.returncode}): {lines[-1] if lines else 'no message'}",
+            "check the disk space and the ssh connection of both servers",
+        )

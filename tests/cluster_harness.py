@@ -1,0 +1,63 @@
+"""A head and one other server (gpu2) in network namespaces, for the multi-server tests.
+
+The head's daemon runs inside the head's namespace with gpu2 in its config
+and reaches gpu2's daemon through `ssh gpu2 gpuq bridge`
+(tests/netns_harness.py). The head has two fake GPUs and gpu2 three, so a
+3-GPU job can only run on gpu2. Root only: `head_and_gpu2` skips elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+
+
+@dataclass
+class Cluster:
+    """The two servers' daemons and the namespaces they talk across."""
+
+    net: Lab
+    head: DaemonHarness
+    gpu2: DaemonHarness
+
+    def start_head(self) -> None:
+        """Start the head's daemon inside its namespace (its ssh sessions run there)."""
+        with self.net.inside("head"):
+            self.head.start()
+
+    def hosted_dir(self, job_id: int) -> Path:
+        """The job's directory on gpu2, where gpu2's daemon runs it for the head."""
+        return self.gpu2.state_dir / "hosted" / "head" / "jobs" / str(job_id)
+
+    def remote_gpus(self) -> list[dict[str, object]]:
+        """gpu2's GPUs as the head shows them."""
+        gpus: list[dict[str, object]] = self.head.call("gpus")["gpus"]
+        return [gpu for gpu in gpus if gpu["node"] == "gpu2"]
+
+
+@contextlib.contextmanager
+def head_and_gpu2(root: Path) -> Iterator[Cluster]:
+    """Both daemons up, the head seeing gpu2's GPUs; everything stopped afterwards."""
+    gpu2_toml = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
+    with running_daemon(root / "gpu2", **gpu2_toml) as gpu2:
+        head = DaemonHarness(root / "head", extra_toml='node_name = "head"')
+        configs = {"head": head.config_path, "gpu2": gpu2.config_path}
+        with servers(root / "net", ["head", "gpu2"], configs) as net:
+            with head.config_path.open("a") as config:
+                config.write(
+                    f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
+                    'heartbeat = "0.5s"\ndown_after = "3s"\n'
+                    f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
+                )
+            cluster = Cluster(net, head, gpu2)
+            cluster.start_head()
+            try:
+                wait_for(lambda: len(cluster.remote_gpus()) == 3, what="gpu2's GPUs at the head")
+                yield cluster
+            finally:
+                head.close()

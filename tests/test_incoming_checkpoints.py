@@ -1,0 +1,83 @@
+"""Checkpoints arriving from another server: checked against their own headers, then put in place.
+
+Files are made with the runner's own writer (`gpuq.runner.checkpoint`) and
+checked with the torch-free reader (`gpuq.ckptfile`) a daemon uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpuq import ckptfile
+from gpuq.cluster.ssh import rsync_argv
+from gpuq.config import ClusterConfig
+from gpuq.daemon import incoming
+from gpuq.errors import StateError
+from gpuq.runner import checkpoint
+
+pytestmark = [pytest.mark.torch]
+
+
+def written(directory: Path, step: int) -> Path:
+    payload = {"step": step, "weights": torch.arange(1000, dtype=torch.float32) * step}
+    return checkpoint.write_checkpoint(directory, step, payload).path
+
+
+def test_a_sound_checkpoint_verifies_and_a_flipped_byte_does_not(tmp_path: Path) -> None:
+    path = written(tmp_path, 3)
+    assert ckptfile.verify(path) is None
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert ckptfile.verify(path) == "ckpt-3.pt: its SHA-256 does not match its header"
+
+
+def test_a_truncated_checkpoint_is_named_with_what_is_missing(tmp_path: Path) -> None:
+    path = written(tmp_path, 4)
+    path.write_bytes(path.read_bytes()[:-100])
+    problem = ckptfile.verify(path)
+    assert problem is not None and "bytes of payload, its header says" in problem
+
+
+def test_commit_puts_a_sound_copy_in_place_of_the_old_checkpoints(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    written(job_dir / "checkpoints", 1)  # an earlier stay on this server
+    arrived = incoming.prepare(job_dir)
+    assert arrived == job_dir / "checkpoints.incoming" and not list(arrived.iterdir())
+    written(arrived, 8)
+    (arrived / "suspended.json").write_text("{}")
+    result = incoming.commit(job_dir)
+    assert result["checkpoints"] == 1 and result["files"] == 2 and result["bytes"] > 1000
+    assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [
+        "ckpt-8.pt",
+        "suspended.json",
+    ]
+    assert not arrived.exists()
+
+
+def test_a_damaged_copy_replaces_nothing(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    kept = written(job_dir / "checkpoints", 1)
+    arrived = incoming.prepare(job_dir)
+    path = written(arrived, 8)
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(StateError, match="the copied checkpoints are damaged: ckpt-8.pt"):
+        incoming.commit(job_dir)
+    assert kept.exists() and not arrived.exists()
+
+
+def test_commit_without_a_copy_says_so(tmp_path: Path) -> None:
+    with pytest.raises(StateError, match="no checkpoints arrived"):
+        incoming.commit(tmp_path)
+
+
+def test_rsync_goes_over_gpuqs_batch_mode_ssh_with_paths_unexpanded() -> None:
+    argv = rsync_argv("/a b", "gpu2:/c", ClusterConfig(ssh_config=Path("/cfg")), Path("/run"))
+    assert argv[0] == "rsync" and "--protect-args" in argv and "--whole-file" in argv
+    rsh = argv[argv.index("--rsh") + 1]
+    assert rsh.startswith("ssh -F /cfg -T -o BatchMode=yes")
+    assert "ControlPath=/run/ssh-%C" in rsh
+    assert argv[-3:] == ["--", "/a b/", "gpu2:/c/"]
