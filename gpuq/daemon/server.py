@@ -224,7 +224,6 @@ class Server:
             asyncio.create_task(self._schedule_forever(state)),
             asyncio.create_task(self._housekeeping(state)),
             asyncio.create_task(timings.watch_loop(state.loop_lag, state.should_exit)),
-            asyncio.create_task(state.servers.run(lambda: state.config, state.should_exit)),
             asyncio.create_task(remotes.run(state)),
         ]
         await state.should_exit.wait()
@@ -283,7 +282,6 @@ class Server:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._connections, return_exceptions=True)
         if self.state is not None:
-            self.state.servers.close()
             self.state.node.unwatch_all()
             self.state.hosted.unwatch_all(asyncio.get_running_loop())
             for remote in self.state.remotes.values():

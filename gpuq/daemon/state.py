@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuq.config import Config
-from gpuq.daemon import notify, reload
+from gpuq.daemon import notify, reload, servers
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.hosted import Hosted
 from gpuq.daemon.node.interface import Node
@@ -31,7 +31,6 @@ from gpuq.daemon.scheduler.introspect import Introspection
 from gpuq.daemon.scheduler.packs import PackBook
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
 from gpuq.daemon.scheduler.view import ViewCache
-from gpuq.daemon.servers import ServerWatch
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.daemon.timings import DecisionTimes, LoopLag
@@ -119,8 +118,6 @@ class DaemonState:
         self.config_watch = ConfigWatch(config.source)
         self.problems: dict[str, str] = {}
         """What the user must know about the daemon itself (full disk, state directory gone)."""
-        self.servers = ServerWatch()
-        """The other servers' sessions and health (`gpuq.daemon.servers`)."""
         self.hosted = Hosted(
             config.daemon.state_dir / "hosted", config.daemon.log_dir / "hosted", None
         )
@@ -154,6 +151,10 @@ class DaemonState:
                 f"job ids so far run from 1 to {highest}" if highest else "no job was submitted",
             )
         return job
+
+    def server_health(self) -> list[dict[str, Any]]:
+        """Each configured server's health, in the config's order (`gpuq.daemon.servers`)."""
+        return servers.summary((s.host for s in self.config.cluster.servers), self.remotes)
 
     def node_of(self, job_id: int) -> Node:
         """The node the job's current attempt runs on: another server's, or this one."""
@@ -338,5 +339,5 @@ class DaemonState:
             "warnings": self.warnings(),
             "loop_lag": self.loop_lag.summary(),
             "decisions": self.decision_times.summary(),
-            "servers": self.servers.summary(),
+            "servers": self.server_health(),
         }

@@ -49,5 +49,5 @@ def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
         "gpus": out,
         "backend": state.node.gpu_backend,
         "sampled_at": snap.time,
-        "servers": state.servers.summary(),
+        "servers": state.server_health(),
     }

@@ -77,6 +77,7 @@ async def sync(state: DaemonState, request: NodeSync) -> dict[str, Any]:
     reply.update(
         {
             "node": state.config.daemon.node_name,
+            "pid": os.getpid(),
             "backend": state.node.gpu_backend,
             "device_env": state.node.device_env(),
             "gpus": _gpus(state, request.head),

@@ -39,6 +39,7 @@ from gpuq.config import Config, ServerDecl
 from gpuq.control import Ack, Hello, Message, Metrics, parse_message, to_dict
 from gpuq.daemon.control import ControlListener
 from gpuq.daemon.executor import LaunchSpec, OnSpawned, Outcome
+from gpuq.daemon.servers import Health
 from gpuq.daemon.spawner import Spawned
 from gpuq.errors import DaemonUnavailable, GpuqError
 from gpuq.gpus import JobHolding
@@ -123,6 +124,8 @@ class RemoteNode:
         self.head = head
         self.mirror: Mirror | None = None
         """The latest answer; None until the first, and again once the server is down."""
+        self.health = Health(server.host, since=time.time())
+        """Up, down or unknown, since when and why (`gpuq daemon status`)."""
         self._last: Mirror | None = None
         self.down_reason: str | None = None
         self.last_answer: float | None = None
@@ -446,8 +449,9 @@ class RemoteNode:
     def _synced(self, reply: Mapping[str, Any], asked: frozenset[str]) -> None:
         """Take in one answer: the mirror, ended attempts, stale ones."""
         now = time.time()
-        if self.mirror is None or self.down_reason is not None:
-            log.info("server %s answers (node %s)", self.name, reply.get("node"))
+        if self.health.state != "up":
+            log.info("server %s is up (node %s)", self.name, reply.get("node"))
+            self.health.state, self.health.since, self.health.reason = "up", now, None
         self.down_reason, self.last_answer = None, now
         try:
             mirror = _mirror(reply, self.name, now)
@@ -456,6 +460,10 @@ class RemoteNode:
             return
         self.mirror = self._last = mirror
         attempts, version = mirror.attempts, mirror.version
+        pid = reply.get("pid")
+        self.health.node, self.health.gpus = str(reply.get("node") or ""), len(mirror.devices)
+        self.health.pid = pid if isinstance(pid, int) else None
+        self.health.last_answer = now
         outbox = str(reply.get("outbox") or "")
         if outbox != self._outbox:  # the server's daemon restarted: its count began anew
             with self._lock:
@@ -544,6 +552,7 @@ class RemoteNode:
     def _unanswered(self, why: str) -> None:
         """A sync failed: past `down_after` of silence, the server is down and its jobs lost."""
         now = time.time()
+        self.health.reason = why
         silent_since = self.last_answer if self.last_answer is not None else self._since
         if (
             self.down_reason is not None
@@ -552,6 +561,7 @@ class RemoteNode:
             return
         log.warning("server %s is down: %s", self.name, why)
         self.down_reason = why
+        self.health.state, self.health.since = "down", now
         self.mirror = None
         for job_id in list(self._watchers):
             self._end(job_id, Outcome(None, None, f"server {self.name} is down ({why})", None))
