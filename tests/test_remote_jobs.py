@@ -130,6 +130,33 @@ def test_a_runner_on_gpu2_reports_to_the_head_and_checkpoints_there(lab: Cluster
     assert done["node"] == "gpu2" and "resumed from step" in out
 
 
+def test_a_runner_job_of_a_lost_server_is_requeued_and_runs_once_at_a_time(
+    lab: Cluster, tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    job_id = lab.head.submit(
+        [sys.executable, str(CONTROL_JOB), "--step-delay", "0.05", "--gate", f"2={gate}"],
+        gpus=3,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    wait_for(lambda: lab.head.call("show", id=job_id)["metrics"], timeout=60, what="metrics")
+    child = jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD)
+    assert child is not None
+
+    lab.net.cut("gpu2")
+    lab.head.wait_state(job_id, "queued", timeout=30)
+    requeued = lab.head.call("show", id=job_id)["events"][-1]["reason"]
+    assert requeued.startswith("server gpu2 is down (")
+    assert requeued.endswith(": requeued to run elsewhere")
+
+    lab.net.mend("gpu2")  # only gpu2 fits it: the old attempt is stopped, a new one starts
+    wait_for(lambda: not _alive(int(child["pgid"])), timeout=30, what="the stale attempt to stop")
+    job = lab.head.wait_state(job_id, "running", timeout=60)
+    assert job["attempts"] == 2 and job["node"] == "gpu2"
+    gate.touch()
+    assert lab.head.wait_state(job_id, "succeeded", "failed", timeout=120)["state"] == "succeeded"
+
+
 def _state_of(pid: int) -> str:
     """The process's state letter (T: stopped), from /proc."""
     stat = Path(f"/proc/{pid}/stat").read_text()

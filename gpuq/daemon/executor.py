@@ -50,6 +50,8 @@ class Outcome:
     end_time: float | None
     start_failed: bool = False
     time_limit: bool = False
+    lost_with: str | None = None
+    """The server whose loss ended the attempt (it went down): a job may run again elsewhere."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for a head that learns how its attempt ended on another server."""

@@ -326,6 +326,15 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
         state, job, outcome
     ):
         pass
+    elif outcome.lost_with is not None and requeue_when_lost(state, job):
+        state.transition(
+            job,
+            JobState.QUEUED,
+            f"{outcome.reason}: requeued to run elsewhere",
+            gpu_uuids=(),
+            gpu_mem_reserved=None,
+            **fields,
+        )
     elif outcome.returncode == 0 and not outcome.time_limit:
         state.transition(job, JobState.SUCCEEDED, outcome.reason or "exited with code 0", **fields)
     else:
@@ -360,6 +369,16 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
             state.store.record_memory_peak(job.spec.name, peak, end_time)
         except StateError as exc:  # only a hint for `--gpu-mem auto`; the outcome is recorded
             log.warning("job %d: memory peak not recorded: %s", job.id, exc)
+
+
+def requeue_when_lost(state: DaemonState, job: Job) -> bool:
+    """True for a job that runs again elsewhere when its server is lost: a `gpuq.runner` job.
+
+    Its runner made it restartable (it resumes from a checkpoint where one
+    is reachable); another job is lost as its attempt was, and retried only
+    as `--retries` allows.
+    """
+    return job.id in state.latest_samples
 
 
 def cancel_requested(state: DaemonState, job: Job) -> bool:

@@ -564,7 +564,8 @@ class RemoteNode:
         self.health.state, self.health.since = "down", now
         self.mirror = None
         for job_id in list(self._watchers):
-            self._end(job_id, Outcome(None, None, f"server {self.name} is down ({why})", None))
+            lost = Outcome(None, None, f"server {self.name} is down ({why})", None)
+            self._end(job_id, replace(lost, lost_with=self.name))
         with self._lock:
             self._expect.clear()
 

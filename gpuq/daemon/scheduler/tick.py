@@ -81,8 +81,17 @@ def _after_turns(
     return kept
 
 
-def lend(gpus: GpuSnapshot, lent: set[str]) -> GpuSnapshot:
-    """The snapshot with the GPUs lent to other servers' jobs taken whole (`gpuq.daemon.hosted`)."""
+def usable(state: DaemonState) -> GpuSnapshot:
+    """The GPUs this pass may place on, as the snapshot has them but up to date.
+
+    A server found down since the last sample has none; GPUs lent to other
+    servers' jobs are taken whole (`gpuq.daemon.hosted`).
+    """
+    gpus = state.gpus
+    down = {name for name, remote in state.remotes.items() if remote.mirror is None}
+    if down:
+        gpus = replace(gpus, devices=[g for g in gpus.devices if g.node not in down])
+    lent = state.hosted.lent_gpus()
     if not lent:
         return gpus
     foreign = dict(gpus.foreign_memory)
@@ -105,7 +114,8 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     if not state.check_state_dir():
         return []
     now = time.time()
-    book = moves.settle(state, [gpu.uuid for gpu in state.gpus.devices])
+    gpus = usable(state)
+    book = moves.settle(state, [gpu.uuid for gpu in gpus.devices])
     pending = sorted(
         (j for j in state.active.values() if j.state is JobState.QUEUED), key=lambda j: j.id
     )
@@ -127,7 +137,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     cluster = build_state(
         [job for job in ready.ready if job.spec.gpus > 0],
         list(state.active.values()),
-        lend(state.gpus, state.hosted.lent_gpus()),
+        gpus,
         state.config.scheduler.memory_margin,
         state.config.scheduler.foreign_tolerance,
         learned,
