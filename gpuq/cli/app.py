@@ -165,7 +165,11 @@ def show(
         else:
             print(
                 render.job_detail(
-                    result["job"], result["events"], result.get("metrics"), result["attempts"]
+                    result["job"],
+                    result["events"],
+                    result.get("metrics"),
+                    result["attempts"],
+                    migrations=result.get("migrations") or (),
                 )
             )
 

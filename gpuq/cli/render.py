@@ -139,8 +139,9 @@ def job_detail(
     metrics: dict[str, Any] | None = None,
     attempts: Sequence[dict[str, Any]] = (),
     now: float | None = None,
+    migrations: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The `gpuq show` text: spec, state, GPUs, timings, attempts, latest metrics and history.
+    """The `gpuq show` text: spec, state, GPUs, timings, attempts, moves, metrics and history.
 
     Each line goes through `visible`, so no field can add a line or a terminal escape.
     """
@@ -200,10 +201,28 @@ def job_detail(
                 f"    {attempt['attempt']:>3}  {_when(attempt['start_time'])} .. {ended}  "
                 f"ran {ran}{outcome}"
             )
+    if migrations:
+        lines.append("  Migrations:")
+        lines.extend(f"    {migration_line(move)}" for move in migrations)
     lines.append("  History:")
     for event in events:
         lines.append(f"    {_when(event['time'])}  {event['state']:<10}  {event['reason']}")
     return "\n".join(map(visible, lines))
+
+
+def migration_line(move: dict[str, Any]) -> str:
+    """`... head -> gpu2: drain 0.10s, save 0.01s, copy 0.52s, ...` (a phase not reached: -)."""
+    phases = (
+        ("drain", "drain"),
+        ("save", "save"),
+        ("copy", "copy"),
+        ("start", "start"),
+        ("first_step", "restore + first step"),
+    )
+    timed = ", ".join(
+        f"{label} {'-' if move.get(key) is None else f'{move[key]:.2f}s'}" for key, label in phases
+    )
+    return f"{_when(move['requested'])}  {move.get('from') or '?'} -> {move['to']}: {timed}"
 
 
 def array_detail(array: dict[str, Any], jobs: Sequence[dict[str, Any]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpuq.daemon.history import attempts
+from gpuq.daemon.history import MIGRATING, attempts, migrations
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import NotFoundError
 from gpuq.protocol import Show
@@ -28,9 +28,13 @@ def handle(state: DaemonState, request: Show) -> dict[str, Any]:
         info = {"id": array.id, "name": array.name, "submit_time": array.submit_time}
         return {"array": {**info, "size": array.size}, "jobs": jobs}
     events = state.store.events(job.id)
+    moved = [e.time for e in events if e.reason.startswith(MIGRATING)]
+    samples = state.store.samples(job.id, min(moved), None) if moved else []
+    times = [float(sample["time"]) for sample in samples if "time" in sample]
     return {
         "job": job.to_dict(now=now),
         "events": [event.to_dict() for event in events],
         "attempts": [attempt.to_dict() for attempt in attempts(events, now)],
+        "migrations": [move.to_dict() for move in migrations(events, times)],
         "metrics": state.store.latest_sample(job.id),
     }
