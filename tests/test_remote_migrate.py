@@ -95,7 +95,7 @@ def test_a_job_moved_to_gpu2_and_back_ends_as_if_never_moved(lab: Cluster, tmp_p
     assert any(r.endswith(", verified") for r in log)
 
     shown = lab.head.cli("show", str(job_id)).stdout
-    assert f"  Migrations:\n" in shown and f" {first} -> {other}: drain " in shown
+    assert "  Migrations:\n" in shown and f" {first} -> {other}: drain " in shown
     [phases] = lab.head.call("show", id=job_id)["migrations"]
     assert all(phases[key] is not None for key in ("drain", "save", "copy", "start"))
 
