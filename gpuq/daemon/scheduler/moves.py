@@ -32,6 +32,8 @@ recovery after a crash needs (the book is in the store):
 - the job runs a later attempt: the move is done, the entry goes;
 - the job is queued: it restarts on its target GPUs (finished), unless one
   of them is gone: then the move is undone and the policy places the job;
+  a job whose checkpoint could not be copied to another server waits for
+  its `retry_at` first (`gpuq.daemon.transfer`);
 - the job runs the booked attempt with no checkpoint pending (the daemon
   stopped between booking and asking, or the request was withdrawn or
   refused): undone, "the move to GPU 1 is undone: ...; it keeps running on
@@ -214,6 +216,8 @@ def _settle_one(state: DaemonState, booked: Booked, job: Job | None, present: se
     if job.state is JobState.SUSPENDING:
         return False
     if job.state is JobState.QUEUED:
+        if job.retry_at is not None and job.retry_at > time.time():
+            return False  # its checkpoint's copy failed: tried again at `retry_at`
         missing = [uuid for uuid in booked.target if uuid not in present]
         if missing and not present:
             return False  # no GPU sample yet: wait for one rather than undo
