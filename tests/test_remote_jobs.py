@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,24 @@ def test_a_runner_job_of_a_lost_server_is_requeued_and_runs_once_at_a_time(
     assert job["attempts"] == 2 and job["node"] == "gpu2"
     gate.touch()
     assert lab.head.wait_state(job_id, "succeeded", "failed", timeout=120)["state"] == "succeeded"
+
+
+def test_a_hung_server_is_down_with_why_and_the_head_schedules_on(lab: Cluster) -> None:
+    gpu2 = lab.gpu2.process
+    assert gpu2 is not None
+    os.kill(gpu2.pid, signal.SIGSTOP)  # its daemon hangs: ssh connects, nothing answers
+    try:
+        down = wait_for(
+            lambda: (s := lab.head.call("status")["servers"][0])["state"] == "down" and s,
+            timeout=30,
+            what="gpu2 down",
+        )
+        assert "did not answer within" in down["reason"]
+        local = submit_cli(lab.head, "--gpus", "1", "--", "true")
+        assert lab.head.wait_state(local, "succeeded", timeout=30)["node"] == "head"
+    finally:
+        os.kill(gpu2.pid, signal.SIGCONT)
+    wait_for(lambda: lab.head.call("status")["servers"][0]["state"] == "up", what="gpu2 up")
 
 
 def _state_of(pid: int) -> str:
