@@ -25,10 +25,10 @@ class Cluster:
     head: DaemonHarness
     gpu2: DaemonHarness
 
-    def start_head(self) -> None:
+    def start_head(self, extra_env: dict[str, str] | None = None) -> None:
         """Start the head's daemon inside its namespace (its ssh sessions run there)."""
         with self.net.inside("head"):
-            self.head.start()
+            self.head.start(extra_env)
 
     def hosted_dir(self, job_id: int) -> Path:
         """The job's directory on gpu2, where gpu2's daemon runs it for the head."""

@@ -29,6 +29,12 @@ SCHEDULER_POINTS = (
     "move-checkpointed",  # a moved job checkpointed and queued, not yet restarted
 )
 """The points of the scheduler's actions, each tested with its action (tests/test_live_*.py)."""
+CLUSTER_POINTS = (
+    "remote-launched",  # another server started an attempt, RUNNING not yet written
+    "checkpoint-copying",  # a start on another node committed, its checkpoint not yet copied
+    "checkpoint-copied",  # the checkpoint copied and put in place, the job not yet launched
+)
+"""The points of work across servers (tests/test_remote_crash.py)."""
 _counts: dict[str, int] = {}
 
 

@@ -395,6 +395,4 @@ class _Relay:
 
 
 def _attempt_of(launch: Mapping[str, Any]) -> int:
-    env = launch.get("env")
-    value = env.get("GPUQ_ATTEMPT", "0") if isinstance(env, dict) else "0"
-    return int(value) if str(value).isdigit() else 0
+    return jobfiles.launch_attempt(dict(launch)) or 0

@@ -136,3 +136,10 @@ def is_locked(path: Path) -> bool:
         return True
     os.close(fd)
     return False
+
+
+def launch_attempt(launch: dict[str, Any] | None) -> int | None:
+    """The attempt a launch record is for (its `GPUQ_ATTEMPT`), or None without one."""
+    env = None if launch is None else launch.get("env")
+    value = env.get("GPUQ_ATTEMPT") if isinstance(env, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() else None

@@ -7,10 +7,12 @@ store says may have a process (starting, running, suspending, suspended):
 1. a live shim holds the job's lock: re-adopt it (watch its pid, re-create
    its control socket, for which the runner reconnects by itself; finish a
    half-done stop-mode suspend, or keep waiting for a checkpoint or park);
-2. no live shim, but the shim wrote `exit.json`: record the true outcome
-   (exit code, signal), applying retries as usual;
-3. no shim and no record while `starting`: the daemon died before the job
-   ran, so it goes back to the queue (no attempt is counted);
+2. no live shim, but the shim of the current attempt wrote `exit.json`:
+   record the true outcome (exit code, signal), applying retries as usual;
+3. no shim (or no launch of the current attempt yet: a start cut while its
+   checkpoint was being copied) while `starting`: the daemon died before the
+   job ran, so it goes back to the queue (no attempt is counted). An
+   earlier attempt's exit record is never taken for the current one's;
 4. otherwise the job's shim is gone without a record (killed while the
    daemon was down): kill whatever is left of the attempt (its process
    group and every process carrying its environment, verified by start
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import time
 
-from gpuq.daemon import lifecycle, suspend
+from gpuq.daemon import jobfiles, lifecycle, suspend
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.state import DaemonState
 from gpuq.models import Job, JobState
@@ -67,10 +69,12 @@ def recover(state: DaemonState) -> dict[str, int]:
             if lifecycle.cancel_requested(state, job):
                 lifecycle.resume_cancel(state, job)
             counts["adopted"] += 1
-        elif state.node.has_exit_record(job.id):
+        elif launched(state, job) and state.node.has_exit_record(job.id):
             lifecycle.finish(state, job.id, state.node.outcome(job.id))
             counts["finished"] += 1
-        elif job.state is JobState.STARTING and not state.node.has_shim_record(job.id):
+        elif job.state is JobState.STARTING and (
+            not launched(state, job) or not state.node.has_shim_record(job.id)
+        ):
             state.transition(
                 job,
                 JobState.QUEUED,
@@ -88,6 +92,17 @@ def recover(state: DaemonState) -> dict[str, int]:
             lifecycle.finish(state, job.id, Outcome(None, None, reason, None))
             counts["lost"] += 1
     return counts
+
+
+def launched(state: DaemonState, job: Job) -> bool:
+    """True once the job's current attempt was handed to its shim (its launch record is there).
+
+    The records of an earlier attempt (its exit status above all) stay until
+    the next launch replaces them: a job whose start was cut before its
+    launch (its checkpoint being copied) must not take them for its own.
+    """
+    record = state.node.read_record(job.id, jobfiles.LAUNCH)
+    return jobfiles.launch_attempt(record) == job.attempts
 
 
 def _adopt_remote(state: DaemonState, job: Job) -> int:

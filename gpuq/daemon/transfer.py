@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuq.cluster.ssh import rsync_argv
-from gpuq.daemon import incoming, jobfiles
+from gpuq.daemon import faults, incoming, jobfiles
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, StateError
 from gpuq.models import Job, JobState
@@ -69,11 +69,13 @@ def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable
     attempt = job.attempts
 
     async def run() -> None:
+        faults.crash_point("checkpoint-copying")
         try:
             copied = await copy(state, job.id, source, target)
         except GpuqError as exc:
             _failed(state, job.id, attempt, source, exc.message)
             return
+        faults.crash_point("checkpoint-copied")
         current = state.active.get(job.id)
         if current is None or current.attempts != attempt or current.state is not JobState.STARTING:
             return  # cancelled meanwhile

@@ -37,6 +37,7 @@ from typing import Any
 from gpuq.cluster.remote import SshClient
 from gpuq.config import Config, ServerDecl
 from gpuq.control import Ack, Hello, Message, Metrics, parse_message, to_dict
+from gpuq.daemon import faults
 from gpuq.daemon.control import ControlListener
 from gpuq.daemon.executor import LaunchSpec, OnSpawned, Outcome
 from gpuq.daemon.servers import Health
@@ -212,6 +213,7 @@ class RemoteNode:
         self._act(act, lambda error: self._launch_failed(job_id, error.message, on_spawned))
 
     def _launched(self, job_id: int, reply: Mapping[str, Any], on_spawned: OnSpawned) -> None:
+        faults.crash_point("remote-launched")
         self._launching.discard(job_id)
         self._launched_at[job_id] = int(reply.get("version", 0))
         on_spawned(Spawned(int(reply["pid"]), None))
