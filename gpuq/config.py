@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from gpuq.errors import ConfigError, UsageError
 from gpuq.gpus import BACKEND_KINDS, FakeGpuDecl, GpuConfig
+from gpuq.models import HOST_PATTERN, LABEL_PATTERN
 from gpuq.paths import default_config_path, default_runtime_dir, default_state_dir
 from gpuq.units import parse_duration, parse_size
 
@@ -53,6 +54,8 @@ class DaemonConfig:
     node_name: str = ""
     kill_grace: float = 10.0
     allow_network_fs: bool = False
+    labels: tuple[str, ...] = ()
+    """This server's labels, for `gpuq submit --label` (servers have their own)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,7 @@ _EXPECTED: dict[str, str] = {
     "daemon.node_name": "a host name (letters, digits, '.', '_', '-')",
     "daemon.kill_grace": 'seconds (0 or more) or a duration such as "30s"',
     "daemon.allow_network_fs": "true or false",
+    "daemon.labels": 'a list of labels such as ["a100", "fast-disk"]',
     "scheduler.policy": 'a policy name such as "gpuq" or "fifo"',
     "scheduler.memory_margin": "a fraction from 0 up to but excluding 0.5",
     "scheduler.foreign_tolerance": _SIZE,
@@ -483,9 +487,9 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
     )
 
 
-_HOST_RE = re.compile(r"(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9_][A-Za-z0-9._-]*")
+_HOST_RE = re.compile(HOST_PATTERN)
 _COMMAND_RE = re.compile(r"[A-Za-z0-9._/~+-]+")
-_LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_LABEL_RE = re.compile(LABEL_PATTERN)
 
 
 def _labels(value: object) -> tuple[str, ...] | None:
@@ -553,6 +557,7 @@ def _daemon(table: _Table, path: Converter[Path], env: Mapping[str, str]) -> Dae
         or _short_hostname(),
         kill_grace=table.get("kill_grace", d.kill_grace, _duration),
         allow_network_fs=table.get("allow_network_fs", d.allow_network_fs, _instance(bool)),
+        labels=table.get("labels", d.labels, _labels),
     )
 
 

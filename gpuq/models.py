@@ -16,6 +16,10 @@ from typing import Any, Final
 
 JSON_SCHEMA_VERSION = 1
 """Version of the `--json` job/GPU object schema (docs/json-schema.md)."""
+HOST_PATTERN: Final = r"(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9_][A-Za-z0-9._-]*"
+"""A server's name: an ssh destination (host or ssh alias, optionally user@), never `-...`."""
+LABEL_PATTERN: Final = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+"""A node label, such as `a100` or `fast-disk`."""
 
 
 class JobState(enum.StrEnum):
@@ -100,6 +104,10 @@ class JobSpec:
     `gpus_max` makes the job adaptive (`--gpus MIN-MAX`): a policy that
     allocates by goodput gives it from `gpus` to `gpus_max` GPUs and may
     resize it through its runner's checkpoint; others give it `gpus`.
+    Placement constraints: `nodes` (run only on one of these servers; empty:
+    any), `exclude_nodes` (never on these) and `labels` (only on a server
+    carrying every one of them), by node name (`daemon.node_name` or a
+    `[[cluster.servers]]` host).
     """
 
     command: tuple[str, ...]
@@ -124,6 +132,14 @@ class JobSpec:
     notify: str | None = None
     array_index: int | None = None
     array_parallel: int | None = None
+    nodes: tuple[str, ...] = ()
+    exclude_nodes: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+
+    @property
+    def constrained(self) -> bool:
+        """True when the job may not run on every server (`--node`, `--exclude-node`, `--label`)."""
+        return bool(self.nodes or self.exclude_nodes or self.labels)
 
     @property
     def shares_gpu(self) -> bool:
@@ -142,6 +158,8 @@ class JobSpec:
         data["env"] = dict(self.env)
         data["after"] = [str(dep) for dep in self.after]
         data["signal"] = None if self.signal is None else [self.signal.signal, self.signal.seconds]
+        for name in _NAME_LISTS:
+            data[name] = list(data[name])
         return data
 
     @classmethod
@@ -153,11 +171,15 @@ class JobSpec:
         values["after"] = tuple(parse_dependency(str(d)) for d in values.get("after") or ())
         sig = values.get("signal")
         values["signal"] = None if sig is None else SignalSpec(int(sig[0]), float(sig[1]))
+        for name in _NAME_LISTS:
+            values[name] = tuple(values.get(name) or ())
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
 _SPEC_FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobSpec))
+_NAME_LISTS: Final = ("nodes", "exclude_nodes", "labels")
+"""Spec fields that are tuples of names (lists in JSON)."""
 
 
 def parse_dependency(text: str) -> Dependency:

@@ -20,12 +20,13 @@ decoded object into one of them, so handlers only ever see well-typed input.
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gpuq.errors import ProtocolError, UsageError
-from gpuq.models import DependencyKind, JobSpec, JobState
+from gpuq.models import HOST_PATTERN, LABEL_PATTERN, DependencyKind, JobSpec, JobState
 from gpuq.wire import (
     HEARTBEAT_EVENT,
     HEARTBEAT_SECONDS,
@@ -502,7 +503,37 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
         ) from exc
     _check_ranges(spec)
     _check_os_strings(spec)
+    _check_placement(spec)
     return spec
+
+
+MAX_PLACEMENT_NAMES: Final = 256
+"""The most names one of `--node`, `--exclude-node` and `--label` may list."""
+_PLACEMENT_RULES: Final = (
+    ("nodes", "--node", re.compile(HOST_PATTERN), "a server name such as gpu2 (ssh alias)"),
+    ("exclude_nodes", "--exclude-node", re.compile(HOST_PATTERN), "a server name such as gpu2"),
+    ("labels", "--label", re.compile(LABEL_PATTERN), "a label such as a100 or fast-disk"),
+)
+
+
+def _check_placement(spec: JobSpec) -> None:
+    """Node names and labels look like those of the config (never an option: no leading '-')."""
+    for field_name, flag, pattern, example in _PLACEMENT_RULES:
+        names: tuple[str, ...] = getattr(spec, field_name)
+        if len(names) > MAX_PLACEMENT_NAMES:
+            raise UsageError(f"{flag}: at most {MAX_PLACEMENT_NAMES} names, got {len(names)}")
+        for name in names:
+            if len(name) > 255 or not pattern.fullmatch(name):
+                raise UsageError(
+                    f"{flag}: invalid name {name!r}",
+                    f"give {example}: letters, digits, '.', '_' and '-', not starting with '-'",
+                )
+    both = sorted(set(spec.nodes) & set(spec.exclude_nodes))
+    if both:
+        raise UsageError(
+            f"--node and --exclude-node both name {', '.join(both)}",
+            "name a server in one of them only",
+        )
 
 
 def _check_ranges(spec: JobSpec) -> None:

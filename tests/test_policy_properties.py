@@ -4,8 +4,9 @@ Whatever the cluster, applying the decision (bound to GPUs as the daemon
 binds it) never over-commits a GPU, never puts a job next to a whole-GPU or
 exclusive job, never places a job twice, moves a running job only as
 `gpuq.policies.consolidate` allows (a settled, preemptible one-GPU job, on
-its node, with its shape, for a job placed on the GPUs it frees), accounts
-for every pending job, and is a deterministic function of the state.
+its node, with its shape, for a job placed on the GPUs it frees), places a
+job only on the nodes its placement constraint allows, accounts for every
+pending job, and is a deterministic function of the state.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ def states(draw: st.DrawFn) -> ClusterState:
             gpu_mem=draw(st.one_of(st.none(), st.integers(0, 50).map(lambda n: n * G // 2))),
             exclusive=draw(st.booleans()),
             time_limit=draw(st.one_of(st.none(), st.floats(1, 2000))),
+            nodes=draw(st.sampled_from([None, None, None, frozenset("a"), frozenset("b")])),
         )
         for job_id in range(1, 1 + draw(st.integers(0, 30)))
     ]
@@ -228,6 +230,12 @@ def test_decisions_respect_capacity_and_account_for_every_job(
     assert set(started).isdisjoint(waiting)
     assert set(started) | set(waiting) == {job.id for job in state.jobs if not job.gpu_uuids}
     assert all(reason for reason in waiting.values())
+    node_of = {gpu.uuid: gpu.node for gpu in state.gpus}
+    for job in state.jobs:
+        if job.nodes is not None and not job.gpu_uuids:
+            placed = {node_of[uuid] for uuid in decision.bindings.get(job.id, ())}
+            assert placed <= job.nodes, f"job {job.id} placed outside its nodes"
+    assert not any(reason.startswith("not started") for reason in waiting.values())
 
     loads = apply(state, starts, decision)
     new_gpus = {uuid for placement in starts for uuid in placement.gpu_uuids}

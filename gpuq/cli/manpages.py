@@ -217,6 +217,12 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
             "such as '#GPUQ --gpus 2 --time 4h'.",
             "gpuq submit train.sh",
         ),
+        (
+            "Run only on a server labelled a100 (daemon.labels, or labels of a "
+            "[[cluster.servers]] table), but not on gpu3; the job waits, saying for which "
+            "server, while none of its own is up.",
+            "gpuq submit --label a100 --exclude-node gpu3 -- python train.py",
+        ),
     ),
     "daemon": (("Is the daemon running, and what is it doing?", "gpuq daemon status"),),
     "daemon start": (("Start the daemon ahead of the first command.", "gpuq daemon start"),),

@@ -133,6 +133,18 @@ def _when(stamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
 
 
+def placement_text(spec: dict[str, Any]) -> str | None:
+    """A spec's placement constraint in words (`on gpu2 or gpu3; not on head; labels a100`)."""
+    parts = []
+    if spec.get("nodes"):
+        parts.append("on " + " or ".join(spec["nodes"]))
+    if spec.get("exclude_nodes"):
+        parts.append("not on " + ", ".join(spec["exclude_nodes"]))
+    if spec.get("labels"):
+        parts.append("labels " + ", ".join(spec["labels"]))
+    return "; ".join(parts) or None
+
+
 def job_detail(
     job: dict[str, Any],
     events: Sequence[dict[str, Any]],
@@ -185,6 +197,7 @@ def job_detail(
         "Time limit": None if spec["time_limit"] is None else format_duration(spec["time_limit"]),
         "Begin": None if spec["begin"] is None else _when(spec["begin"]),
         "Notify": spec["notify"],
+        "Placement": placement_text(spec),
     }
     for label, value in optional.items():
         if value:

@@ -78,6 +78,29 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "own (GPUQ_ARRAY_ID), which cancel, hold, release, wait, ls, show and --after "
         "accept for all its tasks.",
     ),
+    Option(
+        ("--node",),
+        "nodes",
+        "multi",
+        "HOST",
+        "Run only on this server (its daemon.node_name, or a [[cluster.servers]] host); "
+        "repeatable or comma-separated: any one of them.",
+    ),
+    Option(
+        ("--exclude-node",),
+        "exclude_nodes",
+        "multi",
+        "HOST",
+        "Never run on this server (repeatable or comma-separated).",
+    ),
+    Option(
+        ("--label",),
+        "labels",
+        "multi",
+        "LABEL",
+        "Run only on a server carrying this label (daemon.labels, or a server's labels); "
+        "repeatable or comma-separated: every one of them.",
+    ),
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
     Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
@@ -257,8 +280,12 @@ def build_spec(
         if not eq or not key:
             raise UsageError(f"--env needs KEY=VALUE, got {item!r}")
         env[key] = val
-    # The daemon validates each ID[:kind]; here lists are only split.
+    # The daemon validates each ID[:kind] and each name; here lists are only split.
     after = [part.strip() for item in values.get("after", []) for part in item.split(",")]
+    placement = {
+        dest: [part.strip() for item in values.get(dest, []) for part in item.split(",")]
+        for dest in ("nodes", "exclude_nodes", "labels")
+    }
     gpu_mem_text = values.get("gpu_mem")
     gpu_mem = None
     auto = gpu_mem_text == "auto"
@@ -298,6 +325,7 @@ def build_spec(
         "notify": values.get("notify"),
         "array_parallel": parallel,
     }
+    spec.update((dest, names) for dest, names in placement.items() if names)
     return spec, indices
 
 

@@ -3,7 +3,8 @@
 `gpuq daemon reload` (the `reload` request) and SIGHUP read the daemon's
 config file again. A file that does not validate changes nothing. Keys that
 change live: everything under `[scheduler]` (the policy included),
-`[logs]`, `[defaults]`, `[client]` and `[cluster]`, and `daemon.kill_grace`. Keys that
+`[logs]`, `[defaults]`, `[client]` and `[cluster]`, `daemon.kill_grace` and
+`daemon.labels` (placement reads them at each scheduling pass). Keys that
 need `gpuq daemon restart`: the rest of `[daemon]` (directories, socket
 mode, node name) and `[gpus]`; a reload reports them and `gpuq ls`/`doctor`
 keep warning until the restart.
@@ -24,7 +25,7 @@ from typing import Any
 from gpuq.config import Config, config_to_dict, load_config
 
 LIVE_SECTIONS = ("scheduler", "logs", "defaults", "client", "cluster")
-LIVE_DAEMON_KEYS = ("kill_grace",)
+LIVE_DAEMON_KEYS = ("kill_grace", "labels")
 
 
 def _digest(path: Path | None) -> tuple[tuple[int, int, int] | None, str | None]:
@@ -113,6 +114,8 @@ def reload(current: Config) -> tuple[Config, list[str], list[str]]:
         defaults=fresh.defaults,
         client=fresh.client,
         cluster=fresh.cluster,
-        daemon=dataclasses.replace(current.daemon, kill_grace=fresh.daemon.kill_grace),
+        daemon=dataclasses.replace(
+            current.daemon, kill_grace=fresh.daemon.kill_grace, labels=fresh.daemon.labels
+        ),
     )
     return running, applied, restart

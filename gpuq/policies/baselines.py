@@ -16,7 +16,10 @@ Placement (all baselines)
     the node with the most free GPUs, taking as many as it can there, then
     the next such node (ties: the earlier node of `state.nodes`). This is the
     Pollux artifact's `Counter.most_common` rule: it uses as few nodes as
-    possible for the job being placed.
+    possible for the job being placed. A job with a placement constraint
+    (`JobView.nodes`) is placed only on its nodes, and before the other jobs
+    admitted with it (admission has chosen who runs; it has fewer choices);
+    where its nodes lack the GPUs admission counted for it, it waits.
 
 `srtf` and `srsf`
     Rank every active job by its remaining time at its requested GPU count
@@ -36,10 +39,11 @@ Placement (all baselines)
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from gpuq.policies.confine import allowed_nodes, node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 if TYPE_CHECKING:
@@ -73,14 +77,24 @@ class FreeGpus:
             self.free[i] -= count
         return True
 
-    def place(self, count: int) -> Allocation | None:
-        """Book `count` GPUs, most-free node first, or return None if they do not fit."""
-        if count <= 0 or count > self.total:
+    def total_on(self, allowed: Sequence[bool] | None) -> int:
+        """Free GPUs over the nodes `allowed` marks (None: every node)."""
+        if allowed is None:
+            return self.total
+        return sum(free for free, ok in zip(self.free, allowed, strict=True) if ok)
+
+    def place(self, count: int, allowed: Sequence[bool] | None = None) -> Allocation | None:
+        """Book `count` GPUs, most-free node first, or return None if they do not fit.
+
+        `allowed` marks the nodes the job may use (None: all; `confine.allowed_nodes`).
+        """
+        if count <= 0 or count > self.total_on(allowed):
             return None
         allocation = [0] * len(self.free)
+        nodes = [i for i in range(len(self.free)) if allowed is None or allowed[i]]
         left = count
         while left > 0:
-            best = max(range(len(self.free)), key=lambda i: (self.free[i], -i))
+            best = max(nodes, key=lambda i: (self.free[i], -i))
             taken = min(self.free[best], left)
             allocation[best] += taken
             self.free[best] -= taken
@@ -146,7 +160,8 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
 
     Admission counts GPUs (a gang may span nodes). Admitted jobs that already
     hold that many GPUs keep them; the others are then placed in `order` on
-    the most-free nodes. A running job that is not admitted is preempted.
+    the most-free nodes (constrained jobs first, on their own nodes). A
+    running job that is not admitted is preempted.
     """
     left = state.total_gpus
     admitted: list[JobView] = []
@@ -176,8 +191,15 @@ def gang_admit(state: ClusterState, order: Iterable[JobView]) -> Decision:
             allocations[job.id] = kept
         else:
             to_place.append(job)
+    to_place.sort(key=lambda job: job.nodes is None)  # stable: rank order otherwise
     for job in to_place:
-        placed = free.place(job.gpus_requested)
+        placed = free.place(job.gpus_requested, allowed_nodes(state, job))
+        if placed is None and job.nodes is not None:
+            notes[job.id] = (
+                f"waiting: needs {_gpus(job.gpus_requested)} on {node_names(job.nodes)}, "
+                f"{free.total_on(allowed_nodes(state, job))} free there"
+            )
+            continue
         if placed is None:
             # Only when the state's own allocations over-commit a node.
             notes[job.id] = f"waiting: needs {_gpus(job.gpus_requested)}"

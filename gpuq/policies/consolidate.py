@@ -34,7 +34,8 @@ Rules for every move:
 - all or nothing: moves are proposed only if, once made, the waiting job
   fits (checked on a copy of the capacity), so no job is moved for
   nothing; the plan says which GPUs the waiting job then gets;
-- GPU positions are indices into `state.gpus`; a move never leaves its node.
+- GPU positions are indices into `state.gpus`; a move never leaves its node;
+- the waiting job gets GPUs only of the nodes it may use (`JobView.nodes`).
 
 Pure: no I/O; `fifo` calls it for the first job of its queue that needs it.
 """
@@ -116,9 +117,12 @@ def free_gpus(
     """Moves of share jobs that empty GPUs until `waiting` fits, or None (module docstring)."""
     if waiting.gpus_requested <= 0:
         return None
+    outside = capacity.outside(waiting)
     holders = _holders(state, capacity)
     candidates: list[tuple[int, int, int]] = []
     for i, jobs in holders.items():
+        if i in outside:
+            continue  # freeing it would not help: the waiting job may not use it
         if capacity.owners[i] or capacity.sharers[i] != len(jobs):
             continue  # a whole-GPU job, or a share placed in this pass, is there
         if not all(job.gpu_mem is not None and movable(job, now, settle) for job in jobs):
@@ -150,7 +154,7 @@ def free_gpus(
             emptied.append(source)
             received.update(target for _, _, target in moves)
             planned.extend(moves)
-            gpus = trial.choose(waiting.gpus_requested, waiting.gpu_mem, waiting.exclusive)
+            gpus = trial.choose(waiting.gpus_requested, waiting.gpu_mem, waiting.exclusive, outside)
             if gpus is not None:
                 freed = gpus_label(state, sorted(set(gpus) & set(emptied)) or emptied)
                 note = f"frees {freed} for job {waiting.id}"
@@ -185,9 +189,10 @@ def gather(
         whole = job.gpu_mem is None or job.exclusive
         return job if whole and capacity.whole_ok[i] and movable(job, now, settle) else None
 
+    barred = capacity.outside(waiting)
     members: dict[object, list[int]] = {}
     for i, gpu in enumerate(state.gpus):
-        if gpu.link_group:
+        if gpu.link_group and i not in barred:
             members.setdefault(keys[i], []).append(i)
     best: tuple[tuple[int, int, int], list[tuple[int, JobView]], list[int]] | None = None
     for group in members.values():
@@ -218,7 +223,7 @@ def gather(
     for (source, job), target in zip(sources, targets, strict=True):
         trial.release(Hold(job.id, (source,), job.gpu_mem, job.exclusive))
         trial.hold(Hold(job.id, (target,), job.gpu_mem, job.exclusive))
-    chosen = trial.choose(count, None, waiting.exclusive)
+    chosen = trial.choose(count, None, waiting.exclusive, barred)
     if chosen is None or spans(keys, chosen) != 1:
         return None
     freed = gpus_label(state, [source for source, _ in sources])

@@ -61,6 +61,13 @@ Backfill (EASY)
     reserved for the head. Only the head gets a reservation, so jobs further
     back may be passed over indefinitely by smaller ones, as in EASY.
 
+Placement constraints
+    A job with a constraint (`JobView.nodes`) is placed, moved for and
+    reserved for on the GPUs of its nodes only, by the rules above; its
+    waiting reason counts only those GPUs ("waiting for 1 free GPU on gpu2
+    (0 free)" while other nodes have free ones), and a request its nodes
+    can never hold says so ("needs 4 GPUs; gpu2 has 2").
+
 Waiting reasons
     Every pending job not started gets a short reason: what it waits for
     ("waiting for 2 free GPUs (0 free)", "waiting for 6.0G on a shared GPU
@@ -90,10 +97,11 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from gpuq.policies import consolidate
+from gpuq.policies.confine import node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, GpuView, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
-_Shape = tuple[int, int | None, bool]
+_Shape = tuple[int, int | None, bool, frozenset[str] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +134,10 @@ def find_reservation(
     they are released in that order on a copy of `capacity`.
     """
     simulated = capacity.copy()
+    outside = capacity.outside(head)
     for end, _, hold in sorted(endings, key=lambda ending: (ending[0], ending[1])):
         simulated.release(hold)
-        gpus = simulated.choose(head.gpus_requested, head.gpu_mem, head.exclusive)
+        gpus = simulated.choose(head.gpus_requested, head.gpu_mem, head.exclusive, outside)
         if gpus is not None:
             return Reservation(head.id, max(end, now), frozenset(gpus))
     return None
@@ -214,7 +223,7 @@ class _Pass:
         self.behind = ""
         # Both caches rely on capacity only shrinking between placements.
         self.reasons: dict[tuple[_Shape, bool], str] = {}
-        self.thresholds: dict[tuple[int, bool, bool], tuple[int, int]] = {}
+        self.thresholds: dict[tuple[int, bool, bool, frozenset[str] | None], tuple[int, int]] = {}
 
     def allocation(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """GPUs per node of a set of GPU indices."""
@@ -242,7 +251,7 @@ class _Pass:
             if job.gpus_requested <= 0:
                 waiting[job.id] = "asks for no GPU: the caller starts it"
                 continue
-            never = self.hardware.impossible_reason(job.gpus_requested, job.gpu_mem)
+            never = self.hardware.on(job.nodes).impossible_reason(job.gpus_requested, job.gpu_mem)
             if never is not None:
                 waiting[job.id] = never
                 continue
@@ -250,7 +259,7 @@ class _Pass:
             restricted = reservation is not None and (
                 job.time_limit is None or self.now + job.time_limit > reservation.shadow_time
             )
-            key = ((job.gpus_requested, job.gpu_mem, job.exclusive), restricted)
+            key = ((job.gpus_requested, job.gpu_mem, job.exclusive, job.nodes), restricted)
             reason = self.reasons.get(key)
             if reason is None:
                 outcome = self._try(job, restricted)
@@ -269,15 +278,18 @@ class _Pass:
     def _try(self, job: JobView, restricted: bool) -> tuple[int, ...] | str:
         """Place `job` and book its GPUs, or say why it waits."""
         reservation = self.reservation if restricted else None
+        outside = self.capacity.outside(job)  # other nodes' GPUs, for a constrained job
         if job.gpu_mem is not None:
             # Shares of any size: decide by threshold, without looking at each GPU.
-            limit_key = (job.gpus_requested, job.exclusive, restricted)
+            limit_key = (job.gpus_requested, job.exclusive, restricted, job.nodes)
             limits = self.thresholds.get(limit_key)
             if limits is None:
-                anywhere = self.capacity.summary().threshold(job.gpus_requested, job.exclusive)
+                anywhere = self.capacity.summary(outside).threshold(
+                    job.gpus_requested, job.exclusive
+                )
                 here = anywhere
                 if reservation is not None:
-                    here = self.capacity.summary(reservation.gpus).threshold(
+                    here = self.capacity.summary(reservation.gpus | outside).threshold(
                         job.gpus_requested, job.exclusive
                     )
                 limits = self.thresholds[limit_key] = (here, anywhere)
@@ -286,10 +298,12 @@ class _Pass:
                     return self.behind
                 room = self._make_room(job)
                 return self._waiting(job) if room is None else self._book(job, room)
-        excluded = reservation.gpus if reservation is not None else frozenset()
+        excluded = reservation.gpus | outside if reservation is not None else outside
         gpus = self.capacity.choose(job.gpus_requested, job.gpu_mem, job.exclusive, excluded)
         if gpus is None:
-            fits = self.capacity.summary().fits(job.gpus_requested, job.gpu_mem, job.exclusive)
+            fits = self.capacity.summary(outside).fits(
+                job.gpus_requested, job.gpu_mem, job.exclusive
+            )
             if fits:
                 return self.behind
             room = self._make_room(job)
@@ -338,7 +352,9 @@ class _Pass:
 
     def _waiting(self, job: JobView) -> str:
         """What `job` waits for; the first job to wait becomes the head."""
-        reason = self.capacity.summary().wait_reason(job.gpus_requested, job.gpu_mem, job.exclusive)
+        summary = self.capacity.summary(self.capacity.outside(job))
+        where = "" if job.nodes is None else node_names(job.nodes)
+        reason = summary.wait_reason(job.gpus_requested, job.gpu_mem, job.exclusive, where)
         if self.head is None:
             self.head = job
             self.reservation = find_reservation(self.capacity, job, self.endings, self.now)

@@ -17,6 +17,8 @@ Conventions, shared by every policy and by both callers:
 - Allocations may over-subscribe a node only in policies that time-slice
   (Gandiva); the caller then shares the node's GPUs round-robin among its
   jobs. `packed` names groups of jobs that share GPUs at the same time instead.
+- A job with a placement constraint (`JobView.nodes`) gets GPUs only on
+  its nodes (`gpuq.policies.confine` says how each policy sees to it).
 - Time is passed in as `now`, in seconds. Policies are deterministic for a
   given seed, never read the clock, and never mutate the state.
 - What a policy needs from its caller is declared in its `capabilities`
@@ -120,6 +122,11 @@ class JobView:
     `moved_at` is when the caller last began moving it to other GPUs (None:
     never), so a policy does not move a job again before it has run a while
     (`gpuq.policies.consolidate`).
+
+    Placement constraint: `nodes` names the nodes the job may hold GPUs on
+    (None: any; the daemon sets it from `--node`, `--exclude-node` and
+    `--label`). Every policy gives a job GPUs only on those nodes
+    (`may_run_on`); a running job keeps what it holds.
     """
 
     id: int
@@ -157,6 +164,11 @@ class JobView:
     oom_partners: tuple[int, ...] = ()
     preemptible: bool = True
     moved_at: float | None = None
+    nodes: frozenset[str] | None = None
+
+    def may_run_on(self, node: str) -> bool:
+        """True if the job may hold GPUs on `node` (its placement constraint allows it)."""
+        return self.nodes is None or node in self.nodes
 
     @property
     def gpus(self) -> int:

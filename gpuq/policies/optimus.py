@@ -38,6 +38,8 @@ Placement
     A job whose GPU count is unchanged keeps its GPUs; the others are placed
     in increasing GPU count (then submission order) on the node with the
     most free GPUs first (`FreeGpus.place`, the artifact's `most_common`).
+    A job with a placement constraint (`JobView.nodes`) is placed first, on
+    its own nodes only, with as many of its GPUs as they have free.
 
 No randomness: `seed` exists only so every policy is built the same way.
 """
@@ -54,6 +56,7 @@ from gpuq.policies.baselines import (
     gpus_per_node,
     submission_order,
 )
+from gpuq.policies.confine import allowed_nodes, node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 
@@ -132,9 +135,16 @@ class OptimusPolicy:
                 allocations[job.id] = kept
             else:
                 to_place.append(job)
-        to_place.sort(key=lambda job: counts[job.id])
+        to_place.sort(key=lambda job: (job.nodes is None, counts[job.id]))
         for job in to_place:
-            placed = free.place(counts[job.id])
+            allowed = allowed_nodes(state, job)
+            placed = free.place(counts[job.id], allowed)
+            if placed is None and job.nodes is not None:
+                fewer = min(counts[job.id], free.total_on(allowed))
+                placed = free.place(fewer, allowed)
+                if placed is None:
+                    notes[job.id] = f"waiting: no free GPU on {node_names(job.nodes)}"
+                    continue
             if placed is None:
                 # Only when the state's own allocations over-commit a node.
                 notes[job.id] = f"waiting: {counts[job.id]} GPUs do not fit"

@@ -18,6 +18,9 @@ The capacity rules (DESIGN.md section 6):
   beside the foreign processes fits the request; it then takes the GPU alone.
 - A multi-GPU job's GPUs come from one link group (a PCIe switch or NVLink)
   where one has room, else from as few as possible (`gpuq.policies.topology`).
+- A job with a placement constraint (`JobView.nodes`) gets GPUs of its nodes
+  only: the GPUs of other nodes (`Capacity.outside`) are left out of its
+  choice, as a backfill reservation's are.
 
 Every fit check goes through a `Summary` (sorted free amounts, cached until the
 next change), so a job that cannot fit is rejected in constant time.
@@ -98,19 +101,25 @@ class Summary:
             return self.whole_free >= gpus
         return gpu_mem <= self.threshold(gpus, exclusive)
 
-    def wait_reason(self, gpus: int, gpu_mem: int | None, exclusive: bool) -> str:
-        """Say in a few words what a request that does not fit is waiting for."""
+    def wait_reason(self, gpus: int, gpu_mem: int | None, exclusive: bool, where: str = "") -> str:
+        """Say in a few words what a request that does not fit is waiting for.
+
+        `where` names the nodes a constrained job may use (its summary counts only theirs).
+        """
+        on = f" on {where}" if where else ""
         if gpu_mem is None:
             blocked = f", {self.foreign_blocked} used by other processes"
             detail = f"{self.whole_free} free{blocked if self.foreign_blocked else ''}"
-            return f"waiting for {_plural(gpus, 'free GPU')} ({detail})"
+            return f"waiting for {_plural(gpus, 'free GPU')}{on} ({detail})"
         if gpus == 1:
             suffix = self.empty_suffix if exclusive else self.shared_suffix
+            if where:
+                suffix = suffix.replace(" GPU (", f" GPU of {where} (", 1)
             return "waiting for " + format_size(gpu_mem) + suffix
         free = self.empty_free if exclusive else self.shared_free
         kind = "unshared GPUs" if exclusive else "shared GPUs"
         having = sum(1 for amount in free if amount >= gpu_mem)
-        return f"waiting for {format_size(gpu_mem)} on each of {gpus} {kind} ({having} have it)"
+        return f"waiting for {format_size(gpu_mem)} on each of {gpus} {kind}{on} ({having} have it)"
 
 
 _NOTHING: frozenset[int] = frozenset()
@@ -120,6 +129,7 @@ class Capacity:
     """Mutable per-GPU bookkeeping of gpuq jobs and memory shares."""
 
     __slots__ = (
+        "_outside",
         "_summaries",
         "groups",
         "index",
@@ -152,6 +162,7 @@ class Capacity:
         self.groups: list[Hashable] = groups if groups is not None else list(range(len(nodes)))
         """Each GPU's link-group key (`topology.group_key`); by default each GPU alone."""
         self._summaries: dict[frozenset[int], Summary] = {}
+        self._outside: dict[frozenset[str], frozenset[int]] = {}
 
     @classmethod
     def from_state(cls, state: ClusterState) -> Capacity:
@@ -185,6 +196,16 @@ class Capacity:
             self.shares.copy(),
             self.groups,
         )
+
+    def outside(self, job: JobView) -> frozenset[int]:
+        """The GPUs (positions) on nodes `job` may not use: none for a job without a constraint."""
+        if job.nodes is None:
+            return _NOTHING
+        cached = self._outside.get(job.nodes)
+        if cached is None:
+            cached = frozenset(i for i, node in enumerate(self.nodes) if node not in job.nodes)
+            self._outside[job.nodes] = cached
+        return cached
 
     def hold_of(self, job: JobView) -> Hold:
         """Translate a running job's GPU UUIDs to indices (unknown GPUs are dropped)."""
@@ -290,17 +311,38 @@ class Hardware:
     """What the state's GPUs could hold with no jobs at all, for impossible requests.
 
     Only the hardware counts: foreign memory comes and goes, so it makes a job
-    wait, never impossible.
+    wait, never impossible. `on(nodes)` is the same for the GPUs of some
+    nodes only (a job's placement constraint).
     """
 
-    __slots__ = ("count", "offers", "where")
+    __slots__ = ("_gpus", "_keep", "_on", "count", "offers", "where")
 
     def __init__(self, state: ClusterState) -> None:
-        keep = 1.0 - state.memory_margin
+        self._keep = 1.0 - state.memory_margin
+        self._gpus = [(gpu.node, gpu.memory_total) for gpu in state.gpus]
+        self._on: dict[frozenset[str], Hardware] = {}
         self.count = len(state.gpus)
-        self.offers = sorted((int(gpu.memory_total * keep) for gpu in state.gpus), reverse=True)
+        self.offers = sorted((int(total * self._keep) for _, total in self._gpus), reverse=True)
         single = len({gpu.node for gpu in state.gpus}) <= 1
         self.where = "this server has" if single else "the cluster has"
+
+    def on(self, nodes: frozenset[str] | None) -> Hardware:
+        """The hardware of `nodes` only (None: all of it), for a job's placement constraint."""
+        if nodes is None:
+            return self
+        cached = self._on.get(nodes)
+        if cached is None:
+            cached = Hardware.__new__(Hardware)
+            cached._keep, cached._on = self._keep, {}
+            cached._gpus = [(node, total) for node, total in self._gpus if node in nodes]
+            cached.count = len(cached._gpus)
+            cached.offers = sorted(
+                (int(total * self._keep) for _, total in cached._gpus), reverse=True
+            )
+            names = sorted({node for node, _ in cached._gpus}) or sorted(nodes)
+            cached.where = f"{', '.join(names)} {'has' if len(names) == 1 else 'have'}"
+            self._on[nodes] = cached
+        return cached
 
     def impossible_reason(self, gpus: int, gpu_mem: int | None) -> str | None:
         """Why a request can never fit even on idle GPUs, or None if it can."""

@@ -3,7 +3,8 @@
 The move is booked to free GPUs of the target node (`scheduler.moves`):
 the job checkpoints at its next iteration boundary and exits, its
 checkpoint is copied to the target and checked (`gpuq.daemon.transfer`),
-and it restarts there from it. Each phase is in the job's event log.
+and it restarts there from it. Each phase is in the job's event log. A
+node outside the job's placement constraint is refused.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import Any
 
 from gpuq.daemon import suspend
 from gpuq.daemon.scheduler import moves
+from gpuq.daemon.scheduler.constraints import eligible_nodes, known_nodes
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, ResourceError, UsageError
 from gpuq.models import JobState
 from gpuq.policies.actions import Action, Kind
+from gpuq.policies.confine import node_names
 from gpuq.protocol import Migrate
 
 
@@ -28,6 +31,12 @@ def handle(state: DaemonState, request: Migrate) -> dict[str, Any]:
         raise UsageError(
             f"unknown node {request.to!r}",
             f"known: {', '.join(nodes)}; gpuq cluster add {request.to} adds a server",
+        )
+    allowed = eligible_nodes(job.spec, known_nodes(state.config))
+    if allowed is not None and request.to not in allowed:
+        raise UsageError(
+            f"job {job.id} may not run on {request.to}: it runs only on {node_names(allowed)}",
+            "its placement constraint (--node, --exclude-node, --label) is part of its spec",
         )
     if job.state is not JobState.RUNNING:
         raise ConflictError(

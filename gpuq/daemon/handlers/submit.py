@@ -1,4 +1,4 @@
-"""submit: validate a job against this server and queue it (or an array)."""
+"""submit: validate a job against the servers it may run on and queue it (or an array)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,22 @@ import dataclasses
 import getpass
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from gpuq.daemon import faults
 from gpuq.daemon.lifecycle import check_runnable_command
+from gpuq.daemon.scheduler.constraints import (
+    KnownNodes,
+    check_submit,
+    eligible_nodes,
+    known_nodes,
+)
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import NewJob
 from gpuq.errors import NotFoundError, ResourceError, UsageError
-from gpuq.models import JobSpec, JobState
+from gpuq.models import GpuInfo, JobSpec, JobState
+from gpuq.policies.confine import node_names
 from gpuq.protocol import Submit, validate_spec
 from gpuq.units import expand_output_pattern, format_size
 
@@ -21,29 +29,65 @@ MAX_ARRAY = 10_000
 
 
 def check_fits_server(state: DaemonState, spec: JobSpec) -> None:
-    """Reject requests this server can never satisfy, naming what it has."""
-    devices = state.gpus.devices
+    """Reject requests the job's nodes can never satisfy (`check_fits`), naming what they have."""
+    config = state.config
+    check_fits(
+        spec,
+        state.gpus.devices,
+        known_nodes(config),
+        config.daemon.node_name,
+        config.scheduler.memory_margin,
+    )
+
+
+def check_fits(
+    spec: JobSpec,
+    devices: Sequence[GpuInfo],
+    known: KnownNodes,
+    local: str,
+    memory_margin: float,
+) -> None:
+    """Reject requests the GPUs of the job's nodes can never satisfy (ResourceError).
+
+    The job is judged against the GPUs of the nodes it may run on (all the
+    `known` nodes, or those its placement constraint allows), as `devices`
+    (each GPU with its node) has them now. A configured server whose GPUs
+    are not among them (down, or not sampled yet) may come back with
+    enough: while one of the job's nodes is such a server, nothing is
+    refused. `local` is this machine's node, whose GPUs are always sampled.
+    """
     if spec.gpus == 0:
         return
-    if not devices:
+    nodes = eligible_nodes(spec, known)
+    allowed = set(known) if nodes is None else set(nodes)
+    if allowed - {gpu.node for gpu in devices} - {local}:
+        return  # a server of the job's not seen yet: it may hold the job when it is
+    mine = [gpu for gpu in devices if gpu.node in allowed]
+    names = node_names(frozenset(allowed))
+    where = "this server has" if allowed == {local} else f"{names} {_has(len(allowed))}"
+    if not mine:
         raise ResourceError(
-            f"the job needs {spec.gpus} GPU(s) but this server has none",
+            f"the job needs {spec.gpus} GPU(s) but {where} none",
             "use --gpus 0 for a CPU-only job, or declare [[gpus.fake]] in the config",
         )
-    if spec.gpus > len(devices):
+    if spec.gpus > len(mine):
         raise ResourceError(
-            f"the job needs {spec.gpus} GPUs; this server has {len(devices)}",
-            f"use --gpus {len(devices)} or fewer",
+            f"the job needs {spec.gpus} GPUs; {where} {len(mine)}",
+            f"use --gpus {len(mine)} or fewer",
         )
     if spec.gpu_mem is not None:
-        margin = state.config.scheduler.memory_margin
-        largest = max(int(g.memory_total * (1 - margin)) for g in devices)
+        largest = max(int(g.memory_total * (1 - memory_margin)) for g in mine)
         if spec.gpu_mem > largest:
+            here = "here" if allowed == {local} else f"on {names}"
             raise ResourceError(
-                f"--gpu-mem {format_size(spec.gpu_mem)} is more than any GPU here can give "
-                f"({format_size(largest)} after the {margin:.0%} safety margin)",
+                f"--gpu-mem {format_size(spec.gpu_mem)} is more than any GPU {here} can give "
+                f"({format_size(largest)} after the {memory_margin:.0%} safety margin)",
                 "ask for less memory, or for a whole GPU without --gpu-mem",
             )
+
+
+def _has(count: int) -> str:
+    return "has" if count == 1 else "have"
 
 
 def check_output_pattern(pattern: str, spec: JobSpec) -> None:
@@ -77,6 +121,7 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
     state.require_state_dir()
     spec = validate_spec(request.spec)
     spec = dataclasses.replace(spec, user=getpass.getuser())
+    check_submit(spec, known_nodes(state.config))
     check_fits_server(state, spec)
     check_runnable_command(spec.command, spec.cwd, spec.env.get("PATH"))
     for dep in spec.after:

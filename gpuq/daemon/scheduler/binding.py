@@ -16,13 +16,17 @@ starting its turn on GPUs the time-slicer chose (`turns`) counts only the
 jobs holding them that do not wait for a turn themselves: a parked or
 stopped job stays resident beside it (the slicer checked that its memory
 fits), and the tick starts the turn once the job computing there has left.
-Pure: no I/O, unit-tested without a daemon.
+A safety net under every policy: a job is never started on a GPU of a node
+its placement constraint excludes (`JobView.nodes`); it stays queued, and
+says why. Pure: no I/O, unit-tested without a daemon.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from gpuq.daemon.scheduler.constraints import misplaced, refusal
+from gpuq.policies.confine import outside
 from gpuq.policies.interface import ClusterState, Decision
 from gpuq.policies.placement import Capacity, Hold
 from gpuq.policies.topology import group_key, pick_close
@@ -60,6 +64,7 @@ def placements(
         if gpu.uuid not in taken and gpu.memory_foreign <= state.foreign_tolerance:
             free.setdefault(gpu.node, []).append(gpu.uuid)
     pending = {job.id: job for job in state.jobs if not job.gpu_uuids}
+    node_of = {gpu.uuid: gpu.node for gpu in state.gpus}
     held: Capacity | None = None
     computing: Capacity | None = None  # what jobs not waiting for a turn hold, for `turns`
     if turns:
@@ -72,6 +77,12 @@ def placements(
         if job is None or not any(allocation):
             continue
         uuids = decision.bindings.get(job_id)
+        wrong = (
+            misplaced(node_of, job, uuids) if uuids is not None else outside(state, job, allocation)
+        )
+        if wrong:
+            waiting[job_id] = f"not started: {refusal(job, wrong)}"
+            continue
         if uuids is not None:
             held = held or Capacity.from_state(state)
             room = computing if job_id in turns and computing is not None else held

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from gpuq.daemon import faults, lifecycle, suspend
 from gpuq.daemon.scheduler import memory
 from gpuq.daemon.scheduler.binding import Placement
+from gpuq.daemon.scheduler.constraints import misplaced, refusal
 from gpuq.daemon.scheduler.introspect import COMPUTING
 from gpuq.daemon.scheduler.packs import PackRecord, anchor_of
 from gpuq.daemon.state import DaemonState
@@ -195,7 +196,7 @@ def _pack(
     if host_job.state is not JobState.RUNNING:
         result.hold(guest, f"waiting to be packed with job {anchor} once it computes")
         return
-    blocker = _cannot_join(state, guest_job, host_job)
+    blocker = _cannot_join(state, guest_job, host_job) or _outside(state, views, guest, host_job)
     if blocker:  # it goes on as it is (its turns included), and says why it is not packed
         log.info("job %d: %s", guest, blocker)
         result.waiting[guest] = blocker
@@ -231,6 +232,16 @@ def _cannot_join(state: DaemonState, guest: Job, host: Job) -> str | None:
     if guest.state is JobState.RUNNING and not suspend.can_preempt(state, guest):
         return f"not packed with job {host.id}: it cannot move (no gpuq.runner to checkpoint)"
     return None
+
+
+def _outside(state: DaemonState, views: Mapping[int, JobView], guest: int, host: Job) -> str:
+    """Why `guest` may not join `host`'s GPUs: their node is outside its constraint ("": may)."""
+    view = views.get(guest)
+    if view is None or view.nodes is None:
+        return ""
+    node_of = {gpu.uuid: gpu.node for gpu in state.gpus.devices}
+    wrong = misplaced(node_of, view, host.gpu_uuids)
+    return f"not packed with job {host.id}: {refusal(view, wrong)}" if wrong else ""
 
 
 def _join(

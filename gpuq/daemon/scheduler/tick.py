@@ -3,8 +3,10 @@
 It runs explicit, ordered steps on the event loop: finish or undo the moves
 under way (`moves.settle`: a moved job restarts on the GPUs booked for it),
 decide which pending jobs are ready (`readiness`), cancel those whose
-dependencies can never be met, build the policy's state (`view`, with each
-moving job on its new GPUs and what the daemon measured: `introspect`),
+dependencies can never be met, hold back those none of whose nodes is up
+(`constraints`: placement constraints), build the policy's state (`view`,
+with each job's nodes, each moving job on its new GPUs and what the daemon
+measured: `introspect`),
 call the policy in a worker thread with a
 deadline (`DECIDE_DEADLINE`), share the GPUs it over-subscribes in turns
 (`slicer`, time-slicing policies only), carry out its packs and unpacks
@@ -30,6 +32,7 @@ from dataclasses import replace
 from gpuq.daemon import lifecycle, suspend
 from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
+from gpuq.daemon.scheduler.constraints import Constraints, known_nodes
 from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import build_state
 from gpuq.daemon.state import DaemonState, GpuSnapshot
@@ -101,6 +104,26 @@ def usable(state: DaemonState) -> GpuSnapshot:
     return replace(gpus, foreign_memory=foreign)
 
 
+def node_status(state: DaemonState) -> dict[str, str]:
+    """What is known of each configured server, for the reasons of jobs waiting for it."""
+    status = {state.config.daemon.node_name: "no GPUs seen"}
+    for health in state.server_health():
+        host, reason = health["host"], health["reason"]
+        if health["state"] == "down":
+            status[host] = f"down: {reason}" if reason else "down"
+        elif health["state"] == "up":
+            status[host] = "up, its GPUs not seen yet"
+        else:
+            status[host] = "not reached yet"
+    return status
+
+
+def constraints_of(state: DaemonState, gpus: GpuSnapshot) -> Constraints:
+    """This pass's placement constraints: the known nodes, those with `gpus`, the others' status."""
+    seen = frozenset(gpu.node for gpu in gpus.devices)
+    return Constraints(known_nodes(state.config), seen, node_status(state))
+
+
 async def schedule_pass(state: DaemonState) -> list[Placement]:
     """Run one pass: settle, decide and launch. Returns the placements acted on.
 
@@ -133,9 +156,11 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         peak = state.store.memory_peak(job.spec.name)
         return None if peak is None else int(peak * (1 + margin))
 
-    cpu_only = [Placement(job.id, ()) for job in ready.ready if job.spec.gpus <= 0]
+    constraints = constraints_of(state, gpus)
+    cpu_jobs, placeable, held_back = constraints.hold(ready.ready, state.config.daemon.node_name)
+    cpu_only = [Placement(job.id, ()) for job in cpu_jobs]
     cluster = build_state(
-        [job for job in ready.ready if job.spec.gpus > 0],
+        placeable,
         list(state.active.values()),
         gpus,
         state.config.scheduler.memory_margin,
@@ -146,6 +171,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.latest_samples,
         state.profiled_gpus,
         state.view_cache,
+        constraints.nodes_of,
     )
     cluster = moves.present(book, state, cluster)
     state.introspection.observe(state.active.values(), state.latest_samples, now)
@@ -155,7 +181,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         cluster = slicer.present(cluster)
     decision = await decide(state, cluster, now)
     if isinstance(decision, str):
-        late: dict[int, str] = dict(ready.waiting)
+        late: dict[int, str] = {**ready.waiting, **held_back}
         late.update((job.id, decision) for job in cluster.jobs if not job.gpu_uuids)
         state.waiting_reasons = late
         return []
@@ -182,7 +208,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         waiting = {i: release if why == RELEASE_WAIT else why for i, why in waiting.items()}
     starts = _after_turns(state, starts, sliced, waiting)
     starts = moves.hold_back(state, cluster, moved, starts, waiting)
-    reasons = dict(ready.waiting)
+    reasons = {**ready.waiting, **held_back}
     reasons.update(waiting)
     reasons.update(turns)
     state.waiting_reasons = reasons

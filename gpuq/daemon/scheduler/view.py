@@ -16,7 +16,11 @@ last reported (`measured`) adds its model: the fitted throughput model
 with its gradient noise and batch limits as a `GoodputFunction` (numpy is
 imported only then), its batch size, epoch, memory peak and the most GPUs
 it was measured on (each sample is stored with the GPUs the job held).
-CPU-only jobs never reach the policy. Pure: unit-tested without a daemon.
+A job's placement constraint becomes its `nodes` (`nodes_of`: the nodes
+it may use, `gpuq.daemon.scheduler.constraints`); a running job may also
+keep the nodes it holds (a reload may have changed the labels since it
+started). CPU-only jobs never reach the policy. Pure: unit-tested without
+a daemon.
 
 A queue of a thousand jobs is rebuilt at every pass on the daemon's event
 loop, so a `ViewCache` keeps each waiting job's view while nothing it is
@@ -31,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuq.models import Job, JobState
+from gpuq.models import Job, JobSpec, JobState
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 if TYPE_CHECKING:  # the daemon's state holds a ViewCache
@@ -42,7 +46,9 @@ if TYPE_CHECKING:  # the daemon's state holds a ViewCache
 class ViewCache:
     """Waiting jobs' views from the previous pass, with what each was built from."""
 
-    views: dict[int, tuple[Job, object, int, int | None, JobView]] = field(default_factory=dict)
+    views: dict[int, tuple[Job, object, int, int | None, frozenset[str] | None, JobView]] = field(
+        default_factory=dict
+    )
     fields: dict[int, tuple[object, int, dict[str, Any]]] = field(default_factory=dict)
     """Running jobs' `measurements`, kept while the same sample is their newest."""
 
@@ -57,12 +63,20 @@ class ViewCache:
         self.fields[job_id] = (sample, profiled, made)
         return made
 
-    def get(self, job: Job, sample: object, profiled: int, gpu_mem: int | None) -> JobView | None:
+    def get(
+        self,
+        job: Job,
+        sample: object,
+        profiled: int,
+        gpu_mem: int | None,
+        nodes: frozenset[str] | None,
+    ) -> JobView | None:
         """The job's view if it was built from these very objects and figures."""
         kept = self.views.get(job.id)
         if kept is None or kept[0] is not job or kept[1] is not sample:
             return None
-        return kept[4] if kept[2] == profiled and kept[3] == gpu_mem else None
+        same = kept[2] == profiled and kept[3] == gpu_mem and kept[4] == nodes
+        return kept[5] if same else None
 
 
 def build_state(
@@ -77,6 +91,7 @@ def build_state(
     measured: Mapping[int, Mapping[str, Any]] | None = None,
     profiled: Mapping[int, int] | None = None,
     cache: ViewCache | None = None,
+    nodes_of: Callable[[JobSpec], frozenset[str] | None] = lambda spec: None,
 ) -> ClusterState:
     """The policy's state of this server: its GPUs, and its ready and running GPU jobs.
 
@@ -103,19 +118,20 @@ def build_state(
         return measurements(sample, seen) if cache is None else cache.measured(job_id, sample, seen)
 
     views: list[JobView] = []
-    kept: dict[int, tuple[Job, object, int, int | None, JobView]] = {}
+    kept: dict[int, tuple[Job, object, int, int | None, frozenset[str] | None, JobView]] = {}
     for job in ready:
         spec = job.spec
         gpu_mem = spec.gpu_mem
         if spec.gpu_mem_auto:
             gpu_mem = learned_memory(job)  # None: no history, so it profiles on a whole GPU
         sample, seen = samples.get(job.id), explored.get(job.id, 0)
+        allowed = nodes_of(spec)
         timeless = job.running_since is None  # its run time does not move with `now`
         if cache is not None and timeless:
-            view = cache.get(job, sample, seen, gpu_mem)
+            view = cache.get(job, sample, seen, gpu_mem, allowed)
             if view is not None:
                 views.append(view)
-                kept[job.id] = (job, sample, seen, gpu_mem, view)
+                kept[job.id] = (job, sample, seen, gpu_mem, allowed, view)
                 continue
         view = JobView(
             id=job.id,
@@ -132,14 +148,19 @@ def build_state(
             run_time=job.run_time(now),
             attained_service=job.run_time(now) * spec.gpus,
             num_restarts=max(0, job.attempts - 1),
+            nodes=allowed,
             **measurements(sample, seen),
         )
         views.append(view)
         if timeless:
-            kept[job.id] = (job, sample, seen, gpu_mem, view)
+            kept[job.id] = (job, sample, seen, gpu_mem, allowed, view)
     running: set[int] = set()
+    gpu_node = {g.uuid: g.node for g in gpus.devices}
     for job in active:
         if job.state.is_active and job.gpu_uuids:
+            allowed = nodes_of(job.spec)
+            if allowed is not None:  # it keeps the nodes it holds, whatever the labels now
+                allowed |= {gpu_node[uuid] for uuid in job.gpu_uuids if uuid in gpu_node}
             views.append(
                 JobView(
                     id=job.id,
@@ -161,6 +182,7 @@ def build_state(
                     num_restarts=max(0, job.attempts - 1),
                     preemptible=preemptible(job),
                     suspended=job.state is JobState.SUSPENDED,
+                    nodes=allowed,
                     **reported(job.id),
                 )
             )

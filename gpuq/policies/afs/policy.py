@@ -65,6 +65,9 @@ Placement
     are (`gpuq.policies.afs.packing`). Deviation: on nodes of other or mixed
     sizes shares are not regulated, a job may span partly used nodes, and
     the paper's "at most one multi-node job per node" is not guaranteed.
+    Shares ignore placement constraints (`JobView.nodes`): a job placed on
+    a node it may not use is moved to its own nodes, or waits
+    (`gpuq.policies.confine`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ import numpy as np
 from gpuq.errors import UsageError
 from gpuq.policies.afs.core import AfsJob, Shares, afs_l, afs_p, peak_gpus, processor_sharing
 from gpuq.policies.afs.packing import packing_size, place, regulate
+from gpuq.policies.confine import confine
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 
 DEFAULT_UNIT = 900.0
@@ -201,10 +205,10 @@ class AfsPolicy:
         )
         evict = any(self._slot_over(key) for key in self._slot_start)
         if self._last is not None and signature == self._signature and not evict:
-            return self._last
+            return confine(state, self._last)
         self._signature = signature
         self._last = self._recompute(state)
-        return self._last
+        return confine(state, self._last)
 
     def _recompute(self, state: ClusterState) -> Decision:
         total = state.total_gpus

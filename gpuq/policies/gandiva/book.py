@@ -128,6 +128,13 @@ class Book:
 
     # Queries.
 
+    def barred(self, job_id: int) -> frozenset[int]:
+        """The nodes (indices) the job may not use: its placement constraint (`JobView.nodes`)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.nodes is None:
+            return frozenset()
+        return frozenset(i for i, node in enumerate(self.nodes) if node.name not in job.nodes)
+
     def free(self, i: int) -> int:
         """GPUs of node `i` no job holds."""
         return max(0, self.nodes[i].gpus - self.used[i])

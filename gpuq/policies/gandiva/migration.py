@@ -31,6 +31,8 @@ for the spread job; move every other job on it to nodes with fewer free GPUs
 (best fit), then consolidate the spread job there. It is done only if every
 job can move and the spread job saves more than all the moves' penalties;
 repeated until no node qualifies or no spread job benefits.
+
+A job with a placement constraint (`JobView.nodes`) moves only to its nodes.
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ def _movable(book: Book, job_id: int, i: int) -> bool:
     return book.nodes_of(job_id) == [i] and not book.packed(job_id) and job_id not in book.base
 
 
-def _target(book: Book, gpus: int, src: int) -> int | None:
+def _target(book: Book, gpus: int, src: int, job_id: int) -> int | None:
     for branch in (1, 3, 2):
-        i = best_node(book, gpus, branch, exclude=(src,))
+        i = best_node(book, gpus, branch, exclude=(src, *book.barred(job_id)))
         if i is not None:
             return i
     return None
@@ -102,7 +104,7 @@ def _lower_once(book: Book, penalty: float, remaining: RemainingWork) -> bool:
         movers = [j for j in book.residents[src] if _movable(book, j, src)]
         for job_id in sorted(movers, key=lambda j: _mover_order(book, j, excess)):
             gpus = book.gpus(job_id)
-            target = _target(book, gpus, src)
+            target = _target(book, gpus, src, job_id)
             if target is None:
                 continue
             if not worth_moving(job_id, book.share(job_id), 1.0, penalty, remaining):
@@ -133,7 +135,7 @@ def dissolve_packs(
             book.unpack(guest)
             book.notes[guest] = f"unpacked on {book.nodes[i].name}: a GPU is free"
             continue
-        target = _target(book, 1, i) if migrate else None
+        target = _target(book, 1, i, guest) if migrate else None
         before = book.share(guest) * pack_rate(guest)
         if target is not None and worth_moving(guest, before, 1.0, penalty, remaining):
             text = f"unpacked and migrated {book.nodes[i].name} -> {book.nodes[target].name}"
@@ -176,10 +178,11 @@ def consolidate(book: Book, penalty: float, remaining: RemainingWork) -> list[in
     for job_id in _spread_jobs(book):
         gpus = book.gpus(job_id)
         own = book.alloc[job_id]
+        barred = book.barred(job_id)
         room = [
             i
             for i, node in enumerate(book.nodes)
-            if node.gpus >= gpus and book.available(i) + own[i] >= gpus
+            if node.gpus >= gpus and book.available(i) + own[i] >= gpus and i not in barred
         ]
         if not room:
             left.append(job_id)
@@ -197,7 +200,10 @@ def _defrag_moves(book: Book, src: int, movers: list[int]) -> dict[int, int] | N
     moves = {}
     for job_id in sorted(movers, key=lambda j: (-book.gpus(j), j)):
         gpus = book.gpus(job_id)
-        room = [i for i in range(len(free)) if i != src and gpus <= free[i] < limit]
+        barred = book.barred(job_id)
+        room = [
+            i for i in range(len(free)) if i != src and gpus <= free[i] < limit and i not in barred
+        ]
         if not room:
             return None
         target = min(room, key=lambda i: (free[i], i))
@@ -219,7 +225,7 @@ def defragment(book: Book, threshold: float, penalty: float, remaining: Remainin
         done = False
         for src in sources:
             for job_id in spread:
-                if book.nodes[src].gpus < book.gpus(job_id):
+                if book.nodes[src].gpus < book.gpus(job_id) or src in book.barred(job_id):
                     continue
                 movers = [j for j in book.residents[src] if j != job_id]
                 moves = _defrag_moves(book, src, movers)

@@ -222,6 +222,7 @@ def try_packs(
             and frozenset((guest, host)) not in failed
             and pair_fits(profiles[guest], profiles[host], gpu_memory, max_utilization)
             and book.jobs[host].priority == book.jobs[guest].priority
+            and book.node_of(host) not in book.barred(guest)
             and (book.node_of(host) == home or (mobile and not book.over(book.node_of(host))))
         ]
         if not options:

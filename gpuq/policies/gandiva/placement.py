@@ -17,6 +17,8 @@
 "Room" counts GPUs that grown jobs would give back (they shrink at once).
 The paper's `height(nodes1) < 1` is read as "the node has room for the job"
 (taken literally, a ceil(M/N) height is below 1 only on an empty server).
+A job with a placement constraint (`JobView.nodes`) is placed, time-sliced
+and makes room only on its nodes: every branch considers those alone.
 
 Priorities: a job never over-subscribes a node that holds a higher-priority
 job. If it over-subscribes a node of lower-priority jobs, those are suspended
@@ -84,24 +86,25 @@ def best_node(book: Book, gpus: int, branch: int, exclude: Iterable[int] = ()) -
 def choose(book: Book, job: JobView) -> Choice | None:
     """Algorithm 1: the branch and allocation for a waiting job, or None to queue it."""
     gpus = job.gpus_requested
-    count = len(book.nodes)
+    barred = book.barred(job.id)
+    nodes = [i for i in range(len(book.nodes)) if i not in barred]
     for branch in (1, 2):
-        i = best_node(book, gpus, branch)
+        i = best_node(book, gpus, branch, barred)
         if i is not None:
             return branch, _single(book, i, gpus)
-    empty = [i for i in range(count) if not book.residents[i]]
+    empty = [i for i in nodes if not book.residents[i]]
     if sum(book.nodes[i].gpus for i in empty) >= gpus:
         order = sorted(empty, key=lambda i: (-book.nodes[i].gpus, i))
         return 2, _spread(book, order, lambda i: book.nodes[i].gpus, gpus)
-    i = best_node(book, gpus, 3)
+    i = best_node(book, gpus, 3, barred)
     if i is not None:
         return 3, _single(book, i, gpus)
-    if sum(book.available(i) for i in range(count)) >= gpus:
-        order = sorted(range(count), key=lambda i: (-book.available(i), i))
+    if sum(book.available(i) for i in nodes) >= gpus:
+        order = sorted(nodes, key=lambda i: (-book.available(i), i))
         return 3, _spread(book, order, book.available, gpus)
     over = [
         i
-        for i in range(count)
+        for i in nodes
         if book.affinity[i] == gpus
         and book.nodes[i].gpus >= gpus
         and not book.priority_above(i, job.priority)
@@ -150,7 +153,10 @@ def _victims(book: Book, i: int, job: JobView) -> list[int] | None:
 def preempt(book: Book, job: JobView) -> list[int] | None:
     """Place `job` by suspending the fewest lower-priority GPUs on one node; None if none can."""
     options = []
+    barred = book.barred(job.id)
     for i in range(len(book.nodes)):
+        if i in barred:
+            continue
         victims = _victims(book, i, job)
         if victims is not None:
             options.append((sum(book.alloc[j][i] for j in victims), i, victims))
@@ -209,7 +215,7 @@ def place_pending(book: Book) -> None:
     total = sum(node.gpus for node in book.nodes)
     waiting = [(queue_key(job), job.id) for job in book.pending()]
     heapq.heapify(waiting)
-    failed: set[tuple[int, int, int]] = set()
+    failed: set[tuple[int, int, int, frozenset[int]]] = set()
     while waiting:
         _, job_id = heapq.heappop(waiting)
         job = book.jobs[job_id]
@@ -219,7 +225,12 @@ def place_pending(book: Book) -> None:
         if gpus < 1 or gpus > total:
             book.notes[job_id] = f"queued: requests {gpus} GPUs; the cluster has {total}"
             continue
-        shape = (gpus, job.priority, book.version)
+        barred = book.barred(job_id)
+        if barred and gpus > sum(n.gpus for i, n in enumerate(book.nodes) if i not in barred):
+            mine = ", ".join(n.name for i, n in enumerate(book.nodes) if i not in barred)
+            book.notes[job_id] = f"queued: requests {gpus} GPUs; its nodes ({mine}) have fewer"
+            continue
+        shape = (gpus, job.priority, book.version, barred)
         if shape in failed:
             suspended = None
         else:
@@ -228,9 +239,11 @@ def place_pending(book: Book) -> None:
         if suspended is None:
             failed.add(shape)
             if not book.notes.get(job_id, "").startswith("queued"):
+                mine = ", ".join(n.name for i, n in enumerate(book.nodes) if i not in barred)
                 book.notes[job_id] = (
                     f"queued (branch 5): no free GPUs and no server of affinity {gpus} "
                     f"under the {book.limit:g}x limit"
+                    + (f" on its nodes ({mine})" if barred else "")
                 )
             continue
         for victim in suspended:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from gpuq.policies.confine import node_names
 from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
 from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
@@ -144,7 +145,7 @@ class _Class:
             for job in self.queue
             if job.gpu_mem is None
             and job.id not in self.out.allocations
-            and hardware.impossible_reason(max(job.min_gpus, 1), None) is None
+            and hardware.on(job.nodes).impossible_reason(max(job.min_gpus, 1), None) is None
         ]
         blocked = [job for job in left if job.min_gpus >= 1 and job.id not in admitted]
         packed = self._pack(blocked)
@@ -394,8 +395,10 @@ class _Class:
     def _why(self, job: JobView) -> str:
         """Why a job of this class waits, where no step said."""
         need = max(job.min_gpus, 1) if job.gpu_mem is None else job.gpus_requested
-        summary = self.board.capacity.summary()
-        return summary.wait_reason(need, job.gpu_mem, job.exclusive)
+        capacity = self.board.capacity
+        summary = capacity.summary(capacity.outside(job))
+        where = "" if job.nodes is None else node_names(job.nodes)
+        return summary.wait_reason(need, job.gpu_mem, job.exclusive, where)
 
 
 def _base_speedups(problem: SearchProblem) -> list[float]:
@@ -414,13 +417,15 @@ def _base_speedups(problem: SearchProblem) -> list[float]:
 def _search_wait(board: Board, job: JobView, fits: bool) -> str:
     """Why a whole-GPU job the goodput search left out waits (`fits`: its minimum did)."""
     need = max(job.min_gpus, 1)
-    summary = board.capacity.summary()
+    summary = board.capacity.summary(board.capacity.outside(job))
     if fits or summary.whole_free >= need:
         return (
             "waiting: the goodput allocation keeps the GPUs with running jobs for now "
             "(shrinking them would cost more than it gains yet)"
         )
-    return summary.wait_reason(need, None, False)
+    return summary.wait_reason(
+        need, None, False, "" if job.nodes is None else node_names(job.nodes)
+    )
 
 
 __all__ = ["Outcome", "Search", "Steps", "decide_classes", "rigid"]

@@ -151,6 +151,7 @@ class Packer:
                 (host, gpu, host_profile)
                 for host, (gpu, host_profile) in hosts.items()
                 if host not in taken
+                and job.may_run_on(_node(board, gpu))
                 and frozenset((job.id, host)) not in self.failed
                 and pair_fits(guest, host_profile, board.capacity.usable[gpu], self.max_utilization)
             ]

@@ -114,6 +114,11 @@ Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
     guests), so it starts for real as soon as its minimum fits (its turns
     then end), and a node being time-sliced is full to the search, which
     neither grows its jobs nor places other jobs there.
+Placement constraints (`JobView.nodes`: `gpuq submit --node`, `--label`)
+    A constrained job is admitted, moved for, preempted for, sized by the
+    search, packed and time-sliced on its nodes only, by the rules above;
+    its waiting reason names them ("waiting for 1 free GPU on gpu2 (0
+    free)").
 Reasons
     Every job gets a note: where it runs and why ("speedup 1.62 over a fair
     share", "goodput +38% (...)" for a resize, "a 6.0G memory share", "next

@@ -9,7 +9,8 @@ until the job fits: shrink a job to its minimum (giving up the GPUs it holds
 beyond, through a resize), then preempt a job whole; each kind lowest
 priority first, then the most recently started, then the highest id. Steps
 found unneeded once it fits are undone, so a job yields no more than the
-asks need. Pure: computed on a copy of fifo's capacity.
+asks need. A job with a placement constraint makes room only on its nodes.
+Pure: computed on a copy of fifo's capacity.
 """
 
 from __future__ import annotations
@@ -80,11 +81,15 @@ def make_room(
     hardware = Hardware(state)
     changed: dict[int, int] = {}  # victim -> the ask it yields to
     for job in asks:
-        if job.id in placed or hardware.impossible_reason(job.gpus_requested, job.gpu_mem):
+        if job.id in placed or hardware.on(job.nodes).impossible_reason(
+            job.gpus_requested, job.gpu_mem
+        ):
             continue
 
         def fits(job: JobView = job) -> tuple[int, ...] | None:
-            return capacity.choose(job.gpus_requested, job.gpu_mem, job.exclusive)
+            return capacity.choose(
+                job.gpus_requested, job.gpu_mem, job.exclusive, capacity.outside(job)
+            )
 
         applied: list[tuple[int, Hold]] = []
         for victim_id, keep in steps:

@@ -21,7 +21,10 @@ A guest goes back to the node it was sliced on before where that node
 still takes it (no move), else to the node with the lowest demand per GPU
 after it (then node order). A node that takes a guest keeps its free GPUs
 for its turns: they are held for the guest, so no lower class lands
-between jobs taking turns. Pure: a step of one decision on its `Board`.
+between jobs taking turns. A job with a placement constraint
+(`JobView.nodes`) takes turns only on its nodes; one that a node would take
+but none of its own does is passed over, not a stop. Pure: a step of one
+decision on its `Board`.
 """
 
 from __future__ import annotations
@@ -85,9 +88,12 @@ class Slicing:
         notes: dict[int, str] = {}
         for job in waiting:
             size = max(job.min_gpus, 1)
-            eligible = [node for node in nodes if node.takes(size, self.oversubscription)]
-            if not eligible:
+            taking = [node for node in nodes if node.takes(size, self.oversubscription)]
+            if not taking:
                 break  # no turns ahead of an older job of the class that gets none
+            eligible = [node for node in taking if job.may_run_on(node.name)]
+            if not eligible:
+                continue  # its placement constraint, not its turn, keeps it out
             before = board.guests.get(job.id)
             same = [node for node in eligible if node.index == before]
             node = same[0] if same else min(eligible, key=lambda n: (n.load(size), n.index))

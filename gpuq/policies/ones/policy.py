@@ -53,6 +53,10 @@ Batch-size limits
     while some job waits: with nobody queued there is no convoy to break up.
     A rejection (halving) is counted once per change of the schedule that
     leaves a waiting job waiting.
+Placement constraints
+    The search ignores them (`JobView.nodes`): a job the deployed schedule
+    puts on a node it may not use is moved to its own nodes, or waits
+    (`gpuq.policies.confine`).
 Not implemented
     The GPR progress predictor (an oracle with Beta noise stands in, see
     `fitness`) and ONES's in-place NCCL rescaling (a runner feature).
@@ -74,6 +78,7 @@ from dataclasses import replace
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuq.policies.confine import confine
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.ones.fitness import (
     FloatArray,
@@ -192,7 +197,7 @@ class OnesPolicy:
         batch = np.where(pinned, live_batch, rule_batches(target, ctx.rules))
         before = self._schedule(jobs, live_counts, live_batch)
         after = self._schedule(jobs, target, batch)
-        return self._deploy(jobs, before, after, pinned, now)
+        return confine(state, self._deploy(jobs, before, after, pinned, now))
 
     # The steps of a decision -------------------------------------------------
 

@@ -19,8 +19,9 @@ Placement
     Jobs that keep their count keep their current GPUs. The others, largest
     first, go best-fit on one node when they fit on one, else on the nodes
     with the most free GPUs that hold no other multi-node job; a job gets
-    fewer GPUs if they do not fit. Repair then makes the seed feasible like
-    any other individual.
+    fewer GPUs if they do not fit. A job goes only on the nodes its
+    placement constraint allows (`SearchProblem.allowed`). Repair then makes
+    the seed feasible like any other individual.
 """
 
 from __future__ import annotations
@@ -97,15 +98,17 @@ def place(problem: SearchProblem, counts: NDArray[np.intp]) -> Allocations:
         if np.count_nonzero(column) > 1:
             multi_node |= column > 0
     others = [int(job) for job in np.flatnonzero((counts > 0) & ~keep)]
+    everywhere = np.ones(nodes, dtype=bool)
     for job in sorted(others, key=lambda j: -int(counts[j])):
         want = int(counts[job])
-        fits = np.flatnonzero(free >= want)
+        mask = everywhere if problem.allowed is None else problem.allowed[:, job]
+        fits = np.flatnonzero((free >= want) & mask)
         if fits.size:
             node = int(fits[np.argmin(free[fits])])
             state[node, job] = want
             free[node] -= want
             continue
-        open_nodes = np.flatnonzero((free > 0) & ~multi_node)
+        open_nodes = np.flatnonzero((free > 0) & ~multi_node & mask)
         open_nodes = open_nodes[np.argsort(-free[open_nodes], kind="stable")]
         open_nodes = open_nodes[: problem.max_nodes]
         before = np.cumsum(free[open_nodes]) - free[open_nodes]

@@ -44,7 +44,9 @@ Constraints
     (the user's batch size for a non-adaptive job) and is at least 1, raised
     to the job's minimum; a job gets 0 GPUs or at least `min_gpus` (0 in the
     simulator: any job may be left waiting or run on one GPU), and one whose
-    minimum exceeds the cluster waits.
+    minimum exceeds the cluster waits. A job with a placement constraint
+    (`JobView.nodes`) gets GPUs only on its nodes, is capped at their GPUs,
+    and waits when its minimum exceeds them.
 Search
     A genetic search like the artifact's NSGA-II (`gpuq.policies.pollux.search`:
     population 100, up to 100 generations). The first decision starts from
@@ -83,6 +85,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from gpuq.policies.confine import allowed_nodes, node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.greedy import greedy_seed
 from gpuq.policies.pollux.search import (
@@ -212,6 +215,12 @@ class PolluxPolicy:
         caps = np.array([gpu_cap(job, total, self.max_gpu_factor) for job in jobs], dtype=np.int16)
         caps = np.maximum(caps, mins)  # a job that needs 4 GPUs is explored at 4, not 1
         caps[mins > total] = 0  # more than the cluster has: it waits
+        allowed = None
+        if any(job.nodes is not None for job in jobs):
+            allowed = np.array([allowed_nodes(state, job) for job in jobs], dtype=bool).T
+            reachable = (node_gpus[:, None] * allowed).sum(axis=0)  # GPUs of each job's nodes
+            caps = np.minimum(caps, reachable).astype(np.int16)
+            caps[mins > reachable] = 0  # more than its nodes have: it waits
         mins = np.minimum(mins, caps)
         max_nodes = min(MAX_NODES_PER_JOB, len(state.nodes))
         penalty = state.restart_penalty if self.restart_penalty is None else self.restart_penalty
@@ -229,7 +238,9 @@ class PolluxPolicy:
                 base[:, row] = job.allocation
         fair = fair_share(node_gpus, len(jobs))
         speedup = self._tables.build(jobs, caps, node_gpus, max_nodes, fair)
-        problem = SearchProblem(base, node_gpus, caps, mins, max_nodes, speedup, factors, self.p)
+        problem = SearchProblem(
+            base, node_gpus, caps, mins, max_nodes, speedup, factors, self.p, allowed
+        )
         return jobs, problem
 
     def fitness(
@@ -265,6 +276,15 @@ class PolluxPolicy:
             elif job.min_gpus > problem.node_gpus.sum():
                 notes[job.id] = (
                     f"needs {job.min_gpus} GPUs; the cluster has {problem.node_gpus.sum()}"
+                )
+            elif problem.allowed is not None and job.nodes is not None:
+                mine = int((problem.node_gpus * problem.allowed[:, row]).sum())
+                where = node_names(job.nodes)
+                have = "has" if len(job.nodes) == 1 else "have"
+                notes[job.id] = (
+                    f"needs {job.min_gpus} GPUs; {where} {have} {mine}"
+                    if job.min_gpus > mine
+                    else f"waiting for GPUs on {where} (cap {int(problem.max_gpus[row])} GPUs)"
                 )
             else:
                 notes[job.id] = f"waiting (cap {int(problem.max_gpus[row])} GPUs)"

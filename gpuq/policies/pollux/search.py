@@ -35,6 +35,8 @@ Mutation
     by repair: a job at its cap loses its growth, and capacity is served in
     repair order, so the first grower below its cap takes the free GPUs.
 Repair, in order
+    0. placement constraints: a job loses its GPUs on every node outside
+       its mask (`SearchProblem.allowed`: `gpuq submit --node`, `--label`);
     1. interference: a multi-node job loses its GPUs on any node that already
        holds an earlier multi-node job. (The artifact also cleared single-node
        jobs listed after two distributed ones on that node; we clear only the
@@ -95,6 +97,8 @@ class SearchProblem:
     """REALLOC_FACTOR per job, applied when its column differs from `base`."""
     p: float
     """Power-mean exponent of FITNESS_p."""
+    allowed: NDArray[np.bool_] | None = None
+    """The nodes each job may use, `[nodes, jobs]` (placement constraints); None: all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,8 @@ def _grow(
 
 def repair(problem: SearchProblem, states: Allocations, rng: np.random.Generator) -> Allocations:
     """Make every individual feasible, in place: interference, caps, capacity (module docstring)."""
+    if problem.allowed is not None:
+        states[:, ~problem.allowed] = 0
     positive = states > 0
     nodes = positive.sum(axis=1, dtype=np.int16)
     occupied = positive & (nodes > 1)[:, None, :]
@@ -335,4 +341,6 @@ def feasible(problem: SearchProblem, states: Allocations) -> NDArray[np.bool_]:
         & ((gpus == 0) | (gpus >= problem.min_gpus)).all(axis=1)
         & (nodes <= problem.max_nodes).all(axis=1)
     )
+    if problem.allowed is not None:
+        ok &= ~((states > 0) & ~problem.allowed).any(axis=(1, 2))
     return ok

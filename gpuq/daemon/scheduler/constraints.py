@@ -1,0 +1,192 @@
+"""Placement constraints: on which servers a job may run, and why it is refused or waits.
+
+A job may name servers to run on (`gpuq submit --node`: any one of them),
+servers to avoid (`--exclude-node`) and labels its server must carry
+(`--label`: every one of them). The servers it may be placed on are among
+the **known nodes**: this machine (`daemon.node_name`, with
+`daemon.labels`) and each server of `[[cluster.servers]]` (its `host`, with
+its `labels`), all of them read from the config at each use, so a reload
+that changes labels or servers takes effect at the next pass.
+
+- At submission (`check_submit`): a node name that is not known, a label no
+  node carries, or constraints no node meets are refused, each error
+  listing what is known.
+- At each scheduling pass (`Constraints.hold`): a job none of whose nodes
+  has GPUs in the daemon's snapshot (down, not reached yet, or not sampled
+  yet) waits with a reason naming them ("waiting for node gpu2 (down: ...)",
+  "no eligible node is up: gpu2 (...), gpu3 (...)"), and so does one that
+  the config no longer lets run anywhere; the others reach the policy with
+  their nodes (`JobView.nodes`).
+- At binding (`misplaced`): a safety net under every policy, a start on a
+  GPU of a node the job may not use is refused.
+
+Pure: no I/O (the caller passes the config and each node's status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gpuq.config import Config
+from gpuq.errors import UsageError
+from gpuq.models import Job, JobSpec
+from gpuq.policies.confine import node_names
+from gpuq.policies.interface import JobView
+
+KnownNodes = Mapping[str, tuple[str, ...]]
+"""Each known node's name and labels, this machine first."""
+
+
+def known_nodes(config: Config) -> dict[str, tuple[str, ...]]:
+    """This machine and the configured servers, each with its labels (module docstring)."""
+    nodes = {config.daemon.node_name: config.daemon.labels}
+    for server in config.cluster.servers:
+        nodes.setdefault(server.host, server.labels)
+    return nodes
+
+
+def eligible_nodes(spec: JobSpec, known: KnownNodes) -> frozenset[str] | None:
+    """The known nodes `spec` may run on; None when it has no constraint (any node)."""
+    if not spec.constrained:
+        return None
+    return frozenset(name for name, labels in known.items() if not _out(spec, name, labels))
+
+
+def _out(spec: JobSpec, name: str, labels: tuple[str, ...]) -> str:
+    """Why `spec` may not run on node `name` ("" if it may)."""
+    if spec.nodes and name not in spec.nodes:
+        return "not named by --node"
+    if name in spec.exclude_nodes:
+        return "excluded"
+    missing = [label for label in spec.labels if label not in labels]
+    if missing:
+        return f"no label {', '.join(missing)}"
+    return ""
+
+
+def why_none(spec: JobSpec, known: KnownNodes) -> str:
+    """Why no known node meets `spec`'s constraints: each node with its reason."""
+    return "; ".join(f"{name}: {_out(spec, name, labels)}" for name, labels in known.items())
+
+
+def labels_text(known: KnownNodes) -> str:
+    """Each node's labels, for errors: `head (a100, fast-disk), gpu2 (no labels)`."""
+    return ", ".join(
+        f"{name} ({', '.join(labels) if labels else 'no labels'})" for name, labels in known.items()
+    )
+
+
+def check_submit(spec: JobSpec, known: KnownNodes) -> None:
+    """Refuse constraints no known node can ever meet, naming what is known (UsageError)."""
+    unknown = [name for name in (*spec.nodes, *spec.exclude_nodes) if name not in known]
+    if unknown:
+        names = ", ".join(dict.fromkeys(unknown))
+        raise UsageError(
+            f"unknown node {names}: the known nodes are {', '.join(known)}",
+            f"add a server with gpuq cluster add {unknown[0]}, or name a known node",
+        )
+    missing = [label for label in spec.labels if not any(label in v for v in known.values())]
+    if missing:
+        raise UsageError(
+            f"no node carries label {', '.join(dict.fromkeys(missing))}: "
+            f"the nodes' labels are {labels_text(known)}",
+            "set daemon.labels, or labels of a [[cluster.servers]] table, in the config",
+        )
+    if eligible_nodes(spec, known) == frozenset():
+        raise UsageError(
+            f"no node meets the job's placement constraints ({why_none(spec, known)})",
+            "loosen --node, --exclude-node or --label",
+        )
+
+
+def misplaced(node_of: Mapping[str, str], job: JobView, uuids: Iterable[str]) -> list[str]:
+    """The nodes of `uuids` (`node_of`: each GPU's node) that `job` may not use, sorted."""
+    if job.nodes is None:
+        return []
+    return sorted({node_of.get(uuid, "an unknown node") for uuid in uuids} - job.nodes)
+
+
+def refusal(job: JobView, wrong: Iterable[str]) -> str:
+    """Why a start the policy asked for on nodes `wrong` is not made (the job stays queued)."""
+    return (
+        f"the policy placed it on {', '.join(wrong)}, where it may not run "
+        f"(it runs only on {node_names(job.nodes)})"
+    )
+
+
+@dataclass(slots=True)
+class Constraints:
+    """One pass's view of the constraints: the known nodes, and each constraint's nodes.
+
+    `status` says, for a known node whose GPUs the snapshot lacks, what is
+    known of it ("down: connection refused"), for waiting reasons.
+    """
+
+    known: KnownNodes
+    seen: frozenset[str]
+    status: Mapping[str, str] = field(default_factory=dict)
+    _cache: dict[tuple[tuple[str, ...], ...], frozenset[str] | None] = field(default_factory=dict)
+
+    def nodes_of(self, spec: JobSpec) -> frozenset[str] | None:
+        """The nodes a job may run on now (None: any), cached per constraint."""
+        if not spec.constrained:
+            return None
+        key = (spec.nodes, spec.exclude_nodes, spec.labels)
+        if key not in self._cache:
+            self._cache[key] = eligible_nodes(spec, self.known)
+        return self._cache[key]
+
+    def waiting(self, spec: JobSpec) -> str | None:
+        """Why a job may not reach the policy now (none of its nodes is up), or None."""
+        nodes = self.nodes_of(spec)
+        if nodes is None or nodes & self.seen:
+            return None
+        if not nodes:
+            return f"no node meets its placement constraints now ({why_none(spec, self.known)})"
+        down = [f"{name} ({self.status.get(name, 'no GPUs seen')})" for name in sorted(nodes)]
+        if len(down) == 1:
+            return f"waiting for node {down[0]}"
+        return f"no eligible node is up: {', '.join(down)}"
+
+    def cpu_waiting(self, spec: JobSpec, local: str) -> str | None:
+        """Why a CPU-only job waits (its nodes exclude this machine), or None: it starts here.
+
+        The daemon starts CPU-only jobs on its own machine only.
+        """
+        nodes = self.nodes_of(spec)
+        if nodes is None or local in nodes:
+            return None
+        return f"runs only on {node_names(nodes)}; CPU-only jobs start on {local} only"
+
+    def hold(self, jobs: Iterable[Job], local: str) -> tuple[list[Job], list[Job], dict[int, str]]:
+        """Ready jobs split: CPU-only ones to start, GPU ones for the policy, and why others wait.
+
+        `local` is this machine's node name, where CPU-only jobs start.
+        """
+        cpu: list[Job] = []
+        gpu: list[Job] = []
+        waiting: dict[int, str] = {}
+        for job in jobs:
+            if job.spec.gpus <= 0:
+                why = self.cpu_waiting(job.spec, local)
+            else:
+                why = self.waiting(job.spec)
+            if why is not None:
+                waiting[job.id] = why
+            else:
+                (cpu if job.spec.gpus <= 0 else gpu).append(job)
+        return cpu, gpu, waiting
+
+
+__all__ = [
+    "Constraints",
+    "KnownNodes",
+    "check_submit",
+    "eligible_nodes",
+    "known_nodes",
+    "labels_text",
+    "misplaced",
+    "refusal",
+    "why_none",
+]
