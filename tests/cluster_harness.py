@@ -41,9 +41,23 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def head_and_gpu2(root: Path) -> Iterator[Cluster]:
-    """Both daemons up, the head seeing gpu2's GPUs; everything stopped afterwards."""
-    gpu2_toml = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
+def head_and_gpu2(root: Path, hidden_on_gpu2: Path | None = None) -> Iterator[Cluster]:
+    """Both daemons up, the head seeing gpu2's GPUs; everything stopped afterwards.
+
+    With `hidden_on_gpu2`, gpu2's daemon runs in a mount namespace of its
+    own with an empty tmpfs over that directory: what is below it exists on
+    the head but not on gpu2 (a directory not shared between servers).
+    """
+    gpu2_toml: dict[str, object] = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
+    if hidden_on_gpu2 is not None:
+        hidden_on_gpu2.mkdir(parents=True, exist_ok=True)
+        mount = 'mount -t tmpfs gpuq-hidden "$0" && exec "$@"'
+        gpu2_toml["prefix"] = ["unshare", "--mount", "--propagation", "private", "--"] + [
+            "sh",
+            "-c",
+            mount,
+            str(hidden_on_gpu2),
+        ]
     with running_daemon(root / "gpu2", **gpu2_toml) as gpu2:
         head = DaemonHarness(root / "head", extra_toml='node_name = "head"')
         configs = {"head": head.config_path, "gpu2": gpu2.config_path}

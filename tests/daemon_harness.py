@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,14 @@ class DaemonHarness:
         """Environment for CLI subprocesses that talk to this daemon."""
         return {**os.environ, "GPUQ_CONFIG": str(self.config_path)}
 
-    def start(self, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start the daemon process and wait until it answers."""
+    def start(
+        self, extra_env: dict[str, str] | None = None, prefix: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
+        """Start the daemon process (after `prefix`: a wrapper command) and wait until it answers."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.state_dir / "daemon-test.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpuq.daemon", "--config", str(self.config_path)],
+            [*prefix, sys.executable, "-m", "gpuq.daemon", "--config", str(self.config_path)],
             stdout=log,
             stderr=log,
             start_new_session=True,
@@ -208,9 +210,10 @@ def listed(daemon: DaemonHarness, *args: str) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def running_daemon(root: Path, **kwargs: Any) -> Iterator[DaemonHarness]:
     """Start a daemon for the duration of a `with` block."""
+    prefix = kwargs.pop("prefix", ())
     harness = DaemonHarness(root, **kwargs)
     try:
-        harness.start()
+        harness.start(prefix=prefix)
         yield harness
     finally:
         harness.close()

@@ -34,7 +34,7 @@ KNOWN = {"head": ("fast-disk",), "gpu2": ("a100",), "gpu3": ("a100", "nvlink")}
 
 
 def spec(**constraints: Any) -> JobSpec:
-    return JobSpec(command=("true",), cwd="/", **constraints)
+    return JobSpec(**{"command": ("true",), "cwd": "/", **constraints})
 
 
 def job(job_id: int, gpus: int = 1, **constraints: Any) -> Job:
@@ -179,6 +179,34 @@ def test_a_job_the_config_no_longer_lets_run_anywhere_waits_saying_why() -> None
     constraints = Constraints({"head": ()}, frozenset({"head"}))
     _, _, waiting = constraints.hold([job(1, labels=("a100",))], "head")
     assert waiting == {1: "no node meets its placement constraints now (head: no label a100)"}
+
+
+def dirs_on(table: dict[tuple[str, str], bool | None]) -> Any:
+    """What the other servers said of working directories: exists, missing, or not yet asked."""
+    return lambda node, path: table.get((node, path))
+
+
+def test_a_job_runs_only_where_its_working_directory_exists() -> None:
+    said = {("gpu2", "/home/ada"): True, ("gpu3", "/home/ada"): False}
+    constraints = Constraints(KNOWN, frozenset(KNOWN), {}, dirs_on(said), "head")
+    assert constraints.nodes_of(spec(cwd="/home/ada")) == {"head", "gpu2"}
+    assert constraints.nodes_of(spec(cwd="/home/ada", labels=("a100",))) == {"gpu2"}
+    everywhere = {**said, ("gpu3", "/home/ada"): True}
+    anywhere = Constraints(KNOWN, frozenset(KNOWN), {}, dirs_on(everywhere), "head")
+    assert anywhere.nodes_of(spec(cwd="/home/ada")) is None  # no restriction at all
+
+
+def test_a_job_whose_directory_is_on_none_of_its_nodes_waits_saying_where() -> None:
+    said = {("gpu3", "/scratch/x"): False}
+    constraints = Constraints(KNOWN, frozenset(KNOWN), {}, dirs_on(said), "head")
+    missing = Job(1, spec(nodes=("gpu3",), cwd="/scratch/x"), JobState.QUEUED)
+    unknown = Job(2, spec(nodes=("gpu2",), cwd="/scratch/x"), JobState.QUEUED)
+    _, gpu, waiting = constraints.hold([missing, unknown], "head")
+    assert gpu == []
+    assert waiting == {
+        1: "its working directory /scratch/x does not exist on gpu3",
+        2: "checking its working directory on gpu2",
+    }
 
 
 def test_a_cpu_only_job_starts_here_only_if_this_node_is_one_of_its_own() -> None:

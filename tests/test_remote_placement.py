@@ -70,3 +70,24 @@ def test_a_job_for_a_server_that_is_down_waits_for_it(lab: Cluster) -> None:
 
     lab.net.mend("gpu2")
     assert lab.head.wait_state(job_id, "succeeded", timeout=60)["node"] == "gpu2"
+
+
+def test_a_job_runs_only_where_its_working_directory_exists(tmp_path: Path) -> None:
+    shared, private = tmp_path / "home", tmp_path / "local" / "work"
+    with head_and_gpu2(tmp_path / "lab", hidden_on_gpu2=tmp_path / "local") as lab:
+        shared.mkdir()
+        private.mkdir(parents=True)  # on the head only: gpu2 sees an empty directory there
+        here = lab.head.submit(["sh", "-c", "echo $GPUQ_NODE"], gpus=1, cwd=str(private))
+        stuck = lab.head.submit(["true"], gpus=3, cwd=str(private))
+        there = lab.head.submit(["true"], gpus=3, cwd=str(shared))
+
+        assert lab.head.wait_state(here, "succeeded", timeout=30)["node"] == "head"
+        assert lab.head.wait_state(there, "succeeded", timeout=30)["node"] == "gpu2"
+        waiting = wait_for(
+            lambda: "does not exist" in (job := lab.head.job(stuck))["reason"] and job,
+            what="the job's reason",
+        )
+        assert waiting["state"] == "queued"
+        assert waiting["reason"].endswith(
+            f"(its working directory {private} does not exist on gpu2)"
+        )

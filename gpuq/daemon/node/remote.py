@@ -50,6 +50,8 @@ log = logging.getLogger("gpuq.daemon")
 
 POLL_SECONDS = 1.0
 """How long a sync waits on the server for a change: the GPU view's freshness."""
+DIRS_KEPT_SECONDS = 60.0
+"""How long a working directory the scheduler asked about is checked at each sync."""
 
 
 class RemoteControl:
@@ -145,7 +147,8 @@ class RemoteNode:
         self._watchers: dict[int, Callable[[int, Outcome], None]] = {}
         self._adopting: dict[int, tuple[Callable[[int], None], Callable[[int, Outcome], None]]] = {}
         self._stale_since: dict[tuple[int, int], float] = {}
-        self._dirs: set[str] = set()
+        self._dirs: dict[str, float] = {}
+        """Directories the scheduler asked about, and when: each is checked there for a minute."""
         self._asked: frozenset[str] = frozenset()
         self._actions: queue.Queue[_Action | None] = queue.Queue()
         self._closed = threading.Event()
@@ -353,9 +356,9 @@ class RemoteNode:
     # -- what the head's scheduler asks ----------------------------------
 
     def has_dir(self, path: str) -> bool | None:
-        """Whether `path` exists there: None until the next sync has asked."""
+        """Whether `path` exists there: None until a sync has asked (within a second)."""
         with self._lock:
-            self._dirs.add(path)
+            self._dirs[path] = time.monotonic()
         if self.mirror is None or path not in self._asked:
             return None
         return path not in self.mirror.dirs_missing
@@ -414,6 +417,8 @@ class RemoteNode:
             config = self._config_of()
             with self._lock:
                 expect = dict(self._expect)
+                recent = time.monotonic() - DIRS_KEPT_SECONDS
+                self._dirs = {path: at for path, at in self._dirs.items() if at >= recent}
                 dirs = sorted(self._dirs)
                 acked, outbox = self._acked, self._outbox
             try:

@@ -20,12 +20,20 @@ that changes labels or servers takes effect at the next pass.
 - At binding (`misplaced`): a safety net under every policy, a start on a
   GPU of a node the job may not use is refused.
 
+A job also runs only where its working directory exists: labs share home
+directories, but not every directory is on every server. Each pass asks the
+other servers about the working directories of the jobs it places (`dirs`:
+True where it exists, False where not, None until the server has said);
+a server without it (or not asked yet) is not among the job's nodes, and a
+job left with none says why ("its working directory /x does not exist on
+gpu2"). This machine has every job's directory: submission checked it.
+
 Pure: no I/O (the caller passes the config and each node's status).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
@@ -126,22 +134,53 @@ class Constraints:
     known: KnownNodes
     seen: frozenset[str]
     status: Mapping[str, str] = field(default_factory=dict)
-    _cache: dict[tuple[tuple[str, ...], ...], frozenset[str] | None] = field(default_factory=dict)
+    dirs: Callable[[str, str], bool | None] | None = None
+    """Whether directory `path` exists on node `node` (other servers only; None: not known yet)."""
+    local: str = ""
+    """This machine's node name: it has every job's working directory."""
+    _cache: dict[tuple[object, ...], frozenset[str] | None] = field(default_factory=dict)
 
     def nodes_of(self, spec: JobSpec) -> frozenset[str] | None:
-        """The nodes a job may run on now (None: any), cached per constraint."""
-        if not spec.constrained:
-            return None
-        key = (spec.nodes, spec.exclude_nodes, spec.labels)
+        """The nodes a job may run on now (None: any), cached per constraint and directory."""
+        key = (spec.nodes, spec.exclude_nodes, spec.labels, spec.cwd)
         if key not in self._cache:
-            self._cache[key] = eligible_nodes(spec, self.known)
+            nodes = eligible_nodes(spec, self.known)
+            without = self._without_dir(spec.cwd, self.known if nodes is None else nodes)
+            if without:
+                nodes = frozenset(
+                    n for n in (self.known if nodes is None else nodes) if n not in without
+                )
+            self._cache[key] = nodes
         return self._cache[key]
+
+    def _without_dir(self, cwd: str, nodes: Iterable[str]) -> dict[str, bool | None]:
+        """The nodes where `cwd` is missing (False) or not known yet (None)."""
+        if self.dirs is None:
+            return {}
+        found = {n: self.dirs(n, cwd) for n in nodes if n != self.local}
+        return {node: exists for node, exists in found.items() if exists is not True}
+
+    def dir_note(self, spec: JobSpec) -> str | None:
+        """Where the job's working directory keeps it from running, for a waiting reason."""
+        named = eligible_nodes(spec, self.known)
+        without = self._without_dir(spec.cwd, self.known if named is None else named)
+        missing = sorted(node for node, exists in without.items() if exists is False)
+        if not missing:
+            return None
+        return f"its working directory {spec.cwd} does not exist on {', '.join(missing)}"
 
     def waiting(self, spec: JobSpec) -> str | None:
         """Why a job may not reach the policy now (none of its nodes is up), or None."""
         nodes = self.nodes_of(spec)
         if nodes is None or nodes & self.seen:
             return None
+        named = eligible_nodes(spec, self.known)
+        without = self._without_dir(spec.cwd, self.known if named is None else named)
+        if without and not nodes:
+            missing = sorted(n for n, exists in without.items() if exists is False)
+            if missing:
+                return f"its working directory {spec.cwd} does not exist on {', '.join(missing)}"
+            return f"checking its working directory on {', '.join(sorted(without))}"
         if not nodes:
             return f"no node meets its placement constraints now ({why_none(spec, self.known)})"
         down = [f"{name} ({self.status.get(name, 'no GPUs seen')})" for name in sorted(nodes)]

@@ -121,7 +121,14 @@ def node_status(state: DaemonState) -> dict[str, str]:
 def constraints_of(state: DaemonState, gpus: GpuSnapshot) -> Constraints:
     """This pass's placement constraints: the known nodes, those with `gpus`, the others' status."""
     seen = frozenset(gpu.node for gpu in gpus.devices)
-    return Constraints(known_nodes(state.config), seen, node_status(state))
+    remotes = state.remotes
+
+    def dirs(node: str, path: str) -> bool | None:
+        remote = remotes.get(node)
+        return None if remote is None else remote.has_dir(path)
+
+    local = state.config.daemon.node_name
+    return Constraints(known_nodes(state.config), seen, node_status(state), dirs, local)
 
 
 async def schedule_pass(state: DaemonState) -> list[Placement]:
@@ -211,6 +218,10 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
     reasons = {**ready.waiting, **held_back}
     reasons.update(waiting)
     reasons.update(turns)
+    for job in placeable:
+        note = constraints.dir_note(job.spec)
+        if note is not None and job.id in reasons:
+            reasons[job.id] = f"{reasons[job.id]} ({note})"
     state.waiting_reasons = reasons
     state.next_begin = min((t for t in (ready.next_begin, turn_end) if t is not None), default=None)
     starts = [*cpu_only, *starts]
