@@ -76,7 +76,7 @@ class DaemonHarness:
     def start(
         self, extra_env: dict[str, str] | None = None, prefix: Sequence[str] = ()
     ) -> subprocess.Popen[bytes]:
-        """Start the daemon process (after `prefix`: a wrapper command) and wait until it answers."""
+        """Start the daemon (after `prefix`, a wrapper command) and wait until it answers."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.state_dir / "daemon-test.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(

@@ -7,6 +7,7 @@ here are `head` (this machine, labelled fast-disk), `gpu2` (a100) and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def test_a_job_the_config_no_longer_lets_run_anywhere_waits_saying_why() -> None
     assert waiting == {1: "no node meets its placement constraints now (head: no label a100)"}
 
 
-def dirs_on(table: dict[tuple[str, str], bool | None]) -> Any:
+def dirs_on(table: Mapping[tuple[str, str], bool | None]) -> Any:
     """What the other servers said of working directories: exists, missing, or not yet asked."""
     return lambda node, path: table.get((node, path))
 
@@ -189,8 +190,8 @@ def dirs_on(table: dict[tuple[str, str], bool | None]) -> Any:
 def test_a_job_runs_only_where_its_working_directory_exists() -> None:
     said = {("gpu2", "/home/ada"): True, ("gpu3", "/home/ada"): False}
     constraints = Constraints(KNOWN, frozenset(KNOWN), {}, dirs_on(said), "head")
-    assert constraints.nodes_of(spec(cwd="/home/ada")) == {"head", "gpu2"}
-    assert constraints.nodes_of(spec(cwd="/home/ada", labels=("a100",))) == {"gpu2"}
+    assert constraints.nodes_of(spec(cwd="/home/ada")) == frozenset({"head", "gpu2"})
+    assert constraints.nodes_of(spec(cwd="/home/ada", labels=("a100",))) == frozenset({"gpu2"})
     everywhere = {**said, ("gpu3", "/home/ada"): True}
     anywhere = Constraints(KNOWN, frozenset(KNOWN), {}, dirs_on(everywhere), "head")
     assert anywhere.nodes_of(spec(cwd="/home/ada")) is None  # no restriction at all

@@ -154,10 +154,13 @@ class Constraints:
         return self._cache[key]
 
     def _without_dir(self, cwd: str, nodes: Iterable[str]) -> dict[str, bool | None]:
-        """The nodes where `cwd` is missing (False) or not known yet (None)."""
+        """The nodes up where `cwd` is missing (False) or not known yet (None).
+
+        A node that is not up is left to the reasons about nodes down.
+        """
         if self.dirs is None:
             return {}
-        found = {n: self.dirs(n, cwd) for n in nodes if n != self.local}
+        found = {n: self.dirs(n, cwd) for n in nodes if n != self.local and n in self.seen}
         return {node: exists for node, exists in found.items() if exists is not True}
 
     def dir_note(self, spec: JobSpec) -> str | None:
