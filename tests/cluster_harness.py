@@ -62,10 +62,12 @@ def head_and_gpu2(root: Path, hidden_on_gpu2: Path | None = None) -> Iterator[Cl
         head = DaemonHarness(root / "head", extra_toml='node_name = "head"')
         configs = {"head": head.config_path, "gpu2": gpu2.config_path}
         with servers(root / "net", ["head", "gpu2"], configs) as net:
+            # A sync answers within its 1 s poll plus 2 s (the heartbeat) even on a loaded
+            # machine; a server silent 5 s is down, so a cut is seen within about 8 s.
             with head.config_path.open("a") as config:
                 config.write(
                     f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
-                    'heartbeat = "0.5s"\ndown_after = "3s"\n'
+                    'heartbeat = "2s"\ndown_after = "5s"\n'
                     f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
                 )
             cluster = Cluster(net, head, gpu2)

@@ -46,7 +46,7 @@ def lab(tmp_path: Path) -> Iterator[Head]:
             with head.config_path.open("a") as config:
                 config.write(
                     f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
-                    'heartbeat = "0.5s"\ndown_after = "3s"\n'
+                    'heartbeat = "2s"\ndown_after = "5s"\n'
                     f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
                 )
             with net.inside("head"):  # the daemon and its ssh sessions run on the head

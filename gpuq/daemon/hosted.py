@@ -238,7 +238,7 @@ class Hosted:
         outbox[:] = [item for item in outbox if item["seq"] > acked]
         attempts: dict[str, Any] = {}
         for job, attempt in expect.items():
-            attempts[str(job)] = self._state_of(head, job, attempt)
+            attempts[str(job)] = {**self._state_of(head, job, attempt), "attempt": attempt}
         stale = []
         for (owner, job), record in list(self.attempts.items()):
             if owner != head or job in expect:

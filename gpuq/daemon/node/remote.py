@@ -480,6 +480,8 @@ class RemoteNode:
         for job_id, report in attempts.items():
             if job_id in self._launching or self._launched_at.get(job_id, -1) > version:
                 continue  # the answer predates the launch
+            if report.get("attempt") != self._expect.get(job_id):
+                continue  # about an attempt asked for before: the head has moved on
             if job_id not in self._watchers:
                 continue
             adopting = self._adopting.pop(job_id, None)
