@@ -126,6 +126,7 @@ class JobSpec:
     begin: float | None = None
     time_limit: float | None = None
     retries: int = 0
+    requeue: bool = False
     output: str = ""
     error: str | None = None
     signal: SignalSpec | None = None

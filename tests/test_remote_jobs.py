@@ -11,7 +11,9 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,18 +207,41 @@ def test_a_restarted_head_adopts_its_remote_jobs(lab: Cluster) -> None:
 
 
 def test_a_server_cut_off_loses_its_jobs_and_stops_them_when_it_returns(lab: Cluster) -> None:
-    job_id = submit_cli(lab.head, "--gpus", "3", "--", "sleep", "300")
-    lab.head.wait_state(job_id, "running", timeout=30)
-    child = wait_for(
-        lambda: jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD), what="child record"
-    )
+    lost = submit_cli(lab.head, "--node", "gpu2", "--", "sleep", "300")
+    again = submit_cli(lab.head, "--node", "gpu2", "--requeue", "--", "sh", "-c", "sleep 300")
+    for job_id in (lost, again):
+        lab.head.wait_state(job_id, "running", timeout=30)
+    children = [child_of(lab, job_id) for job_id in (lost, again)]
     lab.net.cut("gpu2")
-    job = lab.head.wait_state(job_id, "lost", timeout=30)
+    job = lab.head.wait_state(lost, "lost", timeout=30)
     assert job["reason"].startswith("server gpu2 is down")
+    lab.head.wait_state(again, "queued", timeout=30)  # --requeue: it waits for a GPU of gpu2
+    requeued = lab.head.call("show", id=again)["events"][-1]["reason"]
+    assert requeued.startswith("server gpu2 is down") and requeued.endswith(
+        "requeued to run elsewhere"
+    )
     wait_for(lambda: lab.remote_gpus() == [], what="gpu2's GPUs to leave the head's view")
 
-    lab.net.mend("gpu2")  # the attempt ran on: the head superseded it, so it is stopped
-    wait_for(lambda: not _alive(int(child["pgid"])), timeout=30, what="the stale attempt to stop")
+    lab.net.mend("gpu2")  # the attempts ran on: the head superseded them, so they are stopped
+    for child in children:
+        pgid = int(child["pgid"])
+        wait_for(partial(stopped, pgid), timeout=30, what=f"stale attempt {pgid} to stop")
+    job = lab.head.wait_state(again, "running", timeout=30)
+    assert job["attempts"] == 2 and job["node"] == "gpu2"
+    assert lab.head.job(lost)["state"] == "lost"
+
+
+def child_of(lab: Cluster, job_id: int) -> dict[str, Any]:
+    """The record of the job's command on gpu2, once its shim wrote it."""
+    record: dict[str, Any] = wait_for(
+        lambda: jobfiles.read_json(lab.hosted_dir(job_id) / jobfiles.CHILD), what="child record"
+    )
+    return record
+
+
+def stopped(pgid: int) -> bool:
+    """True once no process of the group is left."""
+    return not _alive(pgid)
 
 
 def _alive(pgid: int) -> bool:

@@ -105,6 +105,13 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
     Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
     Option(("--retries", "-r"), "retries", "int", "N", "Run again up to N times if it fails."),
+    Option(
+        ("--requeue",),
+        "requeue",
+        "flag",
+        "",
+        "Run it again elsewhere if its server is lost (gpuq.runner jobs always are).",
+    ),
     Option(("--cwd", "-C"), "cwd", "str", "DIR", "Working directory. Default: the current one."),
     Option(
         ("--env", "-E"),
@@ -319,6 +326,7 @@ def build_spec(
         "begin": units.parse_begin(values["begin"], now) if values.get("begin") else None,
         "time_limit": time_limit,
         "retries": values.get("retries", defaults.retries),
+        "requeue": bool(values.get("requeue")),
         "output": values.get("output") or "",
         "error": values.get("error"),
         "signal": signal_spec,

@@ -372,13 +372,14 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
 
 
 def requeue_when_lost(state: DaemonState, job: Job) -> bool:
-    """True for a job that runs again elsewhere when its server is lost: a `gpuq.runner` job.
+    """True for a job that runs again elsewhere when its server is lost.
 
-    Its runner made it restartable (it resumes from a checkpoint where one
-    is reachable); another job is lost as its attempt was, and retried only
-    as `--retries` allows.
+    A `gpuq.runner` job always does (its runner made it restartable: it
+    resumes from a checkpoint where one is reachable), another only if
+    submitted with `--requeue`; else it is lost as its attempt was, and
+    retried only as `--retries` allows.
     """
-    return job.id in state.latest_samples
+    return job.spec.requeue or job.id in state.latest_samples
 
 
 def cancel_requested(state: DaemonState, job: Job) -> bool:

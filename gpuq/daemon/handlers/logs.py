@@ -25,6 +25,9 @@ async def handle(
     if request.stream not in ("stdout", "stderr"):
         raise UsageError(f"unknown stream {request.stream!r}", "use stdout or stderr")
     job = state.job(request.id)
+    while request.follow and not job.stdout_path and not job.state.is_terminal:
+        await asyncio.sleep(POLL_SECONDS)  # not started yet: where it runs decides where to read
+        job = state.job(request.id)
     remote = state.remotes.get(job.node) if job.stdout_path else None
     if remote is not None:
         return await _remote(state, remote, request, emit)
