@@ -48,7 +48,7 @@ def test_commit_puts_a_sound_copy_in_place_of_the_old_checkpoints(tmp_path: Path
     arrived = incoming.prepare(job_dir)
     assert arrived == job_dir / "checkpoints.incoming" and not list(arrived.iterdir())
     written(arrived, 8)
-    (arrived / "suspended.json").write_text("{}")
+    (arrived / "suspended.json").write_text('{"mode": "checkpoint", "step": 8}')
     result = incoming.commit(job_dir)
     assert result["checkpoints"] == 1 and result["files"] == 2 and result["bytes"] > 1000
     assert sorted(p.name for p in (job_dir / "checkpoints").iterdir()) == [
@@ -63,10 +63,25 @@ def test_a_damaged_copy_replaces_nothing(tmp_path: Path) -> None:
     kept = written(job_dir / "checkpoints", 1)
     arrived = incoming.prepare(job_dir)
     path = written(arrived, 8)
+    (arrived / "suspended.json").write_text('{"mode": "checkpoint", "step": 8}')
     path.write_bytes(path.read_bytes()[:-1])
-    with pytest.raises(StateError, match="the copied checkpoints are damaged: ckpt-8.pt"):
+    with pytest.raises(StateError, match="the copied checkpoints are unsound: ckpt-8.pt"):
         incoming.commit(job_dir)
     assert kept.exists() and not arrived.exists()
+
+
+def test_a_copy_without_the_checkpoint_the_job_saved_replaces_nothing(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    kept = written(job_dir / "checkpoints", 1)
+    incoming.prepare(job_dir)  # rsync wrote somewhere else: nothing arrived
+    with pytest.raises(StateError, match=r"no suspended.json naming the checkpoint the job saved"):
+        incoming.commit(job_dir)
+    arrived = incoming.prepare(job_dir)
+    written(arrived, 7)
+    (arrived / "suspended.json").write_text('{"mode": "checkpoint", "step": 8}')
+    with pytest.raises(StateError, match="ckpt-8.pt, the checkpoint the job saved, did not"):
+        incoming.commit(job_dir)
+    assert kept.exists()
 
 
 def test_commit_without_a_copy_says_so(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """A job's checkpoints arriving from another server: a temporary name, checked, then renamed.
 
 `prepare` makes an empty ``checkpoints.incoming`` beside the job's
-``checkpoints`` for rsync to fill; `commit` checks every checkpoint file
-that arrived against its own header (`gpuq.ckptfile`) and only then puts
-the directory in place of ``checkpoints``, whose previous content (an
+``checkpoints`` for rsync to fill; `commit` checks that the checkpoint the
+job said it saved (``suspended.json``) arrived, and every checkpoint file
+against its own header (`gpuq.ckptfile`), and only then puts the
+directory in place of ``checkpoints``, whose previous content (an
 earlier stay of the job on this server) goes. A copy cut off midway, or
 damaged, never replaces anything.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq import ckptfile
+from gpuq.control import ACK_FILE
 from gpuq.daemon import jobfiles
 from gpuq.errors import StateError
 
@@ -36,11 +38,11 @@ def commit(job_dir: Path) -> dict[str, Any]:
     incoming = job_dir / INCOMING
     if not incoming.is_dir():
         raise StateError("no checkpoints arrived", "the copy did not run, or it was cut off")
-    problems = ckptfile.verify_dir(incoming)
+    problems = ckptfile.verify_dir(incoming) + _missing(incoming)
     if problems:
         shutil.rmtree(incoming, ignore_errors=True)
         raise StateError(
-            f"the copied checkpoints are damaged: {'; '.join(problems)}",
+            f"the copied checkpoints are unsound: {'; '.join(problems)}",
             "the copy is discarded; the job stays where its checkpoint is sound",
         )
     files = [p for p in incoming.iterdir() if p.is_file()]
@@ -58,3 +60,19 @@ def commit(job_dir: Path) -> dict[str, Any]:
     shutil.rmtree(old, ignore_errors=True)
     checkpoints = sum(1 for p in files if ckptfile.NAME.match(p.name))
     return {"files": len(files), "checkpoints": checkpoints, "bytes": size}
+
+
+def _missing(incoming: Path) -> list[str]:
+    """What the copy lacks: the acknowledgement of the job's checkpoint, or that checkpoint.
+
+    The job said which step it saved when it suspended (``suspended.json``);
+    a copy without that checkpoint file (an empty one above all: rsync
+    writing somewhere else) must not pass for it.
+    """
+    ack = jobfiles.read_json(incoming / ACK_FILE)
+    step = None if ack is None else ack.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return [f"no {ACK_FILE} naming the checkpoint the job saved"]
+    if not (incoming / f"ckpt-{step}.pt").is_file():
+        return [f"ckpt-{step}.pt, the checkpoint the job saved, did not arrive"]
+    return []

@@ -15,8 +15,9 @@ node that holds its checkpoint until the copy is done, and `begin` copies it:
 4. the job names its new node, and its attempt launches there.
 
 A copy that fails (a server down, a full disk, rsync cut off, a damaged
-file) replaces nothing: the job goes back to the queue, still naming the
-node that holds its checkpoint, and tries again after `RETRY_SECONDS`. A
+or missing file) replaces nothing: the job goes back to the queue, still
+naming the node that holds its checkpoint, and is placed again after
+`RETRY_SECONDS` (where its checkpoint is, or wherever a copy succeeds). A
 head that dies mid-copy finds the job `starting` with no attempt on the
 node it names, so recovery queues it again, and the copy runs anew.
 """
@@ -102,7 +103,7 @@ def _failed(state: DaemonState, job_id: int, attempt: int, source: str, why: str
     state.transition(
         job,
         JobState.QUEUED,
-        f"could not copy its checkpoint from {source}: {why}; trying again in {RETRY_SECONDS:.0f}s",
+        f"could not copy its checkpoint from {source}: {why}; placed again in {RETRY_SECONDS:.0f}s",
         attempts=max(0, job.attempts - 1),
         gpu_uuids=(),
         gpu_mem_reserved=None,
@@ -155,8 +156,18 @@ async def _rsync(state: DaemonState, source: str, target: str) -> None:
             "rsync is not installed here", "install rsync on every server (Debian: rsync)"
         ) from None
     if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
         raise StateError(
-            f"rsync failed (exit {done.returncode}): {lines[-1] if lines else 'no message'}",
+            f"rsync failed (exit {done.returncode}): {_first_cause(done.stderr)}",
             "check the disk space and the ssh connection of both servers",
         )
+
+
+def _first_cause(stderr: str) -> str:
+    """Rsync's words on what went wrong first: the receiver's, where it said any.
+
+    Its last line is often the sender's echo of it ("Broken pipe"); the
+    receiver's line names the cause ("No space left on device").
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    receiver = [line for line in lines if line.startswith("rsync: [receiver]")]
+    return (receiver or lines or ["no message"])[0]
