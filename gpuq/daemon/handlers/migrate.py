@@ -53,7 +53,7 @@ def handle(state: DaemonState, request: Migrate) -> dict[str, Any]:
     remote = state.remotes.get(request.to)
     if remote is not None and remote.mirror is None:
         raise ResourceError(
-            f"{request.to} is down: {remote.down_reason or 'it has not answered yet'}",
+            f"{request.to} is down: {remote.health.reason or 'it has not answered yet'}",
             "gpuq cluster ls shows each server's state",
         )
     targets = free_gpus(state, request.to)

@@ -130,8 +130,6 @@ class RemoteNode:
         self.health = Health(server.host, since=time.time())
         """Up, down or unknown, since when and why (`gpuq daemon status`)."""
         self._last: Mirror | None = None
-        self.down_reason: str | None = None
-        self.last_answer: float | None = None
         self._config_of = config_of
         self._loop = loop
         self._control = RemoteControl(self)
@@ -152,7 +150,6 @@ class RemoteNode:
         self._asked: frozenset[str] = frozenset()
         self._actions: queue.Queue[_Action | None] = queue.Queue()
         self._closed = threading.Event()
-        self._since = time.time()
         self._threads = [
             threading.Thread(target=self._sync_forever, name=f"gpuq-sync-{self.name}", daemon=True),
             threading.Thread(target=self._act_forever, name=f"gpuq-act-{self.name}", daemon=True),
@@ -459,7 +456,6 @@ class RemoteNode:
         if self.health.state != "up":
             log.info("server %s is up (node %s)", self.name, reply.get("node"))
             self.health.state, self.health.since, self.health.reason = "up", now, None
-        self.down_reason, self.last_answer = None, now
         try:
             mirror = _mirror(reply, self.name, now)
         except (KeyError, TypeError, ValueError) as exc:
@@ -561,15 +557,12 @@ class RemoteNode:
     def _unanswered(self, why: str) -> None:
         """A sync failed: past `down_after` of silence, the server is down and its jobs lost."""
         now = time.time()
-        self.health.reason = why
-        silent_since = self.last_answer if self.last_answer is not None else self._since
-        if (
-            self.down_reason is not None
-            or now - silent_since < self._config_of().cluster.down_after
-        ):
+        health = self.health
+        health.reason = why
+        silent_since = health.since if health.last_answer is None else health.last_answer
+        if health.state == "down" or now - silent_since < self._config_of().cluster.down_after:
             return
         log.warning("server %s is down: %s", self.name, why)
-        self.down_reason = why
         self.health.state, self.health.since = "down", now
         self.mirror = None
         for job_id in list(self._watchers):
