@@ -21,7 +21,9 @@ anything is timed. Then, `--repeats` times and alternating:
   ControlMaster connection), timed the same way.
 
 Target (acceptance 2 of the multi-server issue): the copy phase at most
-1.2x the plain rsync (medians); the exit status is 1 when it is missed.
+1.2x the plain rsync (medians); the exit status is 1 when it is missed, or
+when a step fails (the session's requests wait `[client] timeout`, 10 s,
+as the head daemon's do).
 The table splits the copy phase into its steps and gives, for reference,
 a SHA-256 of the file here (what the commit's check costs), and the
 longest a `status` request to gpu2's daemon waited while copy phases ran
@@ -51,6 +53,7 @@ from typing import Any
 
 from bench.bench_remote_start import unavailable
 from gpuq import ckptfile
+from gpuq.errors import GpuqError
 from gpuq.units import format_size, parse_size
 
 TARGET_RATIO = 1.2
@@ -292,6 +295,9 @@ def main() -> None:
                 f"{format_size(needed)} needed for a {args.size} checkpoint"
             )
         figures = measure(root, size, args.repeats)
+    except GpuqError as exc:  # a step the daemon refused or did not answer in time
+        hint = f" (hint: {exc.hint})" if exc.hint else ""
+        sys.exit(f"bench_migrate: a copy phase failed: {exc.message}{hint}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(table(figures))
