@@ -5,7 +5,8 @@ It builds two servers in network namespaces, each with its own sshd and
 daemon (tests/cluster_harness.py), and writes one checkpoint file of
 `--size` bytes on the head: a `ckpt-1.pt` with its header made as
 `gpuq.runner.checkpoint.write_file` makes it (`gpuq.ckptfile`: magic,
-version, length, SHA-256 of a random payload), written and synced before
+version, length, SHA-256 of a random payload) beside the job's
+acknowledgement naming it (`suspended.json`), written and synced before
 anything is timed. Then, `--repeats` times and alternating:
 
 - the copy phase of a migration, by the daemon's own steps
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import statistics
@@ -53,6 +55,7 @@ from typing import Any
 
 from bench.bench_remote_start import unavailable
 from gpuq import ckptfile
+from gpuq.control import ACK_FILE, SUSPEND_EXIT_CODE
 from gpuq.errors import GpuqError
 from gpuq.units import format_size, parse_size
 
@@ -67,7 +70,12 @@ PROBE_SECONDS = 0.05
 
 
 def write_checkpoint_file(directory: Path, size: int) -> Path:
-    """A sound `ckpt-1.pt` of `size` bytes in all, header included, synced to disk."""
+    """A checkpoint directory as a job suspended to it leaves it; the checkpoint's path.
+
+    A sound ``ckpt-1.pt`` of `size` bytes in all, header included, and the
+    job's acknowledgement naming it (``suspended.json``, which the commit
+    requires), both synced to disk.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ckpt-1.pt"
     length = max(0, size - ckptfile.HEADER.size)
@@ -82,6 +90,12 @@ def write_checkpoint_file(directory: Path, size: int) -> Path:
             left -= len(chunk)
         file.seek(0)
         file.write(ckptfile.HEADER.pack(ckptfile.MAGIC, ckptfile.VERSION, length, digest.digest()))
+        file.flush()
+        os.fsync(file.fileno())
+    ack = {"mode": "checkpoint", "step": 1, "bytes": path.stat().st_size, "job_id": FIRST_JOB,
+           "attempt": 1, "exit_code": SUSPEND_EXIT_CODE}  # fmt: skip
+    with (directory / ACK_FILE).open("w", encoding="utf-8") as file:
+        json.dump(ack, file)
         file.flush()
         os.fsync(file.fileno())
     return path
@@ -213,6 +227,7 @@ def measure(root: Path, size: int, repeats: int) -> Figures:
         source = root / "head" / "checkpoints"
         checkpoint = write_checkpoint_file(source, size)
         figures.sha256 = sha256_seconds(checkpoint)  # also reads the file into the cache
+        sent = sum(path.stat().st_size for path in source.iterdir())
         config = cluster.head.config
         [server] = config.cluster.servers
         jobs_dir = cluster.gpu2.state_dir / "hosted" / HEAD / "jobs"
@@ -228,8 +243,8 @@ def measure(root: Path, size: int, repeats: int) -> Figures:
                     with probe.on():
                         copy = copy_phase(session, config, source, FIRST_JOB + index)
                     figures.copies.append(copy)
-                    if copy.bytes != checkpoint.stat().st_size:
-                        raise RuntimeError(f"the copy holds {copy.bytes} bytes, not {size}")
+                    if copy.bytes != sent:
+                        raise RuntimeError(f"the copy holds {copy.bytes} bytes, not {sent}")
                     shutil.rmtree(jobs_dir / str(FIRST_JOB + index))
         figures.probe_worst = probe.worst
     return figures

@@ -8,6 +8,7 @@ this test's: either exit status (0 met, 1 missed) passes, a crash does not.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from bench.bench_migrate import write_checkpoint_file
 from bench.bench_remote_start import Start, percentile, start_of
 from gpuq import ckptfile
+from gpuq.control import ACK_FILE
 from tests.netns_harness import skip_unless_possible
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,11 +57,13 @@ def test_percentiles_are_nearest_rank(share: float, expected: float) -> None:
     assert percentile([float(v) for v in range(10, 0, -1)], share) == expected
 
 
-def test_the_checkpoint_written_is_sound_and_of_the_size_asked(tmp_path: Path) -> None:
+def test_the_checkpoint_written_is_sound_of_the_size_asked_and_acknowledged(tmp_path: Path) -> None:
     path = write_checkpoint_file(tmp_path / "checkpoints", 3 * 2**20 + 5)
     assert path.name == "ckpt-1.pt" and ckptfile.NAME.match(path.name)
     assert path.stat().st_size == 3 * 2**20 + 5
     assert ckptfile.verify(path) is None
+    ack = json.loads((path.parent / ACK_FILE).read_text())
+    assert ack["step"] == 1 and ack["mode"] == "checkpoint"
 
 
 @pytest.mark.slow
