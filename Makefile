@@ -52,6 +52,8 @@ bench: $(STAMP)  ## Benchmarks (figures go to bench/RESULTS.md by hand, with the
 	$(PY) -m bench.bench_submit
 	$(PY) -m bench.bench_daemon
 	$(PY) -m bench.bench_turnover
+	$(PY) -m bench.bench_remote_start  # root only (network namespaces); skips otherwise
+	$(PY) -m bench.bench_migrate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
