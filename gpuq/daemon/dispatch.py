@@ -100,7 +100,7 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
         case NodeControl():
             return node.control(state, request)
         case NodeReceive():
-            return node.receive(state, request)
+            return await node.receive(state, request)
         case NodeRead():
             return node.read(state, request)
         case _:

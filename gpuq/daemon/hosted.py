@@ -99,6 +99,7 @@ class Hosted:
         self._executors: dict[str, Executor] = {}
         self._hubs: dict[str, ControlHub] = {}
         self._outbox: dict[str, list[dict[str, Any]]] = {}
+        self._dirs_asked: dict[str, frozenset[str]] = {}
         self._seq = 0
         self.outbox_id = secrets.token_hex(8)
         """Names this daemon's run: a head that sees it change counts messages afresh."""
@@ -111,6 +112,12 @@ class Hosted:
             hub.listener = _Relay(self, head)
             self._hubs[head] = hub
         return hub
+
+    def new_dirs(self, head: str, dirs: tuple[str, ...]) -> bool:
+        """True when `head` asks about a directory its previous sync did not name."""
+        previous = self._dirs_asked.get(head, frozenset())
+        self._dirs_asked[head] = frozenset(dirs)
+        return not previous.issuperset(dirs)
 
     def relay(self, head: str, job: int, message: Message) -> None:
         """Keep a runner's message for `head`'s next sync."""

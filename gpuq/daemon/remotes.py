@@ -41,6 +41,7 @@ def follow(state: DaemonState) -> None:
             continue
         node = RemoteNode(server, head_name(state.config), lambda: state.config, loop)
         node.listener = suspend.ChannelListener(state)
+        node.on_news = state.wake.set
         state.remotes[host] = node
         node.start()
 

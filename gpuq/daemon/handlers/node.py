@@ -70,7 +70,8 @@ async def sync(state: DaemonState, request: NodeSync) -> dict[str, Any]:
         expect[int(key)] = attempt
     hosted = state.hosted
     hosted.paths(request.head)  # checks the head's name before anything waits
-    await hosted.wait_change(request.version, request.wait)
+    if not hosted.new_dirs(request.head, request.dirs):  # a new directory is answered at once
+        await hosted.wait_change(request.version, request.wait)
     acked = request.acked if request.outbox == hosted.outbox_id else -1
     reply = hosted.report(request.head, expect, acked)
     reply.update(hosted.paths(request.head))
@@ -133,8 +134,13 @@ def control(state: DaemonState, request: NodeControl) -> dict[str, Any]:
     return {"delivered": delivered}
 
 
-def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
-    """Prepare for, or take in, the job's checkpoints copied from another server."""
+async def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
+    """Prepare for, or take in, the job's checkpoints copied from another server.
+
+    The check reads every byte that arrived (SHA-256): it runs in a worker
+    thread, so this daemon answers others meanwhile and the head's request
+    gets its heartbeats, however large the checkpoint.
+    """
     hosted = state.hosted
     record = hosted.attempts.get((request.head, request.job))
     if record is not None and record.outcome is None:
@@ -146,7 +152,7 @@ def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
     if request.phase == "prepare":
         return {"path": str(incoming.prepare(job_dir))}
     if request.phase == "commit":
-        return incoming.commit(job_dir)
+        return await asyncio.to_thread(incoming.commit, job_dir)
     raise UsageError(f"unknown phase {request.phase!r}", "use prepare or commit")
 
 

@@ -50,8 +50,12 @@ log = logging.getLogger("gpuq.daemon")
 
 POLL_SECONDS = 1.0
 """How long a sync waits on the server for a change: the GPU view's freshness."""
-DIRS_KEPT_SECONDS = 60.0
-"""How long a working directory the scheduler asked about is checked at each sync."""
+DIRS_KEPT_SECONDS = 3600.0
+"""How long a working directory the scheduler asked about is checked at each sync.
+
+An hour: a user submitting from one project directory now and then finds
+the answer already there, and the checks (one `isdir` each) cost little.
+"""
 
 
 class RemoteControl:
@@ -133,6 +137,8 @@ class RemoteNode:
         self._config_of = config_of
         self._loop = loop
         self._control = RemoteControl(self)
+        self.on_news: Callable[[], None] | None = None
+        """Called when an answer tells the scheduler something new (a directory checked)."""
         self.listener: ControlListener | None = None
         """Who hears what runners there say (the head's `suspend.ChannelListener`)."""
         self._acked = -1
@@ -146,7 +152,7 @@ class RemoteNode:
         self._adopting: dict[int, tuple[Callable[[int], None], Callable[[int, Outcome], None]]] = {}
         self._stale_since: dict[tuple[int, int], float] = {}
         self._dirs: dict[str, float] = {}
-        """Directories the scheduler asked about, and when: each is checked there for a minute."""
+        """Directories the scheduler asked about, and when: each is checked there for an hour."""
         self._asked: frozenset[str] = frozenset()
         self._actions: queue.Queue[_Action | None] = queue.Queue()
         self._closed = threading.Event()
@@ -472,6 +478,8 @@ class RemoteNode:
             with self._lock:
                 self._outbox, self._acked = outbox, -1
         self._hear(mirror.messages)
+        if asked - self._asked and self.on_news is not None:
+            self.on_news()  # jobs waiting to learn where their directory is can be placed now
         self._asked = asked
         for job_id, report in attempts.items():
             if job_id in self._launching or self._launched_at.get(job_id, -1) > version:
