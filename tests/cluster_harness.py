@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
-from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers, skip_unless_possible
 
 
 @dataclass
@@ -48,6 +48,7 @@ def head_and_gpu2(root: Path, hidden_on_gpu2: Path | None = None) -> Iterator[Cl
     own with an empty tmpfs over that directory: what is below it exists on
     the head but not on gpu2 (a directory not shared between servers).
     """
+    skip_unless_possible()  # before any daemon starts (gpu2's may need a mount namespace)
     gpu2_toml: dict[str, object] = {"gpus_toml": THREE_GPUS, "extra_toml": 'node_name = "gpu2"'}
     if hidden_on_gpu2 is not None:
         hidden_on_gpu2.mkdir(parents=True, exist_ok=True)
