@@ -300,6 +300,13 @@ class NodeReceive:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeDirs:
+    """Which of these directories do not exist on this server (a head placing a job)."""
+
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeRead:
     """Up to `limit` bytes of a hosted attempt's output file from `offset` (logs)."""
 
@@ -338,6 +345,7 @@ Request = (
     | NodeSync
     | NodeControl
     | NodeReceive
+    | NodeDirs
     | NodeRead
 )
 
@@ -368,6 +376,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "node.sync": NodeSync,
     "node.control": NodeControl,
     "node.receive": NodeReceive,
+    "node.dirs": NodeDirs,
     "node.read": NodeRead,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}

@@ -42,6 +42,7 @@ from gpuq.protocol import (
     Logs,
     Migrate,
     NodeControl,
+    NodeDirs,
     NodeLaunch,
     NodeRead,
     NodeReceive,
@@ -157,6 +158,7 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
         {"head": "gpu1", "job": 7, "phase": "prepare"},
         NodeReceive("gpu1", 7, "prepare"),
     ),
+    ("node.dirs", {"paths": ["/home/ada"]}, NodeDirs(("/home/ada",))),
     ("node.read", {"head": "gpu1", "job": 7, "stream": "stdout"}, NodeRead("gpu1", 7, "stdout")),
     (
         "node.read",

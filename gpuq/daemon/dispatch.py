@@ -36,6 +36,7 @@ from gpuq.protocol import (
     Logs,
     Migrate,
     NodeControl,
+    NodeDirs,
     NodeLaunch,
     NodeRead,
     NodeReceive,
@@ -101,6 +102,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return node.control(state, request)
         case NodeReceive():
             return await node.receive(state, request)
+        case NodeDirs():
+            return node.dirs(request)
         case NodeRead():
             return node.read(state, request)
         case _:

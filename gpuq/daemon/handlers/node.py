@@ -19,7 +19,15 @@ from gpuq.daemon import incoming
 from gpuq.daemon.executor import LaunchSpec
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, UsageError
-from gpuq.protocol import NodeControl, NodeLaunch, NodeRead, NodeReceive, NodeSignal, NodeSync
+from gpuq.protocol import (
+    NodeControl,
+    NodeDirs,
+    NodeLaunch,
+    NodeRead,
+    NodeReceive,
+    NodeSignal,
+    NodeSync,
+)
 
 SIGNAL_SETTLE = 5.0
 """Seconds a signal waits for a just-started attempt's command to have a process group."""
@@ -154,6 +162,17 @@ async def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
     if request.phase == "commit":
         return await asyncio.to_thread(incoming.commit, job_dir)
     raise UsageError(f"unknown phase {request.phase!r}", "use prepare or commit")
+
+
+MAX_DIRS = 1000
+"""The most directories one `node.dirs` request may name."""
+
+
+def dirs(request: NodeDirs) -> dict[str, Any]:
+    """The directories of `paths` that do not exist here."""
+    if len(request.paths) > MAX_DIRS:
+        raise UsageError(f"node.dirs names {len(request.paths)} paths", f"ask at most {MAX_DIRS}")
+    return {"missing": [path for path in request.paths if not os.path.isdir(path)]}
 
 
 def read(state: DaemonState, request: NodeRead) -> dict[str, Any]:

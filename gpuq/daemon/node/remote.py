@@ -154,6 +154,9 @@ class RemoteNode:
         self._dirs: dict[str, float] = {}
         """Directories the scheduler asked about, and when: each is checked there for an hour."""
         self._asked: frozenset[str] = frozenset()
+        self._dir_answers: dict[str, bool] = {}
+        """Answers of `node.dirs`, until a sync has asked about the same directory."""
+        self._dirs_asking: set[str] = set()
         self._actions: queue.Queue[_Action | None] = queue.Queue()
         self._closed = threading.Event()
         self._threads = [
@@ -359,12 +362,43 @@ class RemoteNode:
     # -- what the head's scheduler asks ----------------------------------
 
     def has_dir(self, path: str) -> bool | None:
-        """Whether `path` exists there: None until a sync has asked (within a second)."""
+        """Whether `path` exists there: None until the server has said.
+
+        Every sync asks again about the directories asked for within the
+        hour; a new one is asked at once through the action session too
+        (`node.dirs`, a round trip), and its answer wakes the scheduler.
+        """
         with self._lock:
             self._dirs[path] = time.monotonic()
-        if self.mirror is None or path not in self._asked:
+        if self.mirror is None:
             return None
-        return path not in self.mirror.dirs_missing
+        if path in self._asked:
+            return path not in self.mirror.dirs_missing
+        if path not in self._dir_answers:
+            self._ask_dir(path)
+        return self._dir_answers.get(path)
+
+    def _ask_dir(self, path: str) -> None:
+        """Ask the server about one directory now (once at a time per directory)."""
+        if path in self._dirs_asking:
+            return
+        self._dirs_asking.add(path)
+
+        def act(session: SshClient) -> None:
+            reply = session.call("node.dirs", paths=[path])
+            exists = path not in (reply.get("missing") or [])
+            self._loop.call_soon_threadsafe(self._dir_answered, path, exists)
+
+        def failed(error: GpuqError) -> None:
+            self._dirs_asking.discard(path)  # the next sync asks
+
+        self._act(act, failed)
+
+    def _dir_answered(self, path: str, exists: bool) -> None:
+        self._dirs_asking.discard(path)
+        self._dir_answers[path] = exists
+        if self.on_news is not None:
+            self.on_news()
 
     async def read_output(
         self, job_id: int, stream: str, offset: int, tail: int | None
@@ -481,6 +515,8 @@ class RemoteNode:
         if asked - self._asked and self.on_news is not None:
             self.on_news()  # jobs waiting to learn where their directory is can be placed now
         self._asked = asked
+        for path in asked:
+            self._dir_answers.pop(path, None)  # the sync's answer, renewed each poll, rules
         for job_id, report in attempts.items():
             if job_id in self._launching or self._launched_at.get(job_id, -1) > version:
                 continue  # the answer predates the launch
