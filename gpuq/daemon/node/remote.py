@@ -496,6 +496,7 @@ class RemoteNode:
         if self.health.state != "up":
             log.info("server %s is up (node %s)", self.name, reply.get("node"))
             self.health.state, self.health.since, self.health.reason = "up", now, None
+            self._act(lambda session: None, lambda error: None)  # open the action session now
         try:
             mirror = _mirror(reply, self.name, now)
         except (KeyError, TypeError, ValueError) as exc:
