@@ -1,8 +1,8 @@
 """The head daemon's heartbeats: each server of [cluster] up or down, since when, and why.
 
-Real servers (tests/netns_harness.py): the head's daemon runs inside the
-head's namespace with gpu2 in its config; it keeps a session to gpu2's
-daemon through `ssh gpu2 gpuq bridge` and asks for its status every beat.
+Real servers (tests/cluster_harness.py): the head's daemon runs inside the
+head's namespace with gpu2 in its config; its long poll of gpu2's daemon
+through `ssh gpu2 gpuq bridge` is the heartbeat.
 Cutting gpu2's link turns it down after `down_after`, with the reason;
 mending it brings it back up; a server removed from the config by a reload
 is dropped. Root only.
@@ -17,15 +17,28 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
-from tests.netns_harness import GPUQ, THREE_GPUS, Lab, servers
+from tests.cluster_harness import Cluster, head_and_gpu2
+from tests.daemon_harness import DaemonHarness, wait_for
+from tests.netns_harness import Lab
 
 
 @dataclass
 class Head:
-    net: Lab
-    head: DaemonHarness
-    remote: DaemonHarness
+    """The two-server lab (tests/cluster_harness.py), seen through the head's status."""
+
+    lab: Cluster
+
+    @property
+    def net(self) -> Lab:
+        return self.lab.net
+
+    @property
+    def head(self) -> DaemonHarness:
+        return self.lab.head
+
+    @property
+    def remote(self) -> DaemonHarness:
+        return self.lab.gpu2
 
     def servers(self) -> list[dict[str, Any]]:
         with self.head.client() as client:
@@ -39,22 +52,8 @@ class Head:
 
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Head]:
-    with running_daemon(tmp_path / "gpu2", gpus_toml=THREE_GPUS) as remote:
-        head = DaemonHarness(tmp_path / "head")
-        configs = {"head": head.config_path, "gpu2": remote.config_path}
-        with servers(tmp_path / "net", ["head", "gpu2"], configs) as net:
-            with head.config_path.open("a") as config:
-                config.write(
-                    f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
-                    'heartbeat = "2s"\ndown_after = "5s"\n'
-                    f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
-                )
-            with net.inside("head"):  # the daemon and its ssh sessions run on the head
-                head.start()
-            try:
-                yield Head(net, head, remote)
-            finally:
-                head.close()
+    with head_and_gpu2(tmp_path) as cluster:
+        yield Head(cluster)
 
 
 def test_a_server_is_up_down_when_cut_off_and_up_again(lab: Head) -> None:
