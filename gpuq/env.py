@@ -29,6 +29,8 @@ CONTROL_SOCKET = "GPUQ_CONTROL_SOCKET"
 ATTEMPT = "GPUQ_ATTEMPT"
 NODE = "GPUQ_NODE"
 FAKE_GPU_DIR = "GPUQ_FAKE_GPU_DIR"
+NODE_RANK = "GPUQ_NODE_RANK"
+NODES = "GPUQ_NODES"
 
 CONTRACT: dict[str, str] = {
     JOB_ID: "The job's id (an integer); unset outside gpuq.",
@@ -45,6 +47,8 @@ CONTRACT: dict[str, str] = {
     ),
     ATTEMPT: "1 for the first run, 2 for the first retry, and so on.",
     NODE: "Name of the server the job runs on.",
+    NODE_RANK: "In a multi-node job (`--nodes N`), this part's rank, 0 to N-1.",
+    NODES: "In a multi-node job, its servers, rank 0 first, comma-separated.",
     FAKE_GPU_DIR: (
         "On fake GPUs only: where the daemon publishes each GPU's load (jobs computing on "
         "it, their slowdown, memory used), for jobs that emulate a GPU's work."
@@ -53,6 +57,25 @@ CONTRACT: dict[str, str] = {
     "CUDA_DEVICE_ORDER": "Set to PCI_BUS_ID, so device order matches nvidia-smi.",
 }
 """Every variable a job sees, with its meaning (rendered into the man pages)."""
+
+RENDEZVOUS: dict[str, str] = {
+    "MASTER_ADDR": "Address of the rank-0 part's server, as the other servers reach it.",
+    "MASTER_PORT": "A port for the rendezvous, from 20000 to 31999 (job id and attempt).",
+    "NODE_RANK": "This part's rank among the job's servers, 0 to N-1.",
+    "WORLD_SIZE": "The number of parts (servers); torchrun sets its own for its workers.",
+    "RANK": "The same as NODE_RANK: one process per server, as started by gpuq.",
+    "LOCAL_RANK": "0: the part is the only process gpuq starts on its server.",
+    "PET_NNODES": "For torchrun (--nnodes): the number of servers.",
+    "PET_NODE_RANK": "For torchrun (--node-rank): this part's rank.",
+    "PET_MASTER_ADDR": "For torchrun (--master-addr): as MASTER_ADDR.",
+    "PET_MASTER_PORT": "For torchrun (--master-port): as MASTER_PORT.",
+    "PET_NPROC_PER_NODE": "For torchrun (--nproc-per-node): the part's GPU count.",
+}
+"""What a multi-node job's parts get besides the contract, so `torchrun train.py` needs no flags.
+
+Set only for `--nodes N` jobs (they override a captured value); a
+single-server job keeps whatever its submitter's environment had.
+"""
 
 
 def _get(environ: Mapping[str, str] | None, name: str) -> str | None:

@@ -107,7 +107,9 @@ class JobSpec:
     Placement constraints: `nodes` (run only on one of these servers; empty:
     any), `exclude_nodes` (never on these) and `labels` (only on a server
     carrying every one of them), by node name (`daemon.node_name` or a
-    `[[cluster.servers]]` host).
+    `[[cluster.servers]]` host). `node_count` above 1 makes a multi-node
+    job (`--nodes N`): one process on each of that many servers, each with
+    `gpus / node_count` whole GPUs, started, stopped and ended together.
     """
 
     command: tuple[str, ...]
@@ -136,6 +138,12 @@ class JobSpec:
     nodes: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
+    node_count: int = 1
+
+    @property
+    def multi_node(self) -> bool:
+        """True for a job that runs one part on each of several servers (`--nodes N`)."""
+        return self.node_count > 1
 
     @property
     def constrained(self) -> bool:
@@ -216,6 +224,14 @@ class Job:
     first_start_time: float | None = None
     run_seconds: float = 0.0
     running_since: float | None = None
+
+    @property
+    def part_nodes(self) -> tuple[str, ...]:
+        """The servers of the attempt's parts, rank 0 first (one for a single-node job).
+
+        A multi-node job's `node` lists them with commas (`head,gpu2`).
+        """
+        return tuple(self.node.split(",")) if self.node else ()
 
     def run_time(self, now: float) -> float:
         """Seconds the job's command has run, over all attempts, suspended time excluded."""

@@ -563,6 +563,7 @@ def _check_ranges(spec: JobSpec) -> None:
             )
     if spec.gpu_mem is not None and spec.gpu_mem <= 0:
         raise UsageError("--gpu-mem must be positive")
+    _check_multi_node(spec)
     if spec.shares_gpu and spec.gpus == 0:
         raise UsageError("--gpu-mem needs --gpus 1 or more", "drop --gpu-mem for a CPU-only job")
     if spec.retries < 0:
@@ -579,6 +580,42 @@ def _check_ranges(spec: JobSpec) -> None:
         raise UsageError(f"--signal: no signal number {spec.signal.signal}", "e.g. USR1@120")
     if any(dep.kind not in DependencyKind for dep in spec.after):  # pragma: no cover
         raise UsageError("unknown dependency kind")
+
+
+MAX_NODES: Final = 256
+"""The most servers one multi-node job may span (a guard against typos)."""
+
+
+def _check_multi_node(spec: JobSpec) -> None:
+    """`--nodes N`: N servers, each with the same whole number of whole GPUs."""
+    if spec.node_count < 1 or spec.node_count > MAX_NODES:
+        raise UsageError(f"--nodes must be from 1 to {MAX_NODES}, got {spec.node_count}")
+    if not spec.multi_node:
+        return
+    if spec.gpus_max is not None:
+        raise UsageError(
+            "--nodes runs a fixed number of processes; a GPU range resizes the job",
+            f"give a single count, e.g. --nodes {spec.node_count} --gpus {spec.gpus}",
+        )
+    if spec.shares_gpu:
+        raise UsageError(
+            "--nodes takes whole GPUs on each server; --gpu-mem shares one",
+            "drop --gpu-mem from a multi-node job",
+        )
+    if spec.gpus < spec.node_count:
+        raise UsageError(
+            f"--nodes {spec.node_count} needs a GPU on each server, got --gpus {spec.gpus}",
+            f"give --gpus {spec.node_count} or a multiple of it (CPU-only jobs run on one server)",
+        )
+    if spec.gpus % spec.node_count:
+        per = max(1, spec.gpus // spec.node_count)
+        raise UsageError(
+            f"--gpus {spec.gpus} cannot be split evenly over --nodes {spec.node_count}",
+            f"give a multiple of {spec.node_count}, e.g. --gpus {per * spec.node_count} "
+            f"for {per} GPU(s) on each server",
+        )
+    if spec.array_index is not None:
+        raise UsageError("an array task cannot span servers", "submit --nodes jobs one by one")
 
 
 def _check_os_strings(spec: JobSpec) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
@@ -78,3 +79,62 @@ def head_and_gpu2(root: Path, hidden_on_gpu2: Path | None = None) -> Iterator[Cl
                 yield cluster
             finally:
                 head.close()
+
+
+@dataclass
+class Lab3:
+    """Three servers' daemons (head, gpu2, gpu3), each inside its own namespace."""
+
+    net: Lab
+    daemons: dict[str, DaemonHarness]
+
+    @property
+    def head(self) -> DaemonHarness:
+        """The daemon users submit to."""
+        return self.daemons["head"]
+
+    def gpus_of(self, node: str) -> list[dict[str, object]]:
+        """`node`'s GPUs as the head shows them."""
+        gpus: list[dict[str, object]] = self.head.call("gpus")["gpus"]
+        return [gpu for gpu in gpus if gpu["node"] == node]
+
+
+@contextlib.contextmanager
+def three_servers(root: Path) -> Iterator[Lab3]:
+    """Head (2 fake GPUs), gpu2 (3) and gpu3 (4), every daemon in its server's namespace.
+
+    Unlike `head_and_gpu2`, the other servers' daemons (and so their jobs) run
+    inside their own namespaces too: a job's part on gpu2 reaches a part on
+    the head at the head's address, as on a real network.
+    """
+    skip_unless_possible()
+    four = THREE_GPUS.replace("count = 3", "count = 4")
+    daemons = {
+        "head": DaemonHarness(root / "head", extra_toml='node_name = "head"'),
+        "gpu2": DaemonHarness(root / "gpu2", THREE_GPUS, 'node_name = "gpu2"'),
+        "gpu3": DaemonHarness(root / "gpu3", four, 'node_name = "gpu3"'),
+    }
+    configs = {name: daemon.config_path for name, daemon in daemons.items()}
+    with servers(root / "net", list(daemons), configs) as net:
+        with daemons["head"].config_path.open("a") as config:
+            config.write(
+                f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
+                'heartbeat = "2s"\ndown_after = "5s"\n'
+                f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
+                f'[[cluster.servers]]\nhost = "gpu3"\ncommand = "{GPUQ}"\n'
+            )
+        lab = Lab3(net, daemons)
+        try:
+            for name in ("gpu2", "gpu3", "head"):
+                with net.inside(name):
+                    daemons[name].start()
+            for name, count in (("gpu2", 3), ("gpu3", 4)):
+                wait_for(partial(_has, lab, name, count), what=f"{name}'s GPUs at the head")
+            yield lab
+        finally:
+            for daemon in daemons.values():
+                daemon.close()
+
+
+def _has(lab: Lab3, node: str, count: int) -> bool:
+    return len(lab.gpus_of(node)) == count

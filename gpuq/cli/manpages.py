@@ -436,6 +436,8 @@ def environment() -> list[str]:
         *_tp_list(gpuq_environment()),
         '.SS "Set in every job\'s environment"',
         *_tp_list(job_env.CONTRACT),
+        '.SS "Set in each part of a multi-node job (\\-\\-nodes N)"',
+        *_tp_list(job_env.RENDEZVOUS),
         '.SS "Set for a job\'s \\-\\-notify command"',
         *_tp_list(NOTIFY_ENVIRONMENT),
     ]

@@ -122,6 +122,8 @@ def node_detail(job: dict[str, Any]) -> str:
     node = str(job.get("node") or "")
     if not node:
         return "-"
+    if "," in node:  # a multi-node job's parts, rank 0 first
+        node = " ".join(f"{name} (rank {rank})" for rank, name in enumerate(node.split(",")))
     if job["state"] in PENDING_STATES:
         return f"- (last ran on {node})"
     return node
@@ -136,6 +138,8 @@ def _when(stamp: float | None) -> str:
 def placement_text(spec: dict[str, Any]) -> str | None:
     """A spec's placement constraint in words (`on gpu2 or gpu3; not on head; labels a100`)."""
     parts = []
+    if int(spec.get("node_count") or 1) > 1:
+        parts.append(f"{spec['node_count']} servers, one part on each")
     if spec.get("nodes"):
         parts.append("on " + " or ".join(spec["nodes"]))
     if spec.get("exclude_nodes"):

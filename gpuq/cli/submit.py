@@ -49,6 +49,17 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Share GPUs instead of taking them whole: SIZE bytes on each (6G, 512M), or 'auto' "
         "to use the memory peak learned from earlier runs of a job with the same name.",
     ),
+    Option(
+        ("--nodes", "-N"),
+        "node_count",
+        "int",
+        "N",
+        "Run on N servers at once: one process on each, with --gpus (the total; default: "
+        "the default count on each) divided evenly among them (--nodes 2 --gpus 8: 4 GPUs "
+        "on each of 2 servers), started together, given "
+        "the torchrun rendezvous environment (MASTER_ADDR, MASTER_PORT, NODE_RANK, "
+        "WORLD_SIZE) and ended together when one part ends. Default 1.",
+    ),
     Option(("--exclusive",), "exclusive", "flag", "", "Share the GPU with no other gpuq job."),
     Option(("--name", "-n"), "name", "str", "NAME", "Job name. Default: the command's name."),
     Option(
@@ -333,6 +344,10 @@ def build_spec(
         "notify": values.get("notify"),
         "array_parallel": parallel,
     }
+    if values.get("node_count") is not None:
+        spec["node_count"] = values["node_count"]
+        if values.get("gpus") is None:  # the default count on each server
+            spec["gpus"] = gpus * values["node_count"]
     spec.update((dest, names) for dest, names in placement.items() if names)
     return spec, indices
 

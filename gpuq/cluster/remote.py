@@ -8,7 +8,8 @@ the handshake fails: ssh's own failure (its exit status and stderr, through
 `gpuq.cluster.ssh.explain`), a daemon of another protocol, or no answer
 within the connect timeout plus the client timeout. Closing the client ends
 the ssh process (and only it: a shared ControlMaster connection stays up for
-the next session).
+the next session). `resolve_address` says which address ssh reaches a
+server at (for a multi-node job's rendezvous).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import IO, Any
 from gpuq import __version__
 from gpuq.client import Client
 from gpuq.cluster.ssh import bridge_argv, explain
-from gpuq.config import Config, ServerDecl
+from gpuq.config import ClusterConfig, Config, ServerDecl
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError
 from gpuq.paths import ensure_private_dir
 from gpuq.wire import PROTOCOL_VERSION
@@ -131,3 +132,30 @@ def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
     except ProcessLookupError:
         pass
+
+
+def resolve_address(host: str, cluster: ClusterConfig, timeout: float = 10.0) -> str:
+    """The IP address ssh connects to for `host` (its HostName after the ssh config), resolved.
+
+    Raises OSError if ssh cannot say or the name does not resolve: what a
+    multi-node job's other servers use to reach a part there.
+    """
+    argv = ["ssh"]
+    if cluster.ssh_config is not None:
+        argv += ["-F", str(cluster.ssh_config)]
+    done = subprocess.run(
+        [*argv, "-G", "--", host], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    name = next(
+        (
+            line.split(None, 1)[1]
+            for line in done.stdout.splitlines()
+            if line.startswith("hostname ")
+        ),
+        None,
+    )
+    if done.returncode != 0 or not name:
+        raise OSError(f"ssh -G {host} gave no host name: {done.stderr.strip() or done.returncode}")
+    infos = socket.getaddrinfo(name.strip(), None, type=socket.SOCK_STREAM)
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first
+    return str(infos[0][4][0])

@@ -29,6 +29,7 @@ from pathlib import Path
 from gpuq import env as job_env
 from gpuq.daemon import faults, jobfiles, oom, suspend, transfer
 from gpuq.daemon.executor import LaunchSpec, Outcome
+from gpuq.daemon.node.gang import GangNode, Part, address_toward
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
@@ -144,6 +145,9 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
 
     `note` says why there, if the reason is worth telling ("moved to GPU 1: ...").
     """
+    if job.spec.multi_node:
+        _start_parts(state, job, placement, note)
+        return
     node = state.gpu_node(placement.gpu_uuids)
     source = transfer.checkpoint_source(state, job, node)
     stdout, stderr, below = output_targets(state, job, node)
@@ -183,6 +187,70 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
             _launch(state, current, placement, stdout, stderr, below)
 
     transfer.begin(state, job, source, node, copied)
+
+
+def _start_parts(state: DaemonState, job: Job, placement: Placement, note: str) -> None:
+    """Start a multi-node job: a part on each server of the placement (`gpuq.daemon.node.gang`)."""
+    groups = state.gpu_nodes(placement.gpu_uuids)
+    names = list(groups)
+    parts = [Part(state.node_named(name), rank, groups[name]) for rank, name in enumerate(names)]
+    stdout, stderr, below = output_targets(state, job, names[0])
+    state.child_pgids.pop(job.id, None)
+    where = "; ".join(f"{name}: {', '.join(uuids)}" for name, uuids in groups.items())
+    why = f": {placement.reason}" if placement.reason else ""
+    reason = f"starting {len(names)} parts on {where}{why}" + (f" ({note})" if note else "")
+    master, unknown = rendezvous_address(state, names)
+    if master is None:
+        remote = state.remotes.get(unknown)
+        cause = f": {remote.address_error}" if remote is not None and remote.address_error else ""
+        state.transition(
+            job,
+            job.state,
+            f"waiting for the address of {unknown}, where a part would run{cause}",
+            retry_at=time.time() + state.config.cluster.heartbeat,
+        )
+        return
+    job = state.transition(
+        job,
+        JobState.STARTING,
+        reason,
+        gpu_uuids=placement.gpu_uuids,
+        gpu_mem_reserved=None,
+        node=",".join(names),
+        attempts=job.attempts + 1,
+        stdout_path=stdout,
+        stderr_path=stderr,
+        exit_code=None,
+        signal=None,
+        end_time=None,
+        retry_at=None,
+    )
+    job_id = job.id
+
+    def outputs(name: str, rank: int) -> tuple[str, str, dict[str, str]]:
+        return output_targets(state, state.active.get(job_id, job), name)
+
+    state.gangs[job.id] = GangNode(parts, master, outputs, lambda: state.config.daemon.kill_grace)
+    _launch(state, job, placement, stdout, stderr, below)
+
+
+def rendezvous_address(state: DaemonState, names: list[str]) -> tuple[str | None, str]:
+    """MASTER_ADDR of a multi-node job on `names` (rank 0 first), or None and whose is unknown.
+
+    Rank 0 on another server: the address ssh reaches it at. Rank 0 here:
+    this machine's address on the route to the next part's server.
+    """
+    first = state.remotes.get(names[0])
+    if first is not None:
+        return first.address, "" if first.address else names[0]
+    peer = next((state.remotes[name] for name in names[1:] if name in state.remotes), None)
+    if peer is None or peer.address is None:
+        return None, names[1] if len(names) > 1 else names[0]
+    try:
+        return address_toward(peer.address), ""
+    except OSError as exc:
+        log.warning("no route to %s (%s): %s", peer.name, peer.address, exc)
+        return None, names[0]
 
 
 def _launch(
@@ -248,7 +316,8 @@ def _spawned(state: DaemonState, job_id: int, attempt: int, spawned: Spawned) ->
         if job is None or not current:
             return
         state.node_of(job_id).control.close(job_id)
-        if state.node_of(job_id).live_shim(job_id) is None:
+        if job.spec.multi_node or state.node_of(job_id).live_shim(job_id) is None:
+            state.gangs.pop(job_id, None)  # its parts that started were killed
             state.transition(
                 job,
                 JobState.QUEUED,
@@ -363,6 +432,7 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
         else:
             state.transition(job, ended, why, **fields)
     state.node_of(job.id).control.close(job.id)
+    state.gangs.pop(job.id, None)
     peak = state.memory_peaks.pop(job.id, None)
     if peak:
         try:

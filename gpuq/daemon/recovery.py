@@ -32,6 +32,7 @@ import time
 
 from gpuq.daemon import jobfiles, lifecycle, suspend
 from gpuq.daemon.executor import Outcome
+from gpuq.daemon.node.gang import GangNode, Part
 from gpuq.daemon.state import DaemonState
 from gpuq.models import Job, JobState
 
@@ -41,6 +42,9 @@ def recover(state: DaemonState) -> dict[str, int]:
     counts = {"adopted": 0, "finished": 0, "requeued": 0, "lost": 0}
     for job in sorted(state.active.values(), key=lambda j: j.id):
         if not job.state.is_active or suspend.is_checkpointed(state, job):
+            continue
+        if job.spec.multi_node and job.node:
+            counts[_adopt_parts(state, job)] += 1
             continue
         if job.node and job.node != state.config.daemon.node_name:
             counts["remote"] = counts.get("remote", 0) + _adopt_remote(state, job)
@@ -103,6 +107,49 @@ def launched(state: DaemonState, job: Job) -> bool:
     """
     record = state.node.read_record(job.id, jobfiles.LAUNCH)
     return jobfiles.launch_attempt(record) == job.attempts
+
+
+def _adopt_parts(state: DaemonState, job: Job) -> str:
+    """Re-adopt a multi-node job's parts, each where it runs (`GangNode.adopt`).
+
+    A job cut while its parts were starting goes back to the queue, what
+    started of it killed (the other servers stop attempts the head no
+    longer expects); one with a part on a server no longer configured is
+    lost. Returns the count it adds to: adopted, requeued or lost.
+    """
+    here = state.config.daemon.node_name
+    gone = [name for name in job.part_nodes if name != here and name not in state.remotes]
+    if gone or job.state is JobState.STARTING:
+        state.node.kill_leftovers(job.id)
+    if gone:
+        why = f"its server {gone[0]} is no longer configured"
+        lifecycle.finish(state, job.id, Outcome(None, None, why, None))
+        return "lost"
+    if job.state is JobState.STARTING:
+        state.transition(
+            job,
+            JobState.QUEUED,
+            "requeued: the daemon stopped while the job's parts were starting",
+            attempts=max(0, job.attempts - 1),
+            gpu_uuids=(),
+            gpu_mem_reserved=None,
+        )
+        return "requeued"
+    parts = [Part(state.node_named(name), rank, ()) for rank, name in enumerate(job.part_nodes)]
+    gang = GangNode(
+        parts, "", lambda name, rank: ("", "", {}), lambda: state.config.daemon.kill_grace
+    )
+    state.gangs[job.id] = gang
+    if job.state is JobState.SUSPENDING:
+        job = suspend.readopt(state, job)
+    else:
+        state.store.transition(job, job.state, "re-adopted after daemon restart", time.time())
+    gang.adopt(
+        job.id, lambda job_id, outcome: lifecycle.finish(state, job_id, outcome), job.attempts
+    )
+    if lifecycle.cancel_requested(state, job):
+        lifecycle.resume_cancel(state, job)
+    return "adopted"
 
 
 def _adopt_remote(state: DaemonState, job: Job) -> int:

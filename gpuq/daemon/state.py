@@ -23,6 +23,7 @@ from gpuq.config import Config
 from gpuq.daemon import notify, reload, servers
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.hosted import Hosted
+from gpuq.daemon.node.gang import GangNode
 from gpuq.daemon.node.interface import Node
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.reload import ConfigWatch
@@ -126,6 +127,8 @@ class DaemonState:
         """Work running beside the loop's handlers (checkpoint copies), kept until it ends."""
         self.remotes: dict[str, RemoteNode] = {}
         """The other servers, as nodes jobs run on (`gpuq.daemon.node.remote`), by host."""
+        self.gangs: dict[int, GangNode] = {}
+        """Multi-node jobs' current attempts, each as one node (`gpuq.daemon.node.gang`)."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
@@ -157,7 +160,10 @@ class DaemonState:
         return servers.summary((s.host for s in self.config.cluster.servers), self.remotes)
 
     def node_of(self, job_id: int) -> Node:
-        """The node the job's current attempt runs on: another server's, or this one."""
+        """The node the job's current attempt runs on: its parts, another server's, or this one."""
+        gang = self.gangs.get(job_id)
+        if gang is not None:
+            return gang
         job = self.active.get(job_id)
         if job is not None and job.node:
             remote = self.remotes.get(job.node)
@@ -168,6 +174,17 @@ class DaemonState:
     def node_named(self, name: str) -> Node:
         """The node called `name` (this server's own name or an unknown one: this server)."""
         return self.remotes.get(name) or self.node
+
+    def gpu_nodes(self, uuids: Iterable[str]) -> dict[str, tuple[str, ...]]:
+        """The GPUs of `uuids` by node, nodes in order of their first GPU (unknown: this one)."""
+        node_of = {gpu.uuid: gpu.node for gpu in self.gpus.devices}
+        grouped: dict[str, list[str]] = {}
+        for uuid in uuids:
+            node = node_of.get(uuid, self.config.daemon.node_name)
+            if node not in self.remotes:
+                node = self.config.daemon.node_name
+            grouped.setdefault(node, []).append(uuid)
+        return {node: tuple(group) for node, group in grouped.items()}
 
     def gpu_node(self, uuids: Iterable[str]) -> str:
         """The name of the node whose GPUs these are (none: this server)."""

@@ -154,7 +154,9 @@ def free_gpus(
             emptied.append(source)
             received.update(target for _, _, target in moves)
             planned.extend(moves)
-            gpus = trial.choose(waiting.gpus_requested, waiting.gpu_mem, waiting.exclusive, outside)
+            gpus = trial.choose(
+                waiting.gpus_requested, waiting.gpu_mem, waiting.exclusive, outside, waiting.spread
+            )
             if gpus is not None:
                 freed = gpus_label(state, sorted(set(gpus) & set(emptied)) or emptied)
                 note = f"frees {freed} for job {waiting.id}"
@@ -223,7 +225,7 @@ def gather(
     for (source, job), target in zip(sources, targets, strict=True):
         trial.release(Hold(job.id, (source,), job.gpu_mem, job.exclusive))
         trial.hold(Hold(job.id, (target,), job.gpu_mem, job.exclusive))
-    chosen = trial.choose(count, None, waiting.exclusive, barred)
+    chosen = trial.choose(count, None, waiting.exclusive, barred, waiting.spread)
     if chosen is None or spans(keys, chosen) != 1:
         return None
     freed = gpus_label(state, [source for source, _ in sources])

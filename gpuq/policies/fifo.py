@@ -101,7 +101,7 @@ from gpuq.policies.confine import node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, GpuView, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
-_Shape = tuple[int, int | None, bool, frozenset[str] | None]
+_Shape = tuple[int, int | None, bool, frozenset[str] | None, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +137,9 @@ def find_reservation(
     outside = capacity.outside(head)
     for end, _, hold in sorted(endings, key=lambda ending: (ending[0], ending[1])):
         simulated.release(hold)
-        gpus = simulated.choose(head.gpus_requested, head.gpu_mem, head.exclusive, outside)
+        gpus = simulated.choose(
+            head.gpus_requested, head.gpu_mem, head.exclusive, outside, head.spread
+        )
         if gpus is not None:
             return Reservation(head.id, max(end, now), frozenset(gpus))
     return None
@@ -190,7 +192,7 @@ class FifoBackfill:
             raise ValueError(f"move_after must be 0 or more seconds, not {move_after}")
         self.moves = moves
         self.move_after = float(move_after)
-        self.capabilities = Capabilities(preemption=moves)
+        self.capabilities = Capabilities(preemption=moves, multi_node=True)
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Start what fits in queue order, backfilling around the head's reservation."""
@@ -218,6 +220,7 @@ class _Pass:
         ]
         node_of = {node.name: i for i, node in enumerate(state.nodes)}
         self.node_index = [node_of.get(gpu.node, 0) for gpu in state.gpus]
+        self.single_node = len(state.nodes) <= 1
         self.head: JobView | None = None
         self.reservation: Reservation | None = None
         self.behind = ""
@@ -251,7 +254,9 @@ class _Pass:
             if job.gpus_requested <= 0:
                 waiting[job.id] = "asks for no GPU: the caller starts it"
                 continue
-            never = self.hardware.on(job.nodes).impossible_reason(job.gpus_requested, job.gpu_mem)
+            never = self.hardware.on(job.nodes).impossible_reason(
+                job.gpus_requested, job.gpu_mem, job.spread
+            )
             if never is not None:
                 waiting[job.id] = never
                 continue
@@ -259,7 +264,10 @@ class _Pass:
             restricted = reservation is not None and (
                 job.time_limit is None or self.now + job.time_limit > reservation.shadow_time
             )
-            key = ((job.gpus_requested, job.gpu_mem, job.exclusive, job.nodes), restricted)
+            key = (
+                (job.gpus_requested, job.gpu_mem, job.exclusive, job.nodes, job.spread),
+                restricted,
+            )
             reason = self.reasons.get(key)
             if reason is None:
                 outcome = self._try(job, restricted)
@@ -279,7 +287,7 @@ class _Pass:
         """Place `job` and book its GPUs, or say why it waits."""
         reservation = self.reservation if restricted else None
         outside = self.capacity.outside(job)  # other nodes' GPUs, for a constrained job
-        if job.gpu_mem is not None:
+        if job.gpu_mem is not None and (job.spread is None or self.single_node):
             # Shares of any size: decide by threshold, without looking at each GPU.
             limit_key = (job.gpus_requested, job.exclusive, restricted, job.nodes)
             limits = self.thresholds.get(limit_key)
@@ -299,16 +307,20 @@ class _Pass:
                 room = self._make_room(job)
                 return self._waiting(job) if room is None else self._book(job, room)
         excluded = reservation.gpus | outside if reservation is not None else outside
-        gpus = self.capacity.choose(job.gpus_requested, job.gpu_mem, job.exclusive, excluded)
+        shape = job.gpus_requested, job.gpu_mem, job.exclusive
+        gpus = self.capacity.choose(*shape, excluded, job.spread)
         if gpus is None:
-            fits = self.capacity.summary(outside).fits(
-                job.gpus_requested, job.gpu_mem, job.exclusive
-            )
+            if job.spread is None or self.single_node:
+                fits = self.capacity.summary(outside).fits(*shape)
+            else:
+                fits = excluded != outside and bool(
+                    self.capacity.choose(*shape, outside, job.spread)
+                )
             if fits:
                 return self.behind
-            room = self._make_room(job)
+            room = self._make_room(job) if job.spread in (None, 1) else None
             return self._waiting(job) if room is None else self._book(job, room)
-        if self._may_move() and job.gpus_requested > 1:
+        if self._may_move() and job.gpus_requested > 1 and job.spread in (None, 1):
             plan = consolidate.gather(
                 self.state, self.capacity, job, gpus, self.now, self.settle or 0.0
             )
@@ -340,6 +352,21 @@ class _Pass:
         self.thresholds.clear()
         return plan.gpus
 
+    def _parts_reason(self, job: JobView, where: str) -> str:
+        """What a multi-node job waits for: a part's GPUs free on each of its servers."""
+        spread = job.spread or 1
+        per_node = job.gpus_requested // spread
+        free = {n: len(g) for n, g in self.capacity.free_whole(self.capacity.outside(job)).items()}
+        have = ", ".join(f"{name} {free.get(name, 0)}" for name in self._node_names(job))
+        on = f" of {where}" if where else ""
+        gpus = "free GPU" if per_node == 1 else "free GPUs"
+        servers = "one server" if spread == 1 else f"each of {spread} servers"
+        return f"waiting for {per_node} {gpus} on {servers}{on} (free: {have})"
+
+    def _node_names(self, job: JobView) -> list[str]:
+        """The nodes `job` may use, in the state's order."""
+        return [node.name for node in self.state.nodes if job.may_run_on(node.name)]
+
     def _book(self, job: JobView, gpus: tuple[int, ...]) -> tuple[int, ...]:
         """Hold `gpus` for `job` in the capacity; returns them."""
         hold = Hold(job.id, gpus, job.gpu_mem, job.exclusive)
@@ -355,6 +382,9 @@ class _Pass:
         summary = self.capacity.summary(self.capacity.outside(job))
         where = "" if job.nodes is None else node_names(job.nodes)
         reason = summary.wait_reason(job.gpus_requested, job.gpu_mem, job.exclusive, where)
+        spread = job.spread or 0
+        if spread > 1 or (spread == 1 and job.gpus_requested > 1 and not self.single_node):
+            reason = self._parts_reason(job, where)
         if self.head is None:
             self.head = job
             self.reservation = find_reservation(self.capacity, job, self.endings, self.now)

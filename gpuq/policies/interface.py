@@ -126,7 +126,11 @@ class JobView:
     Placement constraint: `nodes` names the nodes the job may hold GPUs on
     (None: any; the daemon sets it from `--node`, `--exclude-node` and
     `--label`). Every policy gives a job GPUs only on those nodes
-    (`may_run_on`); a running job keeps what it holds.
+    (`may_run_on`); a running job keeps what it holds. `spread` is how many
+    nodes the job's GPUs must be on, the same count on each (None: any
+    shape, as the simulator's distributed jobs); the daemon sets 1 for a
+    job that is one process, N for a multi-node job (`--nodes N`), and
+    never starts a job on another shape (`gpuq.daemon.scheduler.binding`).
     """
 
     id: int
@@ -165,6 +169,7 @@ class JobView:
     preemptible: bool = True
     moved_at: float | None = None
     nodes: frozenset[str] | None = None
+    spread: int | None = None
 
     def may_run_on(self, node: str) -> bool:
         """True if the job may hold GPUs on `node` (its placement constraint allows it)."""
@@ -257,7 +262,10 @@ class Capabilities:
     - `remembers`: the policy keeps state between decisions that changes its
       choices (a search's last population, a packing book, service clocks);
       where it runs in the daemon it implements `Remembers`;
-    - `quantum`: with `time_slicing`, the seconds of each turn on a shared GPU.
+    - `quantum`: with `time_slicing`, the seconds of each turn on a shared GPU;
+    - `multi_node`: the policy places jobs whose `JobView.spread` is above 1
+      (a part's GPUs on each of that many nodes); the daemon refuses
+      `--nodes N` jobs under a policy that does not.
     """
 
     adaptive_jobs: bool = False
@@ -267,6 +275,7 @@ class Capabilities:
     remaining_work: bool = False
     remembers: bool = False
     quantum: float = 60.0
+    multi_node: bool = False
 
 
 class Policy(Protocol):

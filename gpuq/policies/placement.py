@@ -18,6 +18,10 @@ The capacity rules (DESIGN.md section 6):
   beside the foreign processes fits the request; it then takes the GPU alone.
 - A multi-GPU job's GPUs come from one link group (a PCIe switch or NVLink)
   where one has room, else from as few as possible (`gpuq.policies.topology`).
+- A job with a spread (`JobView.spread`: the daemon's jobs) gets its whole
+  GPUs on exactly that many nodes, the same count on each: one node for a
+  single-process job (a process cannot use another server's GPUs), N for a
+  multi-node job (`--nodes N`), the fullest nodes that fit first.
 - A job with a placement constraint (`JobView.nodes`) gets GPUs of its nodes
   only: the GPUs of other nodes (`Capacity.outside`) are left out of its
   choice, as a backfill reservation's are.
@@ -260,28 +264,64 @@ class Capacity:
         gpu_mem: int | None,
         exclusive: bool,
         excluded: frozenset[int] = _NOTHING,
+        spread: int | None = None,
     ) -> tuple[int, ...] | None:
         """Pick GPUs (indices, ascending) for a request, or None if it does not fit.
 
         Whole GPUs go to as few nodes as possible (the fullest node that still
-        fits, then GPU order); shares go best-fit, to the GPUs with the least
-        memory left that still fits, so large holes stay open for large jobs
-        (ties in GPU order). Either way a multi-GPU job's GPUs come from as
-        few link groups as possible (`topology.pick_close`).
+        fits, then GPU order), or to exactly `spread` nodes, `gpus / spread`
+        on each; shares go best-fit, to the GPUs with the least memory left
+        that still fits, so large holes stay open for large jobs (ties in GPU
+        order), on one node where `spread` is 1. Either way a multi-GPU job's
+        GPUs come from as few link groups as possible (`topology.pick_close`).
         """
         if gpus <= 0 or not self.summary(excluded).fits(gpus, gpu_mem, exclusive):
             return None
         if gpu_mem is None:
-            return self._choose_whole(gpus, excluded)
-        return self._choose_best_fit(gpus, gpu_mem, exclusive, excluded)
+            return self._choose_whole(gpus, excluded, spread)
+        if spread is None or self._single_node():
+            return self._choose_best_fit(gpus, gpu_mem, exclusive, excluded)
+        for node in self._fullest_nodes():  # shares of one node (a multi-node job has none)
+            others = frozenset(i for i, name in enumerate(self.nodes) if name != node)
+            if self.summary(excluded | others).fits(gpus, gpu_mem, exclusive):
+                return self._choose_best_fit(gpus, gpu_mem, exclusive, excluded | others)
+        return None
 
-    def _choose_whole(self, gpus: int, excluded: frozenset[int]) -> tuple[int, ...]:
+    def _single_node(self) -> bool:
+        """True when every GPU is on one node (a single server's daemon)."""
+        return not self.nodes or self.nodes.count(self.nodes[0]) == len(self.nodes)
+
+    def _fullest_nodes(self) -> list[str]:
+        """Node names, those with the least free memory for shares first (best fit)."""
+        free: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            free[node] = free.get(node, 0) + max(0, self.usable[i] - self.shares[i])
+        return sorted(free, key=free.__getitem__)
+
+    def free_whole(self, excluded: frozenset[int] = _NOTHING) -> dict[str, list[int]]:
+        """Each node's free whole GPUs (indices, in GPU order), nodes in GPU order."""
         by_node: dict[str, list[int]] = {}
         for i, node in enumerate(self.nodes):
             if i in excluded or self.owners[i] or self.sharers[i] or not self.whole_ok[i]:
                 continue
             by_node.setdefault(node, []).append(i)
-        groups = list(by_node.values())
+        return by_node
+
+    def _choose_whole(
+        self, gpus: int, excluded: frozenset[int], spread: int | None = None
+    ) -> tuple[int, ...] | None:
+        groups = list(self.free_whole(excluded).values())
+        if spread is not None:
+            per_node = gpus // spread
+            if per_node * spread != gpus:
+                return None
+            fitting = sorted((group for group in groups if len(group) >= per_node), key=len)
+            if len(fitting) < spread:
+                return None
+            picked: list[int] = []
+            for group in fitting[:spread]:
+                picked.extend(pick_close(group, self.groups.__getitem__, per_node))
+            return tuple(sorted(picked))
         fitting = [group for group in groups if len(group) >= gpus]
         if fitting:
             return tuple(sorted(pick_close(min(fitting, key=len), self.groups.__getitem__, gpus)))
@@ -344,12 +384,24 @@ class Hardware:
             self._on[nodes] = cached
         return cached
 
-    def impossible_reason(self, gpus: int, gpu_mem: int | None) -> str | None:
+    def impossible_reason(
+        self, gpus: int, gpu_mem: int | None, spread: int | None = None
+    ) -> str | None:
         """Why a request can never fit even on idle GPUs, or None if it can."""
         if gpus <= 0:
             return None
         if gpus > self.count:
             return f"needs {_plural(gpus, 'GPU')}; {self.where} {self.count}"
+        if spread is not None:
+            per_node = max(1, gpus // spread)
+            counts: dict[str, int] = {}
+            for node, _ in self._gpus:
+                counts[node] = counts.get(node, 0) + 1
+            if sum(1 for count in counts.values() if count >= per_node) < spread:
+                have = ", ".join(f"{name} {count}" for name, count in sorted(counts.items()))
+                if spread == 1:
+                    return f"needs {_plural(gpus, 'GPU')} on one server ({have})"
+                return f"needs {_plural(per_node, 'GPU')} on each of {spread} servers ({have})"
         if gpu_mem is None or 0 <= gpu_mem <= self.offers[gpus - 1]:
             return None
         if gpu_mem < 0:

@@ -28,7 +28,8 @@ async def handle(
     while request.follow and not job.stdout_path and not job.state.is_terminal:
         await asyncio.sleep(POLL_SECONDS)  # not started yet: where it runs decides where to read
         job = state.job(request.id)
-    remote = state.remotes.get(job.node) if job.stdout_path else None
+    first = job.part_nodes[0] if job.part_nodes else ""  # a multi-node job: rank 0's output
+    remote = state.remotes.get(first) if job.stdout_path else None
     if remote is not None:
         return await _remote(state, remote, request, emit)
     stdout, stderr = (

@@ -38,6 +38,12 @@ def handle(state: DaemonState, request: Migrate) -> dict[str, Any]:
             f"job {job.id} may not run on {request.to}: it runs only on {node_names(allowed)}",
             "its placement constraint (--node, --exclude-node, --label) is part of its spec",
         )
+    if job.spec.multi_node:
+        raise ConflictError(
+            f"job {job.id} runs on {len(job.part_nodes) or job.spec.node_count} servers: "
+            "a multi-node job is not migrated",
+            "cancel it and submit it again with --node or --exclude-node",
+        )
     if job.state is not JobState.RUNNING:
         raise ConflictError(
             f"job {job.id} is {job.state.value}: only a running job can be migrated",

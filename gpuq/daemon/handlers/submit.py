@@ -75,6 +75,8 @@ def check_fits(
             f"the job needs {spec.gpus} GPUs; {where} {len(mine)}",
             f"use --gpus {len(mine)} or fewer",
         )
+    if spec.multi_node:
+        _check_parts_fit(spec, mine)
     if spec.gpu_mem is not None:
         largest = max(int(g.memory_total * (1 - memory_margin)) for g in mine)
         if spec.gpu_mem > largest:
@@ -84,6 +86,25 @@ def check_fits(
                 f"({format_size(largest)} after the {memory_margin:.0%} safety margin)",
                 "ask for less memory, or for a whole GPU without --gpu-mem",
             )
+
+
+def _check_parts_fit(spec: JobSpec, mine: Sequence[GpuInfo]) -> None:
+    """Refuse a multi-node job unless enough of its servers each have GPUs for a part."""
+    per_node = spec.gpus // spec.node_count
+    counts: dict[str, int] = {}
+    for gpu in mine:
+        counts[gpu.node] = counts.get(gpu.node, 0) + 1
+    big = sorted(name for name, count in counts.items() if count >= per_node)
+    if len(big) < spec.node_count:
+        have = ", ".join(f"{name} {count}" for name, count in sorted(counts.items()))
+        largest = sorted(counts.values(), reverse=True)[: spec.node_count]
+        most = min(largest) if len(largest) == spec.node_count else 0
+        hint = f"use --gpus {most * spec.node_count} or fewer" if most else "ask for fewer --nodes"
+        raise ResourceError(
+            f"the job needs {per_node} GPU(s) on each of {spec.node_count} servers; "
+            f"its servers have {have}",
+            hint,
+        )
 
 
 def _has(count: int) -> str:
@@ -122,6 +143,11 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
     spec = validate_spec(request.spec)
     spec = dataclasses.replace(spec, user=getpass.getuser())
     check_submit(spec, known_nodes(state.config))
+    if spec.multi_node and not state.policy.capabilities.multi_node:
+        raise UsageError(
+            f"the scheduler policy {state.policy.name!r} cannot place multi-node jobs",
+            'set scheduler.policy = "gpuq" (the default) or "fifo" in the config',
+        )
     check_fits_server(state, spec)
     check_runnable_command(spec.command, spec.cwd, spec.env.get("PATH"))
     for dep in spec.after:

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuq.cluster.remote import SshClient
+from gpuq.cluster.remote import SshClient, resolve_address
 from gpuq.config import Config, ServerDecl
 from gpuq.control import Ack, Hello, Message, Metrics, parse_message, to_dict
 from gpuq.daemon import faults
@@ -151,6 +152,10 @@ class RemoteNode:
         self._watchers: dict[int, Callable[[int, Outcome], None]] = {}
         self._adopting: dict[int, tuple[Callable[[int], None], Callable[[int, Outcome], None]]] = {}
         self._stale_since: dict[tuple[int, int], float] = {}
+        self.address: str | None = None
+        """The IP address ssh reaches the server at (multi-node jobs' rendezvous), once known."""
+        self.address_error = ""
+        """Why the address is not known, if finding it failed."""
         self._dirs: dict[str, float] = {}
         """Directories the scheduler asked about, and when: each is checked there for an hour."""
         self._asked: frozenset[str] = frozenset()
@@ -459,6 +464,8 @@ class RemoteNode:
                 dirs = sorted(self._dirs)
                 acked, outbox = self._acked, self._outbox
             try:
+                if self.address is None:
+                    self._resolve(config)
                 if session is None:  # silent past a beat beyond its poll: not answering
                     timeout = POLL_SECONDS + config.cluster.heartbeat
                     session = SshClient.connect_to(self.server, config, timeout=timeout)
@@ -487,6 +494,14 @@ class RemoteNode:
                 self._loop.call_soon_threadsafe(self._synced, reply, frozenset(dirs))
         if session is not None:
             session.close()
+
+    def _resolve(self, config: Config) -> None:
+        """Find the address ssh reaches the server at (once; a failure is kept as the reason)."""
+        try:
+            self.address = resolve_address(self.server.host, config.cluster)
+            self.address_error = ""
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.address_error = str(exc)
 
     # -- on the event loop -------------------------------------------------
 

@@ -17,17 +17,20 @@ jobs holding them that do not wait for a turn themselves: a parked or
 stopped job stays resident beside it (the slicer checked that its memory
 fits), and the tick starts the turn once the job computing there has left.
 A safety net under every policy: a job is never started on a GPU of a node
-its placement constraint excludes (`JobView.nodes`); it stays queued, and
-says why. Pure: no I/O, unit-tested without a daemon.
+its placement constraint excludes (`JobView.nodes`), nor on GPUs of another
+shape than its spread (`JobView.spread`: one server for a job that is one
+process, the same count on each of N servers for a multi-node job); it
+stays queued, and says why. Pure: no I/O, unit-tested without a daemon.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from gpuq.daemon.scheduler.constraints import misplaced, refusal
 from gpuq.policies.confine import outside
-from gpuq.policies.interface import ClusterState, Decision
+from gpuq.policies.interface import ClusterState, Decision, JobView
 from gpuq.policies.placement import Capacity, Hold
 from gpuq.policies.topology import group_key, pick_close
 
@@ -103,12 +106,33 @@ def placements(
                 waiting[job_id] = RELEASE_WAIT
                 continue
             uuids = tuple(chosen)
+        shape = misshaped(node_of, job, uuids)
+        if shape:
+            waiting[job_id] = f"not started: {shape}"
+            continue
         starts.append(Placement(job_id, uuids, job.gpu_mem, decision.notes.get(job_id, "")))
     started = {placement.job_id for placement in starts}
     for job_id in pending:
         if job_id not in started and job_id not in waiting:
             waiting[job_id] = decision.notes.get(job_id, "waiting for the policy to start it")
     return starts, waiting
+
+
+def misshaped(node_of: Mapping[str, str], job: JobView, uuids: Sequence[str]) -> str:
+    """Why `uuids` do not have `job`'s spread (module docstring), or "" if they do."""
+    if job.spread is None or not uuids:
+        return ""
+    counts: dict[str, int] = {}
+    for uuid in uuids:
+        node = node_of.get(uuid, "an unknown node")
+        counts[node] = counts.get(node, 0) + 1
+    if len(counts) == job.spread and len(set(counts.values())) == 1:
+        return ""
+    given = ", ".join(f"{count} on {node}" for node, count in counts.items())
+    if job.spread == 1:
+        return f"the policy gave it GPUs on several servers ({given}); it runs on one"
+    per_node = len(uuids) // job.spread
+    return f"the policy gave it {given}; it runs {per_node} GPU(s) on each of {job.spread} servers"
 
 
 def _free_for(held: Capacity, hold: Hold, exclusive: bool) -> bool:

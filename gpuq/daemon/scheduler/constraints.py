@@ -101,10 +101,19 @@ def check_submit(spec: JobSpec, known: KnownNodes) -> None:
             f"the nodes' labels are {labels_text(known)}",
             "set daemon.labels, or labels of a [[cluster.servers]] table, in the config",
         )
-    if eligible_nodes(spec, known) == frozenset():
+    eligible = eligible_nodes(spec, known)
+    if eligible == frozenset():
         raise UsageError(
             f"no node meets the job's placement constraints ({why_none(spec, known)})",
             "loosen --node, --exclude-node or --label",
+        )
+    usable = len(known) if eligible is None else len(eligible)
+    if spec.node_count > usable:
+        where = "the known nodes are" if eligible is None else "the job may run on"
+        names = ", ".join(known) if eligible is None else ", ".join(sorted(eligible))
+        raise UsageError(
+            f"--nodes {spec.node_count} needs {spec.node_count} servers; {where} {names}",
+            "add servers with gpuq cluster add HOST, or ask for fewer --nodes",
         )
 
 

@@ -149,6 +149,7 @@ def build_state(
             attained_service=job.run_time(now) * spec.gpus,
             num_restarts=max(0, job.attempts - 1),
             nodes=allowed,
+            spread=spec.node_count,
             **measurements(sample, seen),
         )
         views.append(view)
@@ -183,6 +184,7 @@ def build_state(
                     preemptible=preemptible(job),
                     suspended=job.state is JobState.SUSPENDED,
                     nodes=allowed,
+                    spread=job.spec.node_count,
                     **reported(job.id),
                 )
             )

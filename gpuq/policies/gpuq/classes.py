@@ -236,7 +236,9 @@ class _Class:
                 self.waiting[job.id] = decision.notes.get(job.id, "waiting")
                 continue
             gpus = self._index(uuids)
-            if job.gpu_mem is None:
+            if (job.spread or 1) > 1:  # a multi-node job: rigid, and only admission shapes it
+                self._start(job, gpus, f"next in the queue at priority {job.priority}")
+            elif job.gpu_mem is None:
                 admitted[job.id] = gpus
             else:
                 alone = " alone" if job.exclusive else ""

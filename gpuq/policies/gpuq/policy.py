@@ -243,6 +243,7 @@ class GpuqPolicy(PolluxPolicy):
             remaining_work=remaining_aware,
             remembers=True,
             quantum=quantum,
+            multi_node=True,
         )
 
     def decide(self, state: ClusterState, now: float) -> Decision:

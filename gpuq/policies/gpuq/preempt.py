@@ -82,13 +82,13 @@ def make_room(
     changed: dict[int, int] = {}  # victim -> the ask it yields to
     for job in asks:
         if job.id in placed or hardware.on(job.nodes).impossible_reason(
-            job.gpus_requested, job.gpu_mem
+            job.gpus_requested, job.gpu_mem, job.spread
         ):
             continue
 
         def fits(job: JobView = job) -> tuple[int, ...] | None:
             return capacity.choose(
-                job.gpus_requested, job.gpu_mem, job.exclusive, capacity.outside(job)
+                job.gpus_requested, job.gpu_mem, job.exclusive, capacity.outside(job), job.spread
             )
 
         applied: list[tuple[int, Hold]] = []

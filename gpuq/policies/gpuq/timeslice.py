@@ -87,6 +87,8 @@ class Slicing:
         nodes = _nodes(board, priority)
         notes: dict[int, str] = {}
         for job in waiting:
+            if (job.spread or 1) > 1:
+                continue  # a multi-node job takes no turns: its parts start and stop together
             size = max(job.min_gpus, 1)
             taking = [node for node in nodes if node.takes(size, self.oversubscription)]
             if not taking:

@@ -223,6 +223,8 @@ class PolluxPolicy:
             caps[mins > reachable] = 0  # more than its nodes have: it waits
         mins = np.minimum(mins, caps)
         max_nodes = min(MAX_NODES_PER_JOB, len(state.nodes))
+        if jobs and all(job.spread == 1 for job in jobs):
+            max_nodes = 1  # the daemon's jobs are one process each: one server's GPUs
         penalty = state.restart_penalty if self.restart_penalty is None else self.restart_penalty
         factors = np.array(
             [realloc_factor(now - job.submit_time, job.num_restarts, penalty) for job in jobs]
