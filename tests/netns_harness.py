@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -183,6 +185,30 @@ def _sshd_config(lab: Lab, server: Server, host_key: Path) -> Path:
     return path
 
 
+STARTUP_FILES = (".bashrc", ".bash_profile", ".bash_login", ".profile", ".zshenv")
+"""Shell start-up files an ssh session on a test server must not run (`_without_startup_files`)."""
+
+
+def _without_startup_files() -> list[str]:
+    """A command prefix that hides this user's shell start-up files from sshd's sessions.
+
+    Debian's bash reads ~/.bashrc even for `ssh HOST COMMAND`, and a
+    developer's or CI machine's one may do slow work on every login (pyenv's
+    rehash waits up to 60 s for a lock that a session killed by a test leaves
+    behind), so a test server would answer long after its timeouts. The
+    servers get what a fresh server has: `ip netns exec` gives sshd a mount
+    namespace of its own (slave to this one, so the tests' own mounts still
+    show), and each start-up file is covered there by /dev/null.
+    """
+    home = Path(pwd.getpwuid(os.geteuid()).pw_dir)
+    covers = [
+        f"mount --bind /dev/null {shlex.quote(str(home / name))} && "
+        for name in STARTUP_FILES
+        if (home / name).is_file()
+    ]
+    return ["sh", "-c", "".join(covers) + 'exec "$@"', "sh"]
+
+
 def _listening(address: str, netns: str) -> bool:
     probe = subprocess.run(
         ["ip", "netns", "exec", netns, "ssh-keyscan", "-T", "1", address],
@@ -240,7 +266,8 @@ def servers(root: Path, names: Sequence[str], gpuq_configs: dict[str, Path]) -> 
             config = _sshd_config(lab, server, host_key)
             with open(root / f"sshd_{name}.log", "ab") as log:
                 server.sshd = subprocess.Popen(
-                    ["ip", "netns", "exec", server.netns, SSHD, "-D", "-e", "-f", str(config)],
+                    ["ip", "netns", "exec", server.netns, *_without_startup_files(), SSHD]
+                    + ["-D", "-e", "-f", str(config)],
                     stdout=subprocess.DEVNULL,
                     stderr=log,
                 )
