@@ -13,10 +13,12 @@ anything is timed. Then, `--repeats` times and alternating:
   (`gpuq.daemon.transfer.copy` to another server): `node.receive` prepare
   on gpu2's daemon, sent as the head's daemon sends it (a request through
   `ssh gpu2 gpuq bridge`); `rsync` with the argv of
-  `gpuq.cluster.ssh.rsync_argv` and the head's cluster config; then
-  `node.receive` commit, which checks the file against its SHA-256 header
-  and renames the directory into place. Timed from before the prepare to
-  the commit's answer.
+  `gpuq.cluster.ssh.rsync_argv` and the head's cluster config, while a
+  thread checks the source file against its SHA-256 header (as the daemon
+  does for a checkpoint on the head: `gpuq.ckptfile.verify_dir`); then,
+  both done, `node.receive` commit with `checked`, which checks the copy's
+  header and length and renames the directory into place. Timed from
+  before the prepare to the commit's answer.
 - a plain `rsync -a` of the same file to an empty directory on gpu2,
   through the same ssh command line (the same ssh config and shared
   ControlMaster connection), timed the same way.
@@ -107,14 +109,18 @@ class CopyPhase:
 
     prepare: float
     rsync: float
+    check: float
+    """The source's SHA-256 check, beside rsync (not added: it overlaps)."""
+    after: float
+    """How long the check went on after rsync ended (the copy waits for it)."""
     commit: float
     files: int
     bytes: int
 
     @property
     def total(self) -> float:
-        """Prepare + rsync + commit."""
-        return self.prepare + self.rsync + self.commit
+        """Prepare + rsync + what the check took beyond it + commit."""
+        return self.prepare + self.rsync + self.after + self.commit
 
 
 @dataclass
@@ -183,15 +189,29 @@ def copy_phase(session: Any, config: Any, source: Path, job_id: int) -> CopyPhas
     began = time.perf_counter()
     prepared = session.call("node.receive", head=HEAD, job=job_id, phase="prepare")
     rsync_began = time.perf_counter()
+    checked: dict[str, Any] = {}
+
+    def check() -> None:
+        checked["problems"] = ckptfile.verify_dir(source)
+        checked["seconds"] = time.perf_counter() - rsync_began
+
+    checker = threading.Thread(target=check)
+    checker.start()
     destination = f"gpu2:{prepared['path']}"
     argv = rsync_argv(str(source), destination, config.cluster, config.daemon.runtime_dir)
     _rsync(argv)
+    rsync_ended = time.perf_counter()
+    checker.join()
+    if checked["problems"]:
+        raise RuntimeError(f"the source is unsound: {checked['problems']}")
     commit_began = time.perf_counter()
-    result = session.call("node.receive", head=HEAD, job=job_id, phase="commit")
+    result = session.call("node.receive", head=HEAD, job=job_id, phase="commit", checked=True)
     ended = time.perf_counter()
     return CopyPhase(
         rsync_began - began,
-        commit_began - rsync_began,
+        rsync_ended - rsync_began,
+        checked["seconds"],
+        commit_began - rsync_ended,
         ended - commit_began,
         int(result["files"]),
         int(result["bytes"]),
@@ -255,10 +275,9 @@ def table(figures: Figures) -> str:
     copies = figures.copies
 
     def row(label: str, values: list[float]) -> str:
-        return (
-            f"{label:<48} {statistics.median(values):8.3f} {max(values):8.3f} "
-            f"{format_size(int(figures.size / statistics.median(values))) + '/s':>10}"
-        )
+        median = statistics.median(values)
+        rate = format_size(int(figures.size / median)) + "/s" if median > 0 else "-"
+        return f"{label:<48} {median:8.3f} {max(values):8.3f} {rate:>10}"
 
     return "\n".join(
         [
@@ -268,7 +287,9 @@ def table(figures: Figures) -> str:
             row("copy phase (prepare + rsync + commit)", [c.total for c in copies]),
             row("  node.receive prepare", [c.prepare for c in copies]),
             row("  rsync (gpuq's argv)", [c.rsync for c in copies]),
-            row("  node.receive commit (SHA-256 check, rename)", [c.commit for c in copies]),
+            row("  source SHA-256 check, beside rsync", [c.check for c in copies]),
+            row("  check going on after rsync ended", [c.after for c in copies]),
+            row("  node.receive commit (lengths, rename)", [c.commit for c in copies]),
             row("plain rsync -a, same ssh", figures.plain),
             row("SHA-256 of the file here (reference)", [figures.sha256]),
             f"{'longest status wait at gpu2 during copies':<48} {figures.probe_worst:8.3f}",

@@ -291,12 +291,23 @@ class NodeReceive:
     """Take a job's checkpoints copied from another server (`gpuq.daemon.incoming`).
 
     `phase` "prepare" makes the directory the copy fills; "commit" checks
-    what arrived and puts it in place of the job's checkpoints.
+    what arrived and puts it in place of the job's checkpoints. `checked`:
+    the sender checked every file's SHA-256 at the source (`node.check`)
+    while rsync copied it, so the commit checks headers and lengths only.
     """
 
     head: str
     job: int
     phase: str
+    checked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCheck:
+    """Check the SHA-256 of a job's checkpoint files here (the source of a copy)."""
+
+    head: str
+    job: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +356,7 @@ Request = (
     | NodeSync
     | NodeControl
     | NodeReceive
+    | NodeCheck
     | NodeDirs
     | NodeRead
 )
@@ -376,6 +388,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "node.sync": NodeSync,
     "node.control": NodeControl,
     "node.receive": NodeReceive,
+    "node.check": NodeCheck,
     "node.dirs": NodeDirs,
     "node.read": NodeRead,
 }

@@ -90,11 +90,13 @@ def test_the_migrate_bench_copies_a_small_checkpoint_both_ways() -> None:
     lines = done.stdout.splitlines()
     assert lines[0].startswith("1.0M checkpoint, 1 copies of each kind")
     labels = [line[:48].strip() for line in lines[2:]]
-    assert labels[:6] == [
+    assert labels[:8] == [
         "copy phase (prepare + rsync + commit)",
         "node.receive prepare",
         "rsync (gpuq's argv)",
-        "node.receive commit (SHA-256 check, rename)",
+        "source SHA-256 check, beside rsync",
+        "check going on after rsync ended",
+        "node.receive commit (lengths, rename)",
         "plain rsync -a, same ssh",
         "SHA-256 of the file here (reference)",
     ]

@@ -15,8 +15,9 @@ from gpuq import ckptfile
 from gpuq.cluster.ssh import rsync_argv
 from gpuq.config import ClusterConfig
 from gpuq.daemon import incoming
-from gpuq.errors import StateError
+from gpuq.errors import StateError, UsageError
 from gpuq.runner import checkpoint
+from tests.daemon_harness import running_daemon
 
 pytestmark = [pytest.mark.torch]
 
@@ -68,6 +69,43 @@ def test_a_damaged_copy_replaces_nothing(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="the copied checkpoints are unsound: ckpt-8.pt"):
         incoming.commit(job_dir)
     assert kept.exists() and not arrived.exists()
+
+
+def test_a_copy_checked_at_its_source_is_checked_here_for_its_headers_and_lengths(
+    tmp_path: Path,
+) -> None:
+    job_dir = tmp_path / "job"
+    arrived = incoming.prepare(job_dir)
+    path = written(arrived, 8)
+    (arrived / "suspended.json").write_text('{"mode": "checkpoint", "step": 8}')
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    # A flipped byte is the source's check to find (rsync checks the transfer itself).
+    assert ckptfile.verify(path, digest=False) is None
+    assert ckptfile.verify(path) == "ckpt-8.pt: its SHA-256 does not match its header"
+    path.write_bytes(bytes(data[:-1]))
+    with pytest.raises(StateError, match="ckpt-8.pt: .* bytes of payload, its header says"):
+        incoming.commit(job_dir, checked=True)
+    arrived = incoming.prepare(job_dir)
+    written(arrived, 8)
+    (arrived / "suspended.json").write_text('{"mode": "checkpoint", "step": 8}')
+    assert incoming.commit(job_dir, checked=True)["checkpoints"] == 1
+
+
+def test_a_server_checks_the_checkpoints_it_holds_for_a_head_when_asked(tmp_path: Path) -> None:
+    with running_daemon(tmp_path / "gpu2") as gpu2:
+        held = gpu2.state_dir / "hosted" / "head" / "jobs" / "7" / "checkpoints"
+        assert gpu2.call("node.check", head="head", job=7) == {"problems": []}
+        sound, damaged = written(held, 3), written(held, 4)
+        damaged.write_bytes(damaged.read_bytes()[:-1])
+        assert gpu2.call("node.check", head="head", job=7)["problems"] == [
+            f"ckpt-4.pt: {damaged.stat().st_size - ckptfile.HEADER.size} bytes of payload, "
+            f"its header says {damaged.stat().st_size - ckptfile.HEADER.size + 1}"
+        ]
+        assert ckptfile.verify(sound) is None
+        with pytest.raises(UsageError, match="invalid head node name '../head'"):
+            gpu2.call("node.check", head="../head", job=7)
 
 
 def test_a_copy_without_the_checkpoint_the_job_saved_replaces_nothing(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from gpuq.protocol import (
     ListJobs,
     Logs,
     Migrate,
+    NodeCheck,
     NodeControl,
     NodeDirs,
     NodeLaunch,
@@ -158,6 +159,12 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
         {"head": "gpu1", "job": 7, "phase": "prepare"},
         NodeReceive("gpu1", 7, "prepare"),
     ),
+    (
+        "node.receive",
+        {"head": "gpu1", "job": 7, "phase": "commit", "checked": True},
+        NodeReceive("gpu1", 7, "commit", checked=True),
+    ),
+    ("node.check", {"head": "gpu1", "job": 7}, NodeCheck("gpu1", 7)),
     ("node.dirs", {"paths": ["/home/ada"]}, NodeDirs(("/home/ada",))),
     ("node.read", {"head": "gpu1", "job": 7, "stream": "stdout"}, NodeRead("gpu1", 7, "stdout")),
     (

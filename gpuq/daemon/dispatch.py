@@ -35,6 +35,7 @@ from gpuq.protocol import (
     ListJobs,
     Logs,
     Migrate,
+    NodeCheck,
     NodeControl,
     NodeDirs,
     NodeLaunch,
@@ -102,6 +103,8 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
             return node.control(state, request)
         case NodeReceive():
             return await node.receive(state, request)
+        case NodeCheck():
+            return await node.check(state, request)
         case NodeDirs():
             return node.dirs(request)
         case NodeRead():

@@ -3,7 +3,9 @@
 `prepare` makes an empty ``checkpoints.incoming`` beside the job's
 ``checkpoints`` for rsync to fill; `commit` checks that the checkpoint the
 job said it saved (``suspended.json``) arrived, and every checkpoint file
-against its own header (`gpuq.ckptfile`), and only then puts the
+against its own header (`gpuq.ckptfile`: its SHA-256, or with `checked`,
+where the sender checked it at the source while rsync copied it, its
+header and length), and only then puts the
 directory in place of ``checkpoints``, whose previous content (an
 earlier stay of the job on this server) goes. A copy cut off midway, or
 damaged, never replaces anything.
@@ -33,12 +35,12 @@ def prepare(job_dir: Path) -> Path:
     return incoming
 
 
-def commit(job_dir: Path) -> dict[str, Any]:
+def commit(job_dir: Path, checked: bool = False) -> dict[str, Any]:
     """Check what arrived and put it in place; StateError (nothing replaced) if it is unsound."""
     incoming = job_dir / INCOMING
     if not incoming.is_dir():
         raise StateError("no checkpoints arrived", "the copy did not run, or it was cut off")
-    problems = ckptfile.verify_dir(incoming) + _missing(incoming)
+    problems = ckptfile.verify_dir(incoming, digest=not checked) + _missing(incoming)
     if problems:
         shutil.rmtree(incoming, ignore_errors=True)
         raise StateError(

@@ -9,9 +9,13 @@ node that holds its checkpoint until the copy is done, and `begin` copies it:
 1. the target prepares an empty ``checkpoints.incoming`` (`node.receive`,
    or `gpuq.daemon.incoming` here);
 2. rsync copies the directory over gpuq's shared ssh connection (between
-   two other servers, through a directory of this one);
-3. the target checks every checkpoint file against its own SHA-256 header
-   and only then renames the directory into place;
+   two other servers, through a directory of this one), checking each file
+   it moves against a whole-file checksum of what it read; meanwhile the
+   source checks every checkpoint file against its own SHA-256 header
+   (`node.check`, or `gpuq.ckptfile` here), so that check costs no time
+   beyond the copy's where the two run on different machines;
+3. once both are done, the target checks each file's header and length
+   (`commit` with `checked`) and only then renames the directory into place;
 4. the job names its new node, and its attempt launches there.
 
 A copy that fails (a server down, a full disk, rsync cut off, a damaged
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuq import ckptfile
 from gpuq.cluster.ssh import rsync_argv
 from gpuq.daemon import faults, incoming, jobfiles
 from gpuq.daemon.state import DaemonState
@@ -123,24 +128,47 @@ async def copy(state: DaemonState, job_id: int, source: str, target: str) -> Cop
         dst = f"{target}:{prepared['path']}"
     else:
         dst = str(incoming.prepare(state.node.job_dir(job_id)))
-    if source in state.remotes and remote_target is not None:  # two hops, through here
-        hop = state.config.daemon.state_dir / "transfer" / str(job_id)
-        shutil.rmtree(hop, ignore_errors=True)
-        hop.mkdir(parents=True, mode=0o700)
-        try:
-            await _rsync(state, src, str(hop))
-            await _rsync(state, str(hop), dst)
-        finally:
+    checking = asyncio.create_task(_check_source(state, job_id, source))
+    try:
+        if source in state.remotes and remote_target is not None:  # two hops, through here
+            hop = state.config.daemon.state_dir / "transfer" / str(job_id)
             shutil.rmtree(hop, ignore_errors=True)
-    else:
-        await _rsync(state, src, dst)
+            hop.mkdir(parents=True, mode=0o700)
+            try:
+                await _rsync(state, src, str(hop))
+                await _rsync(state, str(hop), dst)
+            finally:
+                shutil.rmtree(hop, ignore_errors=True)
+        else:
+            await _rsync(state, src, dst)
+    finally:
+        problems = await checking  # never left running behind a failed copy
+    if problems:
+        raise StateError(
+            f"the checkpoints on {source} are unsound: {'; '.join(problems)}",
+            "nothing was replaced; the job is placed again where its checkpoint is",
+        )
     if remote_target is not None:
-        result: dict[str, Any] = await remote_target.request(
-            "node.receive", job=job_id, phase="commit"
+        result: dict[str, Any] = await remote_target.request_apart(
+            "node.receive", job=job_id, phase="commit", checked=True
         )
     else:
-        result = await asyncio.to_thread(incoming.commit, state.node.job_dir(job_id))
+        job_dir = state.node.job_dir(job_id)
+        result = await asyncio.to_thread(incoming.commit, job_dir, True)
     return Copied(int(result["files"]), int(result["bytes"]), time.perf_counter() - started)
+
+
+async def _check_source(state: DaemonState, job_id: int, source: str) -> list[str]:
+    """What is wrong with the job's checkpoint files on `source` (SHA-256 against headers)."""
+    remote = state.remotes.get(source)
+    if remote is None:
+        directory = state.node.job_dir(job_id) / jobfiles.CHECKPOINTS
+        return await asyncio.to_thread(ckptfile.verify_dir, directory)
+    try:
+        reply = await remote.request_apart("node.check", job=job_id)
+    except GpuqError as exc:
+        return [f"could not check them there: {exc.message}"]
+    return [str(problem) for problem in reply.get("problems") or []]
 
 
 async def _rsync(state: DaemonState, source: str, target: str) -> None:

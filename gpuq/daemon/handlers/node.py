@@ -14,12 +14,14 @@ import os
 import time
 from typing import Any
 
+from gpuq import ckptfile
 from gpuq.control import parse_message
-from gpuq.daemon import incoming
+from gpuq.daemon import incoming, jobfiles
 from gpuq.daemon.executor import LaunchSpec
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, UsageError
 from gpuq.protocol import (
+    NodeCheck,
     NodeControl,
     NodeDirs,
     NodeLaunch,
@@ -160,8 +162,15 @@ async def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
     if request.phase == "prepare":
         return {"path": str(incoming.prepare(job_dir))}
     if request.phase == "commit":
-        return await asyncio.to_thread(incoming.commit, job_dir)
+        return await asyncio.to_thread(incoming.commit, job_dir, request.checked)
     raise UsageError(f"unknown phase {request.phase!r}", "use prepare or commit")
+
+
+async def check(state: DaemonState, request: NodeCheck) -> dict[str, Any]:
+    """What is wrong with the job's checkpoint files here (SHA-256, in a worker thread)."""
+    job_dir = state.hosted.executor(request.head).jobs_dir / str(request.job)
+    problems = await asyncio.to_thread(ckptfile.verify_dir, job_dir / jobfiles.CHECKPOINTS)
+    return {"problems": problems}
 
 
 MAX_DIRS = 1000

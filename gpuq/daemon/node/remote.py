@@ -429,6 +429,22 @@ class RemoteNode:
         self._act(act, lambda error: _settle(answer, None, error))
         return await answer
 
+    async def request_apart(self, method: str, **params: Any) -> dict[str, Any]:
+        """As `request`, on a session of its own: for a request that takes long.
+
+        A checkpoint's check reads every byte; actions queued behind it on the
+        action session (launches, signals) would wait as long.
+        """
+        params = {"head": self.head, **params}
+        config = self._config_of()
+
+        def call() -> dict[str, Any]:
+            with SshClient.connect_to(self.server, config) as session:
+                reply: dict[str, Any] = session.call(method, **params)
+                return reply
+
+        return await asyncio.to_thread(call)
+
     # -- the threads -----------------------------------------------------
 
     def _act(self, act: Callable[[SshClient], Any], failed: Callable[[GpuqError], None]) -> None:
