@@ -124,6 +124,12 @@ class ClusterConfig:
     """Seconds between two status requests to each server (`gpuq.daemon.servers`)."""
     down_after: float = 30.0
     """Seconds without an answer after which a server is down."""
+    checkpoint_every: float = 600.0
+    """Seconds between safety checkpoints of a runner job on another server; 0: none.
+
+    The head keeps a copy of each (`gpuq.daemon.safety`), so the job resumes
+    from it when that server is lost.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +189,7 @@ _EXPECTED: dict[str, str] = {
     "cluster.connect_timeout": 'seconds, more than 0, or a duration such as "10s"',
     "cluster.heartbeat": 'seconds, from 0.05 to 3600, or a duration such as "5s"',
     "cluster.down_after": 'seconds, more than 0, or a duration such as "30s"',
+    "cluster.checkpoint_every": 'seconds (0: never) or a duration such as "10m"',
     "cluster.servers.host": "an ssh destination: a host name or ssh alias, optionally user@, "
     "not starting with '-'",
     "cluster.servers.gpus": _DEVICES,
@@ -538,6 +545,7 @@ def _cluster(data: object, source: Path | None, path: Converter[Path]) -> Cluste
         connect_timeout=table.get("connect_timeout", d.connect_timeout, _positive_duration),
         heartbeat=table.get("heartbeat", d.heartbeat, _interval),
         down_after=table.get("down_after", d.down_after, _positive_duration),
+        checkpoint_every=table.get("checkpoint_every", d.checkpoint_every, _duration),
     )
 
 

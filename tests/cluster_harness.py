@@ -100,12 +100,13 @@ class Lab3:
 
 
 @contextlib.contextmanager
-def three_servers(root: Path) -> Iterator[Lab3]:
+def three_servers(root: Path, cluster_toml: str = "") -> Iterator[Lab3]:
     """Head (2 fake GPUs), gpu2 (3) and gpu3 (4), every daemon in its server's namespace.
 
     Unlike `head_and_gpu2`, the other servers' daemons (and so their jobs) run
     inside their own namespaces too: a job's part on gpu2 reaches a part on
-    the head at the head's address, as on a real network.
+    the head at the head's address, as on a real network. `cluster_toml`
+    adds keys to the head's `[cluster]` section.
     """
     skip_unless_possible()
     four = THREE_GPUS.replace("count = 3", "count = 4")
@@ -119,7 +120,7 @@ def three_servers(root: Path) -> Iterator[Lab3]:
         with daemons["head"].config_path.open("a") as config:
             config.write(
                 f'\n[cluster]\nssh_config = "{net.ssh_config}"\nconnect_timeout = "2s"\n'
-                'heartbeat = "2s"\ndown_after = "5s"\n'
+                f'heartbeat = "2s"\ndown_after = "5s"\n{cluster_toml}\n'
                 f'[[cluster.servers]]\nhost = "gpu2"\ncommand = "{GPUQ}"\n'
                 f'[[cluster.servers]]\nhost = "gpu3"\ncommand = "{GPUQ}"\n'
             )

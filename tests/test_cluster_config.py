@@ -44,6 +44,18 @@ def test_no_cluster_section_means_no_servers(tmp_path: Path) -> None:
     assert config_of(tmp_path, "") == ClusterConfig()
 
 
+def test_safety_checkpoints_are_taken_every_ten_minutes_unless_told_otherwise(
+    tmp_path: Path,
+) -> None:
+    assert ClusterConfig().checkpoint_every == 600.0
+    assert config_of(tmp_path, '[cluster]\ncheckpoint_every = "2m"\n').checkpoint_every == 120.0
+    assert config_of(tmp_path, "[cluster]\ncheckpoint_every = 0\n").checkpoint_every == 0.0
+    with pytest.raises(ConfigError) as caught:
+        config_of(tmp_path, "[cluster]\ncheckpoint_every = -5\n")
+    assert "cluster.checkpoint_every" in caught.value.message
+    assert "0: never" in f"{caught.value.message} {caught.value.hint}"
+
+
 @pytest.mark.parametrize(
     ("table", "words"),
     [

@@ -6,6 +6,7 @@ checked with the torch-free reader (`gpuq.ckptfile`) a daemon uses.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,26 @@ def test_a_server_checks_the_checkpoints_it_holds_for_a_head_when_asked(tmp_path
         assert ckptfile.verify(sound) is None
         with pytest.raises(UsageError, match="invalid head node name '../head'"):
             gpu2.call("node.check", head="../head", job=7)
+
+
+def test_a_safety_copy_is_known_by_its_record_while_its_checkpoint_is_there(
+    tmp_path: Path,
+) -> None:
+    job_dir = tmp_path / "job"
+    arrived = incoming.prepare(job_dir, incoming.SAFETY)
+    written(arrived, 5)
+    record = {"mode": "copy", "job_id": 3, "attempt": 1, "step": 5, "from": "gpu2", "time": 1.0}
+    (arrived / "suspended.json").write_text(json.dumps(record))
+    assert incoming.safety_copy(job_dir) is None  # not in place yet
+    assert incoming.commit(job_dir, checked=True, arrived=incoming.SAFETY)["checkpoints"] == 1
+    assert not (job_dir / incoming.INCOMING).exists()  # a migration's copy is another directory
+    assert incoming.safety_copy(job_dir) == record
+    (job_dir / "checkpoints" / "ckpt-5.pt").unlink()
+    assert incoming.safety_copy(job_dir) is None
+    suspended = {"mode": "checkpoint", "job_id": 3, "attempt": 1, "step": 5}
+    written(job_dir / "checkpoints", 5)
+    (job_dir / "checkpoints" / "suspended.json").write_text(json.dumps(suspended))
+    assert incoming.safety_copy(job_dir) is None  # the job's own checkpoint, not a copy
 
 
 def test_a_copy_without_the_checkpoint_the_job_saved_replaces_nothing(tmp_path: Path) -> None:

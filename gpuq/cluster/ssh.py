@@ -54,13 +54,22 @@ def bridge_argv(server: ServerDecl, cluster: ClusterConfig, runtime_dir: Path) -
     return [*ssh_argv(cluster, runtime_dir), "--", server.host, server.command, "bridge"]
 
 
-def rsync_argv(source: str, target: str, cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
+def rsync_argv(
+    source: str, target: str, cluster: ClusterConfig, runtime_dir: Path, one_file: bool = False
+) -> list[str]:
     """Rsync of directory `source` into `target` over gpuq's shared ssh connection.
 
     Either side may be ``HOST:PATH``. Paths go to the far side unexpanded
     (``--protect-args``); the copy keeps times and modes, and whole files
     (checkpoints change whole: the delta algorithm would only cost time).
+    With `one_file`, `source` is a file, copied into directory `target`.
     """
+    if one_file:
+        return [*_RSYNC_OPTIONS, "--rsh", shlex.join(ssh_argv(cluster, runtime_dir))] + [
+            "--",
+            source,
+            target.rstrip("/") + "/",
+        ]
     return [
         "rsync",
         "--recursive",
@@ -75,6 +84,9 @@ def rsync_argv(source: str, target: str, cluster: ClusterConfig, runtime_dir: Pa
         source.rstrip("/") + "/",
         target.rstrip("/") + "/",
     ]
+
+
+_RSYNC_OPTIONS = ("rsync", "--times", "--perms", "--whole-file", "--protect-args")
 
 
 _SSH_CAUSES: tuple[tuple[str, str, str], ...] = (

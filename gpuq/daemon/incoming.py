@@ -8,7 +8,9 @@ where the sender checked it at the source while rsync copied it, its
 header and length), and only then puts the
 directory in place of ``checkpoints``, whose previous content (an
 earlier stay of the job on this server) goes. A copy cut off midway, or
-damaged, never replaces anything.
+damaged, never replaces anything. A safety copy (`gpuq.daemon.safety`)
+arrives the same way under a name of its own (``checkpoints.safety``), so
+it never mixes with a migration's copy.
 """
 
 from __future__ import annotations
@@ -24,20 +26,21 @@ from gpuq.daemon import jobfiles
 from gpuq.errors import StateError
 
 INCOMING = f"{jobfiles.CHECKPOINTS}.incoming"
+SAFETY = f"{jobfiles.CHECKPOINTS}.safety"
 _OLD = f"{jobfiles.CHECKPOINTS}.old"
 
 
-def prepare(job_dir: Path) -> Path:
-    """An empty directory for the job's arriving checkpoints; its path."""
-    incoming = job_dir / INCOMING
+def prepare(job_dir: Path, arrived: str = INCOMING) -> Path:
+    """An empty directory for the job's arriving checkpoints (named `arrived`); its path."""
+    incoming = job_dir / arrived
     shutil.rmtree(incoming, ignore_errors=True)
     incoming.mkdir(parents=True, mode=0o700)
     return incoming
 
 
-def commit(job_dir: Path, checked: bool = False) -> dict[str, Any]:
+def commit(job_dir: Path, checked: bool = False, arrived: str = INCOMING) -> dict[str, Any]:
     """Check what arrived and put it in place; StateError (nothing replaced) if it is unsound."""
-    incoming = job_dir / INCOMING
+    incoming = job_dir / arrived
     if not incoming.is_dir():
         raise StateError("no checkpoints arrived", "the copy did not run, or it was cut off")
     problems = ckptfile.verify_dir(incoming, digest=not checked) + _missing(incoming)
@@ -78,3 +81,20 @@ def _missing(incoming: Path) -> list[str]:
     if not (incoming / f"ckpt-{step}.pt").is_file():
         return [f"ckpt-{step}.pt, the checkpoint the job saved, did not arrive"]
     return []
+
+
+def safety_copy(job_dir: Path) -> dict[str, Any] | None:
+    """The record of the safety copy in the job's checkpoints here, if they are one.
+
+    `gpuq.daemon.safety` writes it (``suspended.json`` with mode ``copy``:
+    the step, the server and attempt it came from, when); None when the
+    checkpoints here are not such a copy, or its checkpoint file is gone.
+    """
+    checkpoints = job_dir / jobfiles.CHECKPOINTS
+    record = jobfiles.read_json(checkpoints / ACK_FILE)
+    if record is None or record.get("mode") != "copy":
+        return None
+    step = record.get("step")
+    if not isinstance(step, int) or not (checkpoints / f"ckpt-{step}.pt").is_file():
+        return None
+    return record

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpuq import env as job_env
-from gpuq.daemon import faults, jobfiles, oom, suspend, transfer
+from gpuq.daemon import faults, incoming, jobfiles, oom, suspend, transfer
 from gpuq.daemon.executor import LaunchSpec, Outcome
 from gpuq.daemon.node.gang import GangNode, Part, address_toward
 from gpuq.daemon.scheduler.binding import Placement
@@ -159,6 +159,10 @@ def start(state: DaemonState, job: Job, placement: Placement, note: str = "") ->
     reason = f"starting on {where}{why} ({note})" if note else f"starting on {where}{why}"
     if source is not None:
         reason += f"; its checkpoint is copied from {source} first"
+    elif node == state.node.name and job.node and job.node != node:
+        copy = incoming.safety_copy(state.node.job_dir(job.id))
+        if copy is not None:
+            reason += f"; it resumes from its checkpoint at step {copy['step']} kept here"
     job = state.transition(
         job,
         JobState.STARTING,
@@ -396,10 +400,12 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
     ):
         pass
     elif outcome.lost_with is not None and requeue_when_lost(state, job):
+        copy = incoming.safety_copy(state.node.job_dir(job.id))
+        resumes = "" if copy is None else f", from its checkpoint at step {copy['step']} kept here"
         state.transition(
             job,
             JobState.QUEUED,
-            f"{outcome.reason}: requeued to run elsewhere",
+            f"{outcome.reason}: requeued to run elsewhere{resumes}",
             gpu_uuids=(),
             gpu_mem_reserved=None,
             **fields,
@@ -445,11 +451,15 @@ def requeue_when_lost(state: DaemonState, job: Job) -> bool:
     """True for a job that runs again elsewhere when its server is lost.
 
     A `gpuq.runner` job always does (its runner made it restartable: it
-    resumes from a checkpoint where one is reachable), another only if
-    submitted with `--requeue`; else it is lost as its attempt was, and
-    retried only as `--retries` allows.
+    resumes from a checkpoint where one is reachable), known by its reports
+    or by the safety copy it saved; another only if submitted with
+    `--requeue`; else it is lost as its attempt was, and retried only as
+    `--retries` allows.
     """
-    return job.spec.requeue or job.id in state.latest_samples
+    if job.spec.requeue or job.id in state.latest_samples:
+        return True
+    copy = incoming.safety_copy(state.node.job_dir(job.id))
+    return copy is not None and copy.get("attempt") == job.attempts
 
 
 def cancel_requested(state: DaemonState, job: Job) -> bool:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 
 from gpuq.config import Config
-from gpuq.daemon import lifecycle, suspend
+from gpuq.daemon import lifecycle, safety, suspend
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.state import DaemonState
@@ -47,10 +48,14 @@ def follow(state: DaemonState) -> None:
 
 
 async def run(state: DaemonState) -> None:
-    """Follow the config every heartbeat until the daemon stops; then close every node."""
+    """Follow the config every heartbeat until the daemon stops; then close every node.
+
+    Each heartbeat also asks the jobs due for a safety checkpoint (`gpuq.daemon.safety`).
+    """
     try:
         while not state.should_exit.is_set():
             follow(state)
+            safety.tick(state, time.time())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     state.should_exit.wait(), timeout=state.config.cluster.heartbeat

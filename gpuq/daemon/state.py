@@ -129,6 +129,10 @@ class DaemonState:
         """The other servers, as nodes jobs run on (`gpuq.daemon.node.remote`), by host."""
         self.gangs: dict[int, GangNode] = {}
         """Multi-node jobs' current attempts, each as one node (`gpuq.daemon.node.gang`)."""
+        self.safety_asked: dict[int, tuple[int, float]] = {}
+        """Each job's attempt and when it last saved a safety checkpoint (`gpuq.daemon.safety`)."""
+        self.safety_pulls: set[int] = set()
+        """Jobs whose safety checkpoint is being copied here now."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()

@@ -60,7 +60,7 @@ from gpuq.control import (
     SuspendRequest,
     sample_to_dict,
 )
-from gpuq.daemon import faults, jobfiles
+from gpuq.daemon import faults, jobfiles, safety
 from gpuq.daemon.executor import Outcome
 from gpuq.daemon.scheduler.view import new_model
 from gpuq.daemon.state import DaemonState
@@ -426,3 +426,4 @@ class ChannelListener:
             state.transition(job, job.state, f"back on the device: {_cost(detail)}")
         elif ack.request == "checkpoint":
             state.transition(job, job.state, f"checkpoint saved on request: {_cost(detail)}")
+            safety.saved(state, job, detail.get("step"))

@@ -61,13 +61,21 @@ class Copied:
 
 
 def checkpoint_source(state: DaemonState, job: Job, node: str) -> str | None:
-    """The node holding the checkpoint `job` restarts from, if that is not `node`."""
+    """The node holding the checkpoint `job` restarts from, if that is not `node`.
+
+    That is the node it suspended to a checkpoint on; else, for a job that
+    ran on another server and lost it (or failed there), this one where it
+    has a safety copy (`gpuq.daemon.safety`) to resume from.
+    """
     if not job.attempts or not job.node or job.node == node:
         return None
     record = state.store.suspend_of(job.id, job.attempts)
-    if record is None or record.mode != "checkpoint" or record.completed is None:
+    if record is not None and record.mode == "checkpoint" and record.completed is not None:
+        return job.node
+    here = state.node.name
+    if node == here or incoming.safety_copy(state.node.job_dir(job.id)) is None:
         return None
-    return job.node
+    return here
 
 
 def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable[[], None]) -> None:
@@ -135,12 +143,12 @@ async def copy(state: DaemonState, job_id: int, source: str, target: str) -> Cop
             shutil.rmtree(hop, ignore_errors=True)
             hop.mkdir(parents=True, mode=0o700)
             try:
-                await _rsync(state, src, str(hop))
-                await _rsync(state, str(hop), dst)
+                await rsync(state, src, str(hop))
+                await rsync(state, str(hop), dst)
             finally:
                 shutil.rmtree(hop, ignore_errors=True)
         else:
-            await _rsync(state, src, dst)
+            await rsync(state, src, dst)
     finally:
         problems = await checking  # never left running behind a failed copy
     if problems:
@@ -171,10 +179,10 @@ async def _check_source(state: DaemonState, job_id: int, source: str) -> list[st
     return [str(problem) for problem in reply.get("problems") or []]
 
 
-async def _rsync(state: DaemonState, source: str, target: str) -> None:
+async def rsync(state: DaemonState, source: str, target: str, one_file: bool = False) -> None:
     """Run rsync in a worker thread; StateError with its last words if it fails."""
     config = state.config
-    argv = rsync_argv(source, target, config.cluster, config.daemon.runtime_dir)
+    argv = rsync_argv(source, target, config.cluster, config.daemon.runtime_dir, one_file)
     try:
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, check=False
