@@ -1,5 +1,7 @@
 """Multi-node jobs (`--nodes N`): one part per server, started, stopped and ended together.
 
+A restarted head adopts every part; a part whose server is lost ends the job.
+
 Three servers in network namespaces (tests/cluster_harness.py
 `three_servers`: head with 2 fake GPUs, gpu2 with 3, gpu3 with 4), every
 daemon and so every part inside its own server's namespace. Root only.
@@ -126,3 +128,43 @@ def test_a_multi_node_job_waits_for_a_part_on_each_server_and_says_so(lab: Lab3)
     assert reason == "waiting for 2 free GPUs on each of 2 servers (free: head 2, gpu2 1, gpu3 1)"
     lab.head.cli("cancel", *map(str, blockers))
     assert lab.head.wait_state(job_id, "succeeded", timeout=60)["state"] == "succeeded"
+
+
+def test_a_restarted_head_adopts_every_part_of_a_running_job(lab: Lab3) -> None:
+    job_id = submit_cli(lab.head, "--nodes", "2", "--gpus", "2", "--", "sh", "-c", BEAT)
+    lab.head.wait_state(job_id, "running", timeout=30)
+    beats = [lab.head.root / f"beat-{job_id}-{rank}" for rank in range(2)]
+    wait_for(lambda: all(_size(beat) for beat in beats), timeout=30, what="both parts beating")
+
+    lab.head.kill()  # SIGKILL: the parts run on under their shims
+    assert all(_growing(beat, 0.5) for beat in beats)
+    with lab.net.inside("head"):
+        lab.head.start()
+    job = lab.head.wait_state(job_id, "running", timeout=60)
+    assert job["attempts"] == 1  # adopted, not started again
+    assert all(_growing(beat, 0.5) for beat in beats)
+    assert lab.head.cli("cancel", str(job_id)).returncode == 0  # and it still acts on both
+    lab.head.wait_state(job_id, "cancelled", timeout=60)
+    time.sleep(0.5)
+    assert not any(_growing(beat) for beat in beats)
+
+
+def test_a_part_whose_server_is_lost_ends_the_job_and_stops_the_other_parts(lab: Lab3) -> None:
+    job_id = submit_cli(
+        lab.head, "--nodes", "2", "--gpus", "2", "--node", "gpu2,gpu3", "--", "sh", "-c", BEAT
+    )
+    lab.head.wait_state(job_id, "running", timeout=30)
+    beats = [lab.head.root / f"beat-{job_id}-{rank}" for rank in range(2)]
+    wait_for(lambda: all(_size(beat) for beat in beats), timeout=30, what="both parts beating")
+    rank = lab.head.job(job_id)["node"].split(",").index("gpu3")
+
+    lab.net.cut("gpu3")
+    try:
+        job = lab.head.wait_state(job_id, "lost", "failed", timeout=60)
+        assert job["reason"].startswith(f"part {rank} on gpu3: server gpu3 is down"), job
+        time.sleep(0.5)
+        assert not _growing(beats[1 - rank])  # the part on gpu2 was stopped with it
+    finally:
+        lab.net.mend("gpu3")
+    wait_for(lambda: len(lab.gpus_of("gpu3")) == 4, timeout=60, what="gpu3 back at the head")
+    wait_for(lambda: not _growing(beats[rank], 0.5), timeout=30, what="gpu3's part stopped")
