@@ -3,7 +3,8 @@
 The head runs the commands inside its namespace, as a user on that server
 would; `gpu2` runs a daemon of three fake GPUs. A server is added only after
 its daemon answered through `ssh gpu2 gpuq bridge`; every failure (unknown
-host, unknown host key, no gpuq there, another protocol, a server cut off)
+host, unknown or changed host key, a login ssh refuses, no gpuq there,
+another protocol, a server cut off)
 is a clear error with its exit code and leaves the config file as it was.
 Root only (tests/netns_harness.py).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +109,32 @@ def test_an_unknown_host_is_refused(cluster: Cluster) -> None:
 def test_an_unknown_host_key_is_refused_without_a_prompt(cluster: Cluster) -> None:
     (cluster.net.root / "known_hosts").write_text("")
     expect_refusal(cluster, ["gpu2", "--command", GPUQ], 5, "host key is not known")
+
+
+def test_a_changed_host_key_is_refused_as_a_possible_interception(cluster: Cluster) -> None:
+    known = cluster.net.root / "known_hosts"
+    other = cluster.root / "other_host_key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+        check=True,
+        capture_output=True,
+    )
+    address = cluster.net.servers["gpu2"].address
+    lines = [line for line in known.read_text().splitlines() if not line.startswith(address)]
+    lines.append(f"{address} {other.with_suffix('.pub').read_text().strip()}")
+    known.write_text("\n".join(lines) + "\n")
+    err = expect_refusal(
+        cluster, ["gpu2", "--command", GPUQ], 5, "gpu2's host key has changed since it was last"
+    )
+    assert "ssh-keygen -R gpu2" in err
+
+
+def test_a_login_ssh_refuses_is_an_error_never_a_password_prompt(cluster: Cluster) -> None:
+    (cluster.net.root / "authorized_keys").write_text("")
+    err = expect_refusal(
+        cluster, ["gpu2", "--command", GPUQ], 5, "ssh refused gpuq's login on gpu2"
+    )
+    assert "never asks for a password" in err and "ssh-copy-id gpu2" in err
 
 
 def test_a_server_without_gpuq_is_refused(cluster: Cluster) -> None:
