@@ -16,7 +16,9 @@ node that holds its checkpoint until the copy is done, and `begin` copies it:
    beyond the copy's where the two run on different machines;
 3. once both are done, the target checks each file's header and length
    (`commit` with `checked`) and only then renames the directory into place;
-4. the job names its new node, and its attempt launches there.
+4. the output the job wrote to gpuq's log directory on the source is
+   copied beside it (`carry_outputs`), for the new attempt to append to;
+5. the job names its new node, and its attempt launches there.
 
 A copy that fails (a server down, a full disk, rsync cut off, a damaged
 or missing file) replaces nothing: the job goes back to the queue, still
@@ -35,6 +37,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from gpuq import ckptfile
@@ -90,6 +93,9 @@ def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable
             _failed(state, job.id, attempt, source, exc.message)
             return
         faults.crash_point("checkpoint-copied")
+        carried = ""
+        if _ran_on(state, job, source):
+            carried = await carry_outputs(state, job, source, target)
         current = state.active.get(job.id)
         if current is None or current.attempts != attempt or current.state is not JobState.STARTING:
             return  # cancelled meanwhile
@@ -98,7 +104,7 @@ def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable
             current,
             JobState.STARTING,
             f"checkpoint copied from {source} to {target}: {format_size(copied.bytes)} "
-            f"in {copied.seconds:.2f}s ({speed}/s), verified",
+            f"in {copied.seconds:.2f}s ({speed}/s), verified{carried}",
             node=target,
         )
         then()
@@ -106,6 +112,57 @@ def begin(state: DaemonState, job: Job, source: str, target: str, then: Callable
     task = asyncio.get_running_loop().create_task(run())
     state.background.add(task)
     task.add_done_callback(state.background.discard)
+
+
+def _ran_on(state: DaemonState, job: Job, source: str) -> bool:
+    """True if the job's previous attempt ran on `source` (it suspended there to move)."""
+    record = state.store.suspend_of(job.id, job.attempts - 1)
+    return record is not None and record.mode == "checkpoint" and record.completed is not None
+
+
+async def carry_outputs(state: DaemonState, job: Job, source: str, target: str) -> str:
+    """Copy the job's output files in gpuq's log directories from `source` to `target`.
+
+    The attempt on `target` appends to them, so `gpuq logs` there shows all
+    the job wrote, as if it had never moved. Output the job sends to files
+    of its own (`--output`, below its working directory) is left alone. A
+    copy that fails only costs the earlier output there: "" when all went,
+    else a note for the event saying what stays behind.
+    """
+    names = ([] if job.spec.output else [f"{job.id}.out"]) + (
+        [] if job.spec.error or job.spec.output else [f"{job.id}.err"]
+    )
+    if not names:
+        return ""
+    src_dir, dst_dir = _log_dir(state, source), _log_dir(state, target)
+    both_remote = source in state.remotes and target in state.remotes
+    hop = state.config.daemon.state_dir / "transfer" / f"{job.id}.logs"
+    try:
+        for name in names:
+            src = _at(state, source, src_dir / name)
+            if both_remote:
+                shutil.rmtree(hop, ignore_errors=True)
+                hop.mkdir(parents=True, mode=0o700)
+                await rsync(state, src, str(hop), one_file=True)
+                src = str(hop / name)
+            await rsync(state, src, _at(state, target, dst_dir), one_file=True)
+    except GpuqError as exc:
+        log.warning("job %d: its output stays on %s: %s", job.id, source, exc.message)
+        return f"; its output so far stays on {source} ({exc.message})"
+    finally:
+        shutil.rmtree(hop, ignore_errors=True)
+    return ""
+
+
+def _log_dir(state: DaemonState, node: str) -> Path:
+    """The log directory for this head's jobs on `node`."""
+    remote = state.remotes.get(node)
+    return remote.log_dir if remote is not None else state.config.daemon.log_dir
+
+
+def _at(state: DaemonState, node: str, path: Path) -> str:
+    """`path` on `node` as rsync names it."""
+    return f"{node}:{path}" if node in state.remotes else str(path)
 
 
 def _failed(state: DaemonState, job_id: int, attempt: int, source: str, why: str) -> None:
