@@ -166,12 +166,16 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Logs:
-    """Read a job's output; with `follow`, stream it until the job ends."""
+    """Read a job's output; with `follow`, stream it until the job ends.
+
+    `part`: for a multi-node job, whose part's output (its rank; 0 is the first).
+    """
 
     id: int
     stream: str = "stdout"
     tail: int | None = None
     follow: bool = False
+    part: int = 0
 
 
 @dataclass(frozen=True, slots=True)

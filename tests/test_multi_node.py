@@ -56,6 +56,11 @@ def test_a_two_server_pytorch_job_all_reduces_across_servers(lab: Lab3) -> None:
     rank0, rank1 = out.read_text(), Path(f"{out}.part1").read_text()
     assert f"rank 0 of 2 on {nodes[0]}: sum 3" in rank0
     assert f"rank 1 of 2 on {nodes[1]}: sum 3" in rank1
+    assert lab.head.cli("logs", str(job_id)).stdout == rank0
+    assert lab.head.cli("logs", str(job_id), "--part", "1").stdout == rank1
+    beyond = lab.head.cli("logs", str(job_id), "--part", "2")
+    assert beyond.returncode == 2
+    assert f"job {job_id} has 2 parts (0 to 1): there is no part 2" in beyond.stderr
     # Each part saw only its own server's two GPUs.
     by_node = {gpu["uuid"]: gpu["node"] for gpu in lab.head.call("gpus")["gpus"]}
     for text, node in ((rank0, nodes[0]), (rank1, nodes[1])):

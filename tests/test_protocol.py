@@ -115,8 +115,8 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
     ("metrics", {"id": 3, "since": 17, "limit": 10}, JobMetrics(3, 17.0, 10)),
     (
         "logs",
-        {"id": 1, "stream": "stderr", "tail": 10, "follow": True},
-        Logs(1, "stderr", 10, True),
+        {"id": 1, "stream": "stderr", "tail": 10, "follow": True, "part": 2},
+        Logs(1, "stderr", 10, True, 2),
     ),
     ("gpus", {}, Gpus()),
     ("status", {}, DaemonStatus()),

@@ -211,15 +211,25 @@ def logs(
     ] = False,
     tail: Annotated[int | None, typer.Option("--tail", help="Start with the last N lines.")] = None,
     stderr: Annotated[bool, typer.Option("--stderr", help="Show standard error instead.")] = False,
+    part: Annotated[
+        int,
+        typer.Option(
+            "--part",
+            min=0,
+            help="For a multi-node job (--nodes N): the output of part N (its NODE_RANK), "
+            "read on its server; 0, the first part, by default.",
+        ),
+    ] = 0,
     config: ConfigOpt = None,
 ) -> None:
     """Print a job's output (its stdout, or stderr with --stderr)."""
 
     def body() -> None:
         stream = "stderr" if stderr else "stdout"
+        options: dict[str, Any] = {"part": part} if part else {}
         with _client(config) as client:
             for kind, item in client.stream(
-                "logs", id=job_id, stream=stream, tail=tail, follow=follow
+                "logs", id=job_id, stream=stream, tail=tail, follow=follow, **options
             ):
                 if kind == "event":
                     sys.stdout.write(item["data"])

@@ -8,10 +8,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpuq.daemon.lifecycle import output_paths
+from gpuq.daemon.node.gang import part_path
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.outputs import tail_offset
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
+from gpuq.models import Job
 from gpuq.protocol import Logs
 
 CHUNK = 256 * 1024
@@ -28,14 +30,15 @@ async def handle(
     while request.follow and not job.stdout_path and not job.state.is_terminal:
         await asyncio.sleep(POLL_SECONDS)  # not started yet: where it runs decides where to read
         job = state.job(request.id)
-    first = job.part_nodes[0] if job.part_nodes else ""  # a multi-node job: rank 0's output
-    remote = state.remotes.get(first) if job.stdout_path else None
+    rank = _part(job, request.part)
+    where = job.part_nodes[rank] if job.part_nodes else ""  # a multi-node job: that part's
+    remote = state.remotes.get(where) if job.stdout_path else None
     if remote is not None:
         return await _remote(state, remote, request, emit)
     stdout, stderr = (
         (job.stdout_path, job.stderr_path) if job.stdout_path else output_paths(state, job)
     )
-    path = stdout if request.stream == "stdout" else stderr
+    path = part_path(stdout if request.stream == "stdout" else stderr, rank)
     offset = 0
     if request.tail is not None and os.path.exists(path):
         offset = tail_offset(path, request.tail)
@@ -53,6 +56,20 @@ async def handle(
             break
         await asyncio.sleep(POLL_SECONDS)
     return {"path": path, "offset": offset, "state": job.state.value}
+
+
+def _part(job: Job, part: int) -> int:
+    """The rank whose output is asked for; UsageError if the job has no such part."""
+    if part == 0:
+        return 0
+    count = len(job.part_nodes) if job.spec.multi_node else 1
+    if not 0 <= part < count:
+        what = f"{count} parts (0 to {count - 1})" if count > 1 else "one part (0)"
+        raise UsageError(
+            f"job {job.id} has {what}: there is no part {part}",
+            "--part picks a part of a multi-node job (--nodes); leave it out for the first",
+        )
+    return part
 
 
 async def _remote(
