@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -78,14 +77,14 @@ def test_jobs_of_a_lost_server_resume_elsewhere_from_their_copies_and_finish_onc
         for job_id in jobs
     ]
 
-    cut_at = time.monotonic()
     lab.net.cut("gpu3")
     for job_id in jobs:
         lab.head.wait_state(job_id, "queued", timeout=30)
         [requeued] = [r for r in reasons(lab, job_id) if r.startswith("server gpu3 is down")]
         assert "requeued to run elsewhere, from its checkpoint at step " in requeued
-    # down after 5 s of silence, seen at the next 1 s poll within its 2 s heartbeat
-    assert time.monotonic() - cut_at < 5 + 2 + 1 + 5  # plus slack for a loaded machine
+    down = lab.head.call("status")["servers"][1]
+    assert down["host"] == "gpu3" and down["state"] == "down"
+    assert down["since"] - down["last_answer"] >= 5  # silent for `down_after` first
 
     for filler in fillers:
         assert lab.head.cli("cancel", str(filler)).returncode == 0
