@@ -71,13 +71,17 @@ def _last(state: DaemonState, job: Job) -> float:
     return job.start_time or time.time()
 
 
-def saved(state: DaemonState, job: Job, step: object) -> None:
-    """The job's runner saved a checkpoint on request: pull it here if it runs elsewhere."""
+def saved(state: DaemonState, job: Job, step: object) -> bool:
+    """The job's runner saved a checkpoint on request: pull it here if it runs elsewhere.
+
+    True when the copy is under way (its end is the event that tells of the
+    save), False when this job's checkpoint is not one to copy.
+    """
     remote = state.remotes.get(job.node)
     if remote is None or job.id in state.gangs or job.id in state.safety_pulls:
-        return
+        return False
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        return
+        return False
     state.safety_pulls.add(job.id)
     state.safety_asked[job.id] = (job.attempts, time.time())
     job_id, attempt, node = job.id, job.attempts, job.node
@@ -104,13 +108,15 @@ def saved(state: DaemonState, job: Job, step: object) -> None:
             state.transition(
                 current,
                 current.state,
-                f"checkpoint at step {step} copied here from {node} ({format_size(size)} "
-                f"in {seconds:.2f}s, verified): it resumes from it if {node} is lost",
+                f"checkpoint saved at step {step} on request and copied here from {node} "
+                f"({format_size(size)} in {seconds:.2f}s, verified): it resumes from it "
+                f"if {node} is lost",
             )
 
     task = asyncio.get_running_loop().create_task(run())
     state.background.add(task)
     task.add_done_callback(state.background.discard)
+    return True
 
 
 async def pull(

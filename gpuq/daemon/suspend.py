@@ -424,6 +424,5 @@ class ChannelListener:
                 )  # parked after a withdrawal
         elif ack.request == "resume" and job.state is JobState.RUNNING:
             state.transition(job, job.state, f"back on the device: {_cost(detail)}")
-        elif ack.request == "checkpoint":
+        elif ack.request == "checkpoint" and not safety.saved(state, job, detail.get("step")):
             state.transition(job, job.state, f"checkpoint saved on request: {_cost(detail)}")
-            safety.saved(state, job, detail.get("step"))
