@@ -9,13 +9,16 @@ each saves checkpoints that the head copies to itself. Then gpu3's link
 goes down: the jobs are requeued within the timeout and a heartbeat, run
 on the head and gpu2 once their GPUs free up, and resume from the copies.
 When the link comes back, the attempts left running on gpu3 are stopped;
-every job then finishes once, and its event log tells the story. Root only.
+every job then finishes once, and its event log tells the story. A runner
+job with nothing to save refuses the first safety checkpoint and is not
+asked again. Root only.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -33,9 +36,9 @@ JOB = Path(__file__).resolve().parent / "steady_job.py"
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab3]:
-    with three_servers(tmp_path / "lab", 'checkpoint_every = "2s"') as servers:
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab3]:
+    with three_servers(tmp_path_factory.mktemp("lab"), 'checkpoint_every = "2s"') as servers:
         yield servers
 
 
@@ -45,6 +48,31 @@ def reasons(lab: Lab3, job_id: int) -> list[str]:
 
 def has_safety_copy(lab: Lab3, job_id: int) -> bool:
     return any(" copied here from gpu3 " in reason for reason in reasons(lab, job_id))
+
+
+STATELESS = (
+    "import time, gpuq.runner as gq\ngq.init()\nwhile True:\n    gq.step()\n    time.sleep(0.05)\n"
+)
+"""A runner job with no `gpuq.runner.State`: it has nothing to save."""
+
+
+def test_a_job_with_nothing_to_save_is_asked_once_and_said_so(lab: Lab3) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUQ_")}
+    job_id = lab.head.submit(
+        [sys.executable, "-c", STATELESS], gpus=1, nodes=["gpu2"], env=environ, name="stateless"
+    )
+    lab.head.wait_state(job_id, "running", timeout=60)
+    refusal = "it refused a safety checkpoint (the script has no gpuq.runner.State)"
+
+    def refusals() -> list[str]:
+        return [r for r in reasons(lab, job_id) if r.startswith(refusal)]
+
+    [said] = wait_for(refusals, timeout=60, what="the refusal")
+    assert said.endswith("no copy is kept here, and if gpu2 is lost it starts over")
+    time.sleep(3 * 2)  # three more periods: it is not asked again
+    assert len(refusals()) == 1
+    assert lab.head.cli("cancel", str(job_id)).returncode == 0
+    lab.head.wait_state(job_id, "cancelled", timeout=30)
 
 
 def test_jobs_of_a_lost_server_resume_elsewhere_from_their_copies_and_finish_once(

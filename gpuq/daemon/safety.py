@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import shutil
 import time
 from pathlib import Path
@@ -50,7 +51,8 @@ def tick(state: DaemonState, now: float) -> list[int]:
         remote = state.remotes.get(job.node)
         if job.state is not JobState.RUNNING or remote is None or job.id in state.gangs:
             continue
-        if job.id in state.safety_pulls or remote.control.runner(job.id) is None:
+        runner = remote.control.runner(job.id)
+        if job.id in state.safety_pulls or runner is None or "checkpoint" not in runner.features:
             continue
         if now - _last(state, job) < every:
             continue
@@ -116,6 +118,25 @@ def saved(state: DaemonState, job: Job, step: object) -> bool:
     task = asyncio.get_running_loop().create_task(run())
     state.background.add(task)
     task.add_done_callback(state.background.discard)
+    return True
+
+
+def refused(state: DaemonState, job: Job, error: str) -> bool:
+    """The job refused a checkpoint; True if it was a safety one: this attempt is asked no more.
+
+    A script without a `gpuq.runner.State` has nothing to save, and would
+    refuse every period; it is said once, in the event log.
+    """
+    asked = state.safety_asked.get(job.id)
+    if asked is None or asked[0] != job.attempts or job.node not in state.remotes:
+        return False
+    state.safety_asked[job.id] = (job.attempts, math.inf)
+    state.transition(
+        job,
+        job.state,
+        f"it refused a safety checkpoint ({error}): no copy is kept here, and if "
+        f"{job.node} is lost it starts over",
+    )
     return True
 
 

@@ -399,6 +399,8 @@ class ChannelListener:
         )
         if not ack.ok:
             error = detail.get("error", "no reason given")
+            if ack.request == "checkpoint" and safety.refused(state, job, str(error)):
+                return
             if ack.request == "suspend" and pending:
                 state.transition(job, JobState.RUNNING, f"the job refused to suspend: {error}")
             else:
