@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from gpuq.gputypes import gpu_type
+
 JSON_SCHEMA_VERSION = 1
 """Version of the `--json` job/GPU object schema (docs/json-schema.md)."""
 HOST_PATTERN: Final = r"(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9_][A-Za-z0-9._-]*"
@@ -344,12 +346,18 @@ class GpuInfo:
     parent_uuid: str | None = None
     link_group: str = ""
 
+    @property
+    def type(self) -> str:
+        """The GPU's type, the model its name reports ("A100"; `gpuq.gputypes`)."""
+        return gpu_type(self.name)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON encoding (part of the `gpuq gpus --json` object)."""
         return {
             "uuid": self.uuid,
             "index": self.index,
             "name": self.name,
+            "type": self.type,
             "memory_total": self.memory_total,
             "memory_used": self.memory_used,
             "utilization": self.utilization,
