@@ -112,6 +112,8 @@ class JobSpec:
     `[[cluster.servers]]` host). `node_count` above 1 makes a multi-node
     job (`--nodes N`): one process on each of that many servers, each with
     `gpus / node_count` whole GPUs, started, stopped and ended together.
+    `gpu_types` (`--gpu-type`): only on GPUs of one of these types
+    (`gpuq.gputypes`; empty: any).
     """
 
     command: tuple[str, ...]
@@ -141,6 +143,7 @@ class JobSpec:
     exclude_nodes: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
     node_count: int = 1
+    gpu_types: tuple[str, ...] = ()
 
     @property
     def multi_node(self) -> bool:
@@ -189,7 +192,7 @@ class JobSpec:
 
 
 _SPEC_FIELDS: Final = tuple(f.name for f in dataclasses.fields(JobSpec))
-_NAME_LISTS: Final = ("nodes", "exclude_nodes", "labels")
+_NAME_LISTS: Final = ("nodes", "exclude_nodes", "labels", "gpu_types")
 """Spec fields that are tuples of names (lists in JSON)."""
 
 

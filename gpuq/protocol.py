@@ -534,11 +534,12 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
 
 
 MAX_PLACEMENT_NAMES: Final = 256
-"""The most names one of `--node`, `--exclude-node` and `--label` may list."""
+"""The most names one of `--node`, `--exclude-node`, `--label` and `--gpu-type` may list."""
 _PLACEMENT_RULES: Final = (
     ("nodes", "--node", re.compile(HOST_PATTERN), "a server name such as gpu2 (ssh alias)"),
     ("exclude_nodes", "--exclude-node", re.compile(HOST_PATTERN), "a server name such as gpu2"),
     ("labels", "--label", re.compile(LABEL_PATTERN), "a label such as a100 or fast-disk"),
+    ("gpu_types", "--gpu-type", re.compile(LABEL_PATTERN), "a GPU type such as A100 or L4"),
 )
 
 
@@ -554,6 +555,11 @@ def _check_placement(spec: JobSpec) -> None:
                     f"{flag}: invalid name {name!r}",
                     f"give {example}: letters, digits, '.', '_' and '-', not starting with '-'",
                 )
+    if spec.gpu_types and spec.gpus <= 0:
+        raise UsageError(
+            "--gpu-type picks GPUs; a job with --gpus 0 takes none",
+            "drop --gpu-type, or ask for GPUs with --gpus N",
+        )
     both = sorted(set(spec.nodes) & set(spec.exclude_nodes))
     if both:
         raise UsageError(

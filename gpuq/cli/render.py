@@ -136,7 +136,7 @@ def _when(stamp: float | None) -> str:
 
 
 def placement_text(spec: dict[str, Any]) -> str | None:
-    """A spec's placement constraint in words (`on gpu2 or gpu3; not on head; labels a100`)."""
+    """A spec's placement constraint in words (`on gpu2 or gpu3; not on head; GPU type A100`)."""
     parts = []
     if int(spec.get("node_count") or 1) > 1:
         parts.append(f"{spec['node_count']} servers, one part on each")
@@ -146,6 +146,8 @@ def placement_text(spec: dict[str, Any]) -> str | None:
         parts.append("not on " + ", ".join(spec["exclude_nodes"]))
     if spec.get("labels"):
         parts.append("labels " + ", ".join(spec["labels"]))
+    if spec.get("gpu_types"):
+        parts.append("GPU type " + " or ".join(spec["gpu_types"]))
     return "; ".join(parts) or None
 
 

@@ -112,6 +112,14 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Run only on a server carrying this label (daemon.labels, or a server's labels); "
         "repeatable or comma-separated: every one of them.",
     ),
+    Option(
+        ("--gpu-type",),
+        "gpu_types",
+        "multi",
+        "TYPE",
+        "Run only on GPUs of this type (the TYPE column of gpuq gpus --json: A100, H100, "
+        "RTX4090, L4...; any case); repeatable or comma-separated: any one of them.",
+    ),
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
     Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
@@ -302,7 +310,7 @@ def build_spec(
     after = [part.strip() for item in values.get("after", []) for part in item.split(",")]
     placement = {
         dest: [part.strip() for item in values.get(dest, []) for part in item.split(",")]
-        for dest in ("nodes", "exclude_nodes", "labels")
+        for dest in ("nodes", "exclude_nodes", "labels", "gpu_types")
     }
     gpu_mem_text = values.get("gpu_mem")
     gpu_mem = None

@@ -13,6 +13,7 @@ from gpuq.daemon import faults
 from gpuq.daemon.lifecycle import check_runnable_command
 from gpuq.daemon.scheduler.constraints import (
     KnownNodes,
+    check_gpu_types,
     check_submit,
     eligible_nodes,
     known_nodes,
@@ -142,7 +143,10 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
     state.require_state_dir()
     spec = validate_spec(request.spec)
     spec = dataclasses.replace(spec, user=getpass.getuser())
-    check_submit(spec, known_nodes(state.config))
+    known = known_nodes(state.config)
+    check_submit(spec, known)
+    seen = {gpu.node for gpu in state.gpus.devices}
+    check_gpu_types(spec, state.gpus.devices, (node for node in known if node not in seen))
     if spec.multi_node and not state.policy.capabilities.multi_node:
         raise UsageError(
             f"the scheduler policy {state.policy.name!r} cannot place multi-node jobs",

@@ -10,7 +10,8 @@ that changes labels or servers takes effect at the next pass.
 
 - At submission (`check_submit`): a node name that is not known, a label no
   node carries, or constraints no node meets are refused, each error
-  listing what is known.
+  listing what is known; so is a GPU type no GPU has, or too few of on any
+  one server (`check_gpu_types`, once every node's GPUs are seen).
 - At each scheduling pass (`Constraints.hold`): a job none of whose nodes
   has GPUs in the daemon's snapshot (down, not reached yet, or not sampled
   yet) waits with a reason naming them ("waiting for node gpu2 (down: ...)",
@@ -33,12 +34,12 @@ Pure: no I/O (the caller passes the config and each node's status).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
 from gpuq.errors import UsageError
-from gpuq.models import Job, JobSpec
+from gpuq.models import GpuInfo, Job, JobSpec
 from gpuq.policies.confine import node_names
 from gpuq.policies.interface import JobView
 
@@ -117,6 +118,43 @@ def check_submit(spec: JobSpec, known: KnownNodes) -> None:
         )
 
 
+def check_gpu_types(spec: JobSpec, devices: Sequence[GpuInfo], unseen: Iterable[str]) -> None:
+    """Refuse a `--gpu-type` no GPU has, or too few on any one server (UsageError).
+
+    Only when every known node's GPUs are seen (`unseen` empty): one down,
+    or not reached yet, may have them.
+    """
+    if not spec.gpu_types or any(True for _ in unseen):
+        return
+    wanted = {name.lower() for name in spec.gpu_types}
+    counts: dict[str, int] = {}
+    kinds: dict[str, dict[str, int]] = {}
+    for gpu in devices:
+        per = kinds.setdefault(gpu.type, {})
+        per[gpu.node] = per.get(gpu.node, 0) + 1
+        if gpu.type.lower() in wanted:
+            counts[gpu.node] = counts.get(gpu.node, 0) + 1
+    asked = " or ".join(spec.gpu_types)
+    if not counts:
+        have = "; ".join(
+            f"{kind} ({', '.join(f'{node} {n}' for node, n in per.items())})"
+            for kind, per in sorted(kinds.items())
+        )
+        raise UsageError(
+            f"no GPU of type {asked}: the GPUs are {have or 'none'}",
+            "pick a type that gpuq gpus --json lists (type), or drop --gpu-type",
+        )
+    need = spec.gpus // max(1, spec.node_count)
+    fit = sorted(node for node, n in counts.items() if n >= need)
+    if len(fit) < spec.node_count:
+        most = ", ".join(f"{node} {n}" for node, n in sorted(counts.items()))
+        where = "one server" if spec.node_count == 1 else f"each of {spec.node_count} servers"
+        raise UsageError(
+            f"the job needs {need} GPU(s) of type {asked} on {where}; those GPUs are: {most}",
+            "ask for fewer GPUs, or add another --gpu-type",
+        )
+
+
 def misplaced(node_of: Mapping[str, str], job: JobView, uuids: Iterable[str]) -> list[str]:
     """The nodes of `uuids` (`node_of`: each GPU's node) that `job` may not use, sorted."""
     if job.nodes is None:
@@ -147,6 +185,8 @@ class Constraints:
     """Whether directory `path` exists on node `node` (other servers only; None: not known yet)."""
     local: str = ""
     """This machine's node name: it has every job's working directory."""
+    types: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Each seen node's GPU types (`gpuq.gputypes`), for `--gpu-type` (matched in any case)."""
     _cache: dict[tuple[object, ...], frozenset[str] | None] = field(default_factory=dict)
 
     def nodes_of(self, spec: JobSpec) -> frozenset[str] | None:
@@ -182,6 +222,22 @@ class Constraints:
         return f"its working directory {spec.cwd} does not exist on {', '.join(missing)}"
 
     def waiting(self, spec: JobSpec) -> str | None:
+        """Why a job may not reach the policy now (none of its nodes, or GPU types, is up)."""
+        return self._node_waiting(spec) or self._type_waiting(spec)
+
+    def _type_waiting(self, spec: JobSpec) -> str | None:
+        """Why a `--gpu-type` job waits: no node of its that is up has a GPU of its types."""
+        if not spec.gpu_types:
+            return None
+        nodes = self.nodes_of(spec)
+        usable = sorted(n for n in self.seen if nodes is None or n in nodes)
+        wanted = {name.lower() for name in spec.gpu_types}
+        if any(wanted & {t.lower() for t in self.types.get(node, ())} for node in usable):
+            return None
+        up = ", ".join(f"{n} {'/'.join(sorted(self.types.get(n, ())))}" for n in usable) or "none"
+        return f"waiting for a GPU of type {' or '.join(spec.gpu_types)} (GPU types up: {up})"
+
+    def _node_waiting(self, spec: JobSpec) -> str | None:
         """Why a job may not reach the policy now (none of its nodes is up), or None."""
         nodes = self.nodes_of(spec)
         if nodes is None or nodes & self.seen:
@@ -233,6 +289,7 @@ class Constraints:
 __all__ = [
     "Constraints",
     "KnownNodes",
+    "check_gpu_types",
     "check_submit",
     "eligible_nodes",
     "known_nodes",

@@ -55,6 +55,7 @@ from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.scheduler.constraints import misplaced, refusal
 from gpuq.daemon.scheduler.introspect import COMPUTING
 from gpuq.daemon.scheduler.packs import PackRecord, anchor_of
+from gpuq.daemon.scheduler.view import view_nodes
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import StateError
 from gpuq.models import Job, JobState
@@ -239,7 +240,7 @@ def _outside(state: DaemonState, views: Mapping[int, JobView], guest: int, host:
     view = views.get(guest)
     if view is None or view.nodes is None:
         return ""
-    node_of = {gpu.uuid: gpu.node for gpu in state.gpus.devices}
+    node_of = {uuid: name for uuid, (name, _) in view_nodes(state.gpus.devices).items()}
     wrong = misplaced(node_of, view, host.gpu_uuids)
     return f"not packed with job {host.id}: {refusal(view, wrong)}" if wrong else ""
 

@@ -128,7 +128,11 @@ def constraints_of(state: DaemonState, gpus: GpuSnapshot) -> Constraints:
         return None if remote is None else remote.has_dir(path)
 
     local = state.config.daemon.node_name
-    return Constraints(known_nodes(state.config), seen, node_status(state), dirs, local)
+    types: dict[str, set[str]] = {}
+    for gpu in gpus.devices:
+        types.setdefault(gpu.node, set()).add(gpu.type)
+    kinds = {node: frozenset(names) for node, names in types.items()}
+    return Constraints(known_nodes(state.config), seen, node_status(state), dirs, local, kinds)
 
 
 async def schedule_pass(state: DaemonState) -> list[Placement]:

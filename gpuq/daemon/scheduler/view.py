@@ -22,6 +22,12 @@ keep the nodes it holds (a reload may have changed the labels since it
 started). CPU-only jobs never reach the policy. Pure: unit-tested without
 a daemon.
 
+GPU types (`gpuq.gputypes`): the view's nodes are the servers, except that
+a server with GPUs of several types is one node per type, `SERVER/TYPE`
+(`view_nodes`), so that a job's `--gpu-type` is a node constraint like any
+other: its `nodes` are then the view's nodes of its servers with GPUs of
+its types, and every policy keeps to them without knowing of types.
+
 A queue of a thousand jobs is rebuilt at every pass on the daemon's event
 loop, so a `ViewCache` keeps each waiting job's view while nothing it is
 made of changed (the same frozen `Job`, runner sample, learned memory and
@@ -31,11 +37,11 @@ and changed ones are built again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuq.models import Job, JobSpec, JobState
+from gpuq.models import GpuInfo, Job, JobSpec, JobState
 from gpuq.policies.interface import ClusterState, GpuView, JobView, NodeView
 
 if TYPE_CHECKING:  # the daemon's state holds a ViewCache
@@ -79,6 +85,41 @@ class ViewCache:
         return kept[5] if same else None
 
 
+def view_nodes(devices: Iterable[GpuInfo]) -> dict[str, tuple[str, str]]:
+    """Each GPU's node in the view (by UUID): its name, and its (server, type).
+
+    A server whose GPUs are all of one type is one node, named as the
+    server; one with several types is a node per type, `SERVER/TYPE`.
+    """
+    types: dict[str, set[str]] = {}
+    for gpu in devices:
+        types.setdefault(gpu.node, set()).add(gpu.type)
+    return {
+        gpu.uuid: (gpu.node if len(types[gpu.node]) == 1 else f"{gpu.node}/{gpu.type}", gpu.type)
+        for gpu in devices
+    }
+
+
+def _translate(
+    allowed: frozenset[str] | None,
+    gpu_types: tuple[str, ...],
+    kinds: Mapping[str, tuple[str, str]],
+    split: bool,
+) -> frozenset[str] | None:
+    """A job's servers (`allowed`, None: any) and GPU types as the view's nodes (`kinds`).
+
+    Unchanged where no server is split and the job asks for no type.
+    """
+    if not gpu_types and (allowed is None or not split):
+        return allowed
+    wanted = {name.lower() for name in gpu_types}
+    return frozenset(
+        node
+        for node, (server, kind) in kinds.items()
+        if (allowed is None or server in allowed) and (not wanted or kind.lower() in wanted)
+    )
+
+
 def build_state(
     ready: list[Job],
     active: list[Job],
@@ -98,10 +139,18 @@ def build_state(
     With a `cache`, a waiting job's view is reused while its inputs are the
     same objects (module docstring), and the cache then holds this pass's.
     """
+    named = view_nodes(gpus.devices)
+    kinds = {name: (g.node, kind) for g in gpus.devices for name, kind in (named[g.uuid],)}
+    split = any(name != server for name, (server, _) in kinds.items())
     nodes: dict[str, int] = {}
     for device in gpus.devices:
-        nodes[device.node] = nodes.get(device.node, 0) + 1
-    node_of = {uuid: list(nodes).index(g.node) for g in gpus.devices for uuid in (g.uuid,)}
+        name = named[device.uuid][0]
+        nodes[name] = nodes.get(name, 0) + 1
+    order = {name: i for i, name in enumerate(nodes)}
+    node_of = {g.uuid: order[named[g.uuid][0]] for g in gpus.devices}
+
+    def nodes_for(spec: JobSpec) -> frozenset[str] | None:
+        return _translate(nodes_of(spec), spec.gpu_types, kinds, split)
 
     def allocation(uuids: tuple[str, ...]) -> tuple[int, ...]:
         counts = [0] * len(nodes)
@@ -125,7 +174,7 @@ def build_state(
         if spec.gpu_mem_auto:
             gpu_mem = learned_memory(job)  # None: no history, so it profiles on a whole GPU
         sample, seen = samples.get(job.id), explored.get(job.id, 0)
-        allowed = nodes_of(spec)
+        allowed = nodes_for(spec)
         timeless = job.running_since is None  # its run time does not move with `now`
         if cache is not None and timeless:
             view = cache.get(job, sample, seen, gpu_mem, allowed)
@@ -156,10 +205,10 @@ def build_state(
         if timeless:
             kept[job.id] = (job, sample, seen, gpu_mem, allowed, view)
     running: set[int] = set()
-    gpu_node = {g.uuid: g.node for g in gpus.devices}
+    gpu_node = {uuid: name for uuid, (name, _) in named.items()}
     for job in active:
         if job.state.is_active and job.gpu_uuids:
-            allowed = nodes_of(job.spec)
+            allowed = nodes_for(job.spec)
             if allowed is not None:  # it keeps the nodes it holds, whatever the labels now
                 allowed |= {gpu_node[uuid] for uuid in job.gpu_uuids if uuid in gpu_node}
             views.append(
@@ -199,7 +248,7 @@ def build_state(
         gpus=tuple(
             GpuView(
                 uuid=g.uuid,
-                node=g.node,
+                node=named[g.uuid][0],
                 memory_total=g.memory_total,
                 memory_foreign=gpus.foreign_memory.get(g.uuid, 0),
                 link_group=g.link_group,
