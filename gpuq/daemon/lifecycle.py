@@ -439,6 +439,7 @@ def _record(state: DaemonState, job: Job, outcome: Outcome) -> None:
             state.transition(job, ended, why, **fields)
     state.node_of(job.id).control.close(job.id)
     state.gangs.pop(job.id, None)
+    state.safety_asked.pop(job.id, None)
     peak = state.memory_peaks.pop(job.id, None)
     if peak:
         try:

@@ -67,10 +67,12 @@ def _last(state: DaemonState, job: Job) -> float:
     attempt, at = state.safety_asked.get(job.id, (0, 0.0))
     if attempt == job.attempts:
         return at
+    last = job.start_time or time.time()
     record = incoming.safety_copy(state.node.job_dir(job.id))  # after a restart of this daemon
     if record is not None and record.get("attempt") == job.attempts:
-        return max(float(record.get("time") or 0.0), job.start_time or 0.0)
-    return job.start_time or time.time()
+        last = max(float(record.get("time") or 0.0), last)
+    state.safety_asked[job.id] = (job.attempts, last)  # read once per attempt
+    return last
 
 
 def saved(state: DaemonState, job: Job, step: object) -> bool:
