@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import pytest
 
+from gpuq.daemon.scheduler.binding import misshaped
 from gpuq.daemon.scheduler.constraints import Constraints, check_gpu_types
 from gpuq.daemon.scheduler.view import build_state, view_nodes
 from gpuq.daemon.state import GpuSnapshot
 from gpuq.errors import UsageError
 from gpuq.models import GpuInfo, Job, JobSpec, JobState
-from gpuq.policies.interface import NodeView
+from gpuq.policies.interface import JobView, NodeView
 
 G = 1024**3
 
@@ -117,3 +118,15 @@ def test_a_job_whose_types_are_not_up_waits_saying_which_are() -> None:
     spec = JobSpec(("true",), "/", gpu_types=("T4",))
     assert constraints.waiting(spec) == "waiting for a GPU of type T4 (GPU types up: head A100/L4)"
     assert constraints.waiting(JobSpec(("true",), "/", gpu_types=("L4",))) is None
+
+
+def test_the_parts_of_a_multi_node_job_never_go_to_two_types_of_one_server() -> None:
+    state = build_state([], [], GpuSnapshot(devices=MIXED), 0.05, 0, lambda job: None)
+    node_of = {g.uuid: g.node for g in state.gpus}
+    server_of = {g.uuid: g.server or g.node for g in state.gpus}
+    assert [g.server for g in state.gpus] == ["head", "head", "head", ""]
+    gang = JobView(id=1, submit_time=0.0, gpus_requested=2, spread=2)
+    assert misshaped(node_of, gang, ("a0", "l0"), server_of) == (
+        "the policy gave it GPUs of several types of one server (1 on head/A100, 1 on head/L4)"
+    )
+    assert misshaped(node_of, gang, ("a0", "t0"), server_of) == ""

@@ -68,6 +68,8 @@ class GpuView:
     memory_foreign: int = 0
     link_group: str = ""
     index: int = -1
+    server: str = ""
+    """The server it is on, where that is not `node` (a server split by GPU type)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ def placements(
             free.setdefault(gpu.node, []).append(gpu.uuid)
     pending = {job.id: job for job in state.jobs if not job.gpu_uuids}
     node_of = {gpu.uuid: gpu.node for gpu in state.gpus}
+    server_of = {gpu.uuid: gpu.server or gpu.node for gpu in state.gpus}
     held: Capacity | None = None
     computing: Capacity | None = None  # what jobs not waiting for a turn hold, for `turns`
     if turns:
@@ -106,7 +107,7 @@ def placements(
                 waiting[job_id] = RELEASE_WAIT
                 continue
             uuids = tuple(chosen)
-        shape = misshaped(node_of, job, uuids)
+        shape = misshaped(node_of, job, uuids, server_of)
         if shape:
             waiting[job_id] = f"not started: {shape}"
             continue
@@ -118,14 +119,28 @@ def placements(
     return starts, waiting
 
 
-def misshaped(node_of: Mapping[str, str], job: JobView, uuids: Sequence[str]) -> str:
-    """Why `uuids` do not have `job`'s spread (module docstring), or "" if they do."""
+def misshaped(
+    node_of: Mapping[str, str],
+    job: JobView,
+    uuids: Sequence[str],
+    server_of: Mapping[str, str] | None = None,
+) -> str:
+    """Why `uuids` do not have `job`'s spread (module docstring), or "" if they do.
+
+    `server_of` names each GPU's server where the view splits a server by
+    GPU type (`gpuq.daemon.scheduler.view`): the parts of a multi-node job
+    run on different servers, not on two types of one.
+    """
     if job.spread is None or not uuids:
         return ""
     counts: dict[str, int] = {}
     for uuid in uuids:
         node = node_of.get(uuid, "an unknown node")
         counts[node] = counts.get(node, 0) + 1
+    servers = {(server_of or node_of).get(uuid, "an unknown node") for uuid in uuids}
+    if len(servers) < len(counts):
+        given = ", ".join(f"{count} on {node}" for node, count in counts.items())
+        return f"the policy gave it GPUs of several types of one server ({given})"
     if len(counts) == job.spread and len(set(counts.values())) == 1:
         return ""
     given = ", ".join(f"{count} on {node}" for node, count in counts.items())

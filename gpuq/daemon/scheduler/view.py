@@ -249,6 +249,7 @@ def build_state(
             GpuView(
                 uuid=g.uuid,
                 node=named[g.uuid][0],
+                server="" if named[g.uuid][0] == g.node else g.node,
                 memory_total=g.memory_total,
                 memory_foreign=gpus.foreign_memory.get(g.uuid, 0),
                 link_group=g.link_group,
