@@ -142,6 +142,12 @@ class Hosted:
             self._executors[head] = executor
         return executor
 
+    def make_log_dir(self, head: str) -> Path:
+        """`head`'s directory of default logs here, made if missing (owner only)."""
+        path = self.log_root / check_head(head)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return path
+
     def paths(self, head: str) -> dict[str, str]:
         """Where `head`'s attempts keep their directories, default logs and control sockets."""
         return {
@@ -175,7 +181,7 @@ class Hosted:
                 environ[job_env.CONTROL_SOCKET] = str(path)
             spec = dataclasses.replace(spec, env=environ)
         if spec.stdout.startswith(str(self.log_root)) or spec.stderr.startswith(str(self.log_root)):
-            Path(self.log_root, head).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.make_log_dir(head)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Spawned] = loop.create_future()
         record = Attempt(head, job, attempt, gpus)

@@ -12,14 +12,12 @@ import asyncio
 import contextlib
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from gpuq import ckptfile
 from gpuq.control import parse_message
 from gpuq.daemon import incoming, jobfiles
 from gpuq.daemon.executor import LaunchSpec
-from gpuq.daemon.hosted import check_head
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, UsageError
 from gpuq.protocol import (
@@ -163,9 +161,7 @@ async def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
     job_dir = hosted.executor(request.head).jobs_dir / str(request.job)
     if request.phase == "prepare":
         # The job's output so far follows it into gpuq's log directory (`transfer.carry_outputs`).
-        Path(hosted.log_root, check_head(request.head)).mkdir(
-            parents=True, exist_ok=True, mode=0o700
-        )
+        hosted.make_log_dir(request.head)
         return {"path": str(incoming.prepare(job_dir))}
     if request.phase == "commit":
         return await asyncio.to_thread(incoming.commit, job_dir, request.checked)
