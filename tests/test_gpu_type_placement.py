@@ -46,7 +46,11 @@ def test_a_server_with_several_types_is_a_node_per_type_in_the_view() -> None:
         "t0": ("gpu2", "T4"),
     }
     state = build_state([], [], GpuSnapshot(devices=MIXED), 0.05, 0, lambda job: None)
-    assert state.nodes == (NodeView("head/A100", 1), NodeView("head/L4", 2), NodeView("gpu2", 1))
+    assert state.nodes == (
+        NodeView("head/A100", 1, "A100"),
+        NodeView("head/L4", 2, "L4"),
+        NodeView("gpu2", 1, "T4"),
+    )
     assert [g.node for g in state.gpus] == ["head/A100", "head/L4", "head/L4", "gpu2"]
 
 
@@ -86,7 +90,7 @@ def test_without_types_a_homogeneous_cluster_looks_as_it_did() -> None:
         lambda job: None,
         nodes_of=lambda spec: frozenset(spec.nodes),
     )
-    assert state.nodes == (NodeView("head", 1), NodeView("gpu2", 1))
+    assert state.nodes == (NodeView("head", 1, "L4"), NodeView("gpu2", 1, "L4"))
     assert state.jobs[0].nodes == frozenset({"gpu2"})
 
 

@@ -90,7 +90,7 @@ def test_the_view_has_the_gpus_ready_jobs_and_running_jobs_with_their_reservatio
     )
     ready = [queued(1, gpus=2, priority=4), queued(2, gpus=1, gpu_mem_auto=True, name="fit")]
     state = build_state(ready, [running], snapshot(), 0.1, 512 * 1024**2, lambda job: 9 * G)
-    assert state.nodes == (NodeView("n1", 2),)
+    assert [(n.name, n.gpus) for n in state.nodes] == [("n1", 2)]
     assert state.gpus == (
         GpuView("g0", "n1", 40 * G, 0, index=0),
         GpuView("g1", "n1", 40 * G, 2 * G, link_group="link0", index=1),

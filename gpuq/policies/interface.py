@@ -44,10 +44,32 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A server: its name and how many GPUs it has."""
+    """A server (or one GPU type of a mixed server): its name, GPU count and GPU type.
+
+    `gpu_type` is the type of all its GPUs (`gpuq.gputypes`: "A100", "T4");
+    empty where the caller does not know it. A policy unaware of types
+    ignores it, as Pollux does.
+    """
 
     name: str
     gpus: int
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TypeModel:
+    """What a job's throughput is on GPUs of one type (Sia's per-type estimator).
+
+    `goodput` is the job's goodput model on that type: fitted to what it
+    measured there when `measured`, else bootstrapped from its model on
+    another type scaled by the two types' single-GPU throughput (Sia 3.1);
+    None where nothing is known yet. `local_bsz_bounds` is the per-GPU batch
+    range that fits that type's memory.
+    """
+
+    goodput: GoodputFunction | None
+    local_bsz_bounds: tuple[int, int]
+    measured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +147,15 @@ class JobView:
     never), so a policy does not move a job again before it has run a while
     (`gpuq.policies.consolidate`).
 
+    GPU types (clusters whose `NodeView.gpu_type` differ): `per_type` holds
+    the job's model on each type it may run on (`TypeModel`; empty: the
+    caller knows no types, and `goodput` is all there is); `goodput` is
+    then the type-unaware model, fitted to every measurement whatever the
+    type (what Pollux sees). `gpu_type` is the type it runs on now (or last
+    ran on; empty: never ran). `restart_penalty` is this job's seconds lost
+    per restart where the caller knows it (Sia's per-model cost; None: the
+    state's `restart_penalty`).
+
     Placement constraint: `nodes` names the nodes the job may hold GPUs on
     (None: any; the daemon sets it from `--node`, `--exclude-node` and
     `--label`). Every policy gives a job GPUs only on those nodes
@@ -172,6 +203,9 @@ class JobView:
     moved_at: float | None = None
     nodes: frozenset[str] | None = None
     spread: int | None = None
+    per_type: Mapping[str, TypeModel] = field(default_factory=dict)
+    gpu_type: str = ""
+    restart_penalty: float | None = None
 
     def may_run_on(self, node: str) -> bool:
         """True if the job may hold GPUs on `node` (its placement constraint allows it)."""
@@ -217,6 +251,11 @@ class ClusterState:
     def total_gpus(self) -> int:
         """GPUs in the cluster."""
         return sum(n.gpus for n in self.nodes)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The GPU types of the nodes, in node order, once each (empty types left out)."""
+        return tuple(dict.fromkeys(n.gpu_type for n in self.nodes if n.gpu_type))
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,9 +143,11 @@ def build_state(
     kinds = {name: (g.node, kind) for g in gpus.devices for name, kind in (named[g.uuid],)}
     split = any(name != server for name, (server, _) in kinds.items())
     nodes: dict[str, int] = {}
+    node_types: dict[str, str] = {}
     for device in gpus.devices:
-        name = named[device.uuid][0]
+        name, kind = named[device.uuid]
         nodes[name] = nodes.get(name, 0) + 1
+        node_types[name] = kind
     order = {name: i for i, name in enumerate(nodes)}
     node_of = {g.uuid: order[named[g.uuid][0]] for g in gpus.devices}
 
@@ -243,7 +245,7 @@ def build_state(
         cache.fields = {j: made for j, made in cache.fields.items() if j in running}
     views.sort(key=lambda view: view.id)
     return ClusterState(
-        nodes=tuple(NodeView(name, count) for name, count in nodes.items()),
+        nodes=tuple(NodeView(name, count, node_types[name]) for name, count in nodes.items()),
         jobs=tuple(views),
         gpus=tuple(
             GpuView(

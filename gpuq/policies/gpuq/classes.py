@@ -285,7 +285,7 @@ class _Class:
                 self.out.notes[job.id] = "its GPUs go to jobs of higher priority"
             return
         nodes = tuple(
-            NodeView(node.name, count)
+            NodeView(node.name, count, node.gpu_type)
             for node, count in zip(board.state.nodes, counts, strict=True)
         )
         views = sorted((board.jobs[job.id] for job in members), key=lambda job: job.id)
