@@ -173,7 +173,7 @@ def test_no_policy_over_commits_and_each_is_deterministic(
 
 def test_the_registry_knows_every_policy_of_the_issue() -> None:
     assert POLICY_NAMES == (
-        "fifo", "srtf", "srsf", "tiresias", "optimus", "afs", "afs-p", "pollux", "gandiva",
+        "fifo", "srtf", "srsf", "tiresias", "optimus", "afs", "afs-p", "pollux", "sia", "gandiva",
         "ones", "gpuq",
     )  # fmt: skip
     assert {"fifo", "srtf", "srsf", "tiresias", "optimus"} <= set(available_policies())
@@ -228,7 +228,7 @@ def test_policies_are_built_by_name_with_their_seed(name: str) -> None:
 def test_every_policy_declares_what_it_needs_from_its_caller() -> None:
     declared = {name: get_policy(name).capabilities for name in POLICY_NAMES}
     assert all(isinstance(c, Capabilities) for c in declared.values())
-    assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "gpuq"}
+    assert {n for n, c in declared.items() if c.adaptive_jobs} == {"pollux", "sia", "gpuq"}
     assert {n for n, c in declared.items() if c.time_slicing} == {"gandiva", "gpuq"}
     assert {n for n, c in declared.items() if c.packing} == {"gandiva", "gpuq"}
     assert get_policy("gpuq:packing=false").capabilities.packing is False

@@ -11,7 +11,7 @@ from gpuq.daemon.scheduler.readiness import readiness
 from gpuq.daemon.scheduler.view import ViewCache, build_state, new_model
 from gpuq.daemon.state import GpuSnapshot
 from gpuq.models import GpuInfo, Job, JobSpec, JobState, parse_dependency
-from gpuq.policies.interface import GpuView, JobView, NodeView
+from gpuq.policies.interface import GpuView, JobView
 
 G = 1024**3
 NOW = 1_000_000.0

@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -46,6 +46,9 @@ from gpuq.cli.render import table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
 from gpuq.textsafe import visible
+
+if TYPE_CHECKING:
+    from gpuq.sim.cluster import SimCluster
 
 
 class Progress:
@@ -109,6 +112,22 @@ def results_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     return table(header, rows)
 
 
+def _cluster(spec: str | None, nodes: int | None, gpus_per_node: int | None) -> SimCluster:
+    """The cluster of `--cluster`, or of `--nodes` and `--gpus-per-node`, never both."""
+    from gpuq.sim.cluster import load_cluster, uniform_cluster
+
+    if spec is None:
+        return uniform_cluster(
+            16 if nodes is None else nodes, 4 if gpus_per_node is None else gpus_per_node
+        )
+    if nodes is not None or gpus_per_node is not None:
+        raise UsageError(
+            "--cluster names the nodes; --nodes and --gpus-per-node cannot go with it",
+            hint="drop --nodes/--gpus-per-node, or describe the nodes in the cluster file",
+        )
+    return load_cluster(spec)
+
+
 def sim_command(
     workload: Annotated[
         str,
@@ -134,8 +153,20 @@ def sim_command(
             "--compare", metavar="A,B,...", help="Comma-separated policies to run side by side."
         ),
     ] = None,
-    nodes: Annotated[int, typer.Option("--nodes", help="Nodes in the cluster.")] = 16,
-    gpus_per_node: Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")] = 4,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            metavar="NAME|FILE",
+            help="Nodes and GPU types: pollux, sia, sia-t4, phoebe or a TOML file.",
+        ),
+    ] = None,
+    nodes: Annotated[
+        int | None, typer.Option("--nodes", help="Nodes of 4 T4 GPUs (default 16).")
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", help="GPUs per node (default 4).")
+    ] = None,
     interval: Annotated[
         float, typer.Option("--interval", help="Seconds between scheduling decisions.")
     ] = 60.0,
@@ -167,20 +198,37 @@ def sim_command(
     reallocations and the average decision time in milliseconds; --json gives
     the same per policy under "results".
 
-    Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, gandiva,
-    ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
+    The cluster is --nodes x --gpus-per-node T4 GPUs on the Pollux tables
+    (16 x 4 by default), or --cluster: a bundled one (pollux: that default;
+    sia: Sia's mixed 64 GPUs, 6x4 T4 + 3x8 RTX2080Ti + 2x8 A100; sia-t4: 16x4
+    T4 on Sia's tables; phoebe: 3x8 RTX2080Ti + 2x8 A100 + 1x4 RTX6000) or a
+    TOML file of node groups, each `[[nodes]]` with type (T4, RTX2080Ti,
+    A100, RTX6000), gpus and count, and `tables = "sia"` or "pollux". Jobs
+    run on the measured tables of the GPU type they hold.
+
+    Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, sia,
+    gandiva, ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
     (scheduler.policy), the others only here so far; gpuq is its default.
     """
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
 
-        settings = SimSettings(nodes, gpus_per_node, interval, restart_penalty, interference, seed)
+        shape = _cluster(cluster, nodes, gpus_per_node)
+        settings = SimSettings(
+            len(shape.nodes),
+            max(node.gpus for node in shape.nodes),
+            interval,
+            restart_penalty,
+            interference,
+            seed,
+            cluster=shape,
+        )
         settings.check()
         names = policy_names(policy, compare)
         workers = jobs if jobs is not None else (os.cpu_count() or 1)
         if workers < 1:
             raise UsageError("--jobs must be at least 1")
-        jobs_list = resolve_workload(workload, nodes * gpus_per_node, gpus_per_node)
+        jobs_list = resolve_workload(workload, shape.total_gpus, settings.gpus_per_node)
         progress = Progress(enabled=not json_out and sys.stderr.isatty())
         try:
             results = run_policies(names, jobs_list, settings, workers, progress.show)
@@ -192,7 +240,7 @@ def sim_command(
         document = {
             "schema_version": JSON_SCHEMA_VERSION,
             "workload": workload,
-            "settings": asdict(settings),
+            "settings": {**asdict(settings), "cluster": shape.describe()},
             "results": results,
         }
         print(json.dumps(document, indent=2))

@@ -47,6 +47,7 @@ _POLICIES: dict[str, Entry] = {
     "afs": Entry("gpuq.policies.afs.policy", "AfsPolicy"),
     "afs-p": Entry("gpuq.policies.afs.policy", "AfsPPolicy"),
     "pollux": Entry("gpuq.policies.pollux.policy", "PolluxPolicy", live=True),
+    "sia": Entry("gpuq.policies.sia.policy", "SiaPolicy"),
     "gandiva": Entry("gpuq.policies.gandiva.policy", "GandivaPolicy", live=True),
     "ones": Entry("gpuq.policies.ones.policy", "OnesPolicy"),
     "gpuq": Entry("gpuq.policies.gpuq.policy", "GpuqPolicy", live=True),

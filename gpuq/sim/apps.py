@@ -1,8 +1,19 @@
-"""The six Pollux applications: measured step times and gradient statistics.
+"""The six Pollux applications: step times per GPU type and gradient statistics.
 
 Each `Application` wraps one task of the Pollux paper (Table 1, with the
-artifact's batch-size limits and epoch counts; `data/pollux/NOTICE.md` names
-the source) and answers what the simulator needs:
+artifact's batch-size limits and epoch counts) on one GPU type, read from
+one of two table sets (`TABLES`):
+
+`pollux`
+    The Pollux artifact's tables (`data/pollux/NOTICE.md`), measured on 16
+    nodes x 4 NVIDIA T4; the only type is `T4`.
+`sia`
+    The Sia artifact's tables (`data/sia/NOTICE.md`), one per type of
+    `GPU_TYPES["sia"]`: `T4` (the artifact's `aws` suffix; the Pollux files
+    again, 4 GPUs per node, measured up to 16 nodes), `RTX2080Ti` (`rtx`, 8
+    per node, 3 nodes), `A100` (`dgx-ext`, DGX-A100, 8 per node, 2 nodes) and
+    `RTX6000` (`quad`, Quadro RTX 6000, 4 GPUs in 1 node), with Sia's
+    settings below.
 
 Step time for a placement
     A placement is the number of GPUs the job holds on each node it uses,
@@ -11,21 +22,32 @@ Step time for a placement
     measured, step and sync times are interpolated linearly over the per-GPU
     batch size; otherwise they are interpolated linearly over
     `(num_nodes, num_replicas, local_bsz)` on the Delaunay triangulation of
-    every measurement (placements with equal counts averaged), as the
-    artifact does with scipy's `LinearNDInterpolator`, with the node count
-    capped at 16. Choices the artifact leaves open (it fails outside the
-    data):
+    every measurement of the type, `placements` and `scalability` rows, as
+    the artifact does with scipy's `LinearNDInterpolator`, with the node
+    count capped at the most nodes measured for the type
+    (`max_measured_nodes`). Rows at the same point are averaged: placements
+    with equal counts as in the artifact, and also a `scalability` row that
+    repeats a placement's point (some Sia tables do; scipy keeps one of them,
+    whichever qhull picks). Choices the artifact leaves open (it fails
+    outside the data):
 
     - below the smallest measured per-GPU batch, the compute part of the step
       stays at its value there (small batches are latency-bound); above the
       largest it grows in proportion to the batch (the GPU is saturated);
       the sync part stays at the end value;
-    - a `(nodes, replicas, local_bsz)` point outside the measured hull uses
-      the measured `(nodes, replicas)` group nearest in log scale, with the
-      rule above for the batch;
-    - the tables were measured on 4-GPU nodes, so a node holding more than 4
-      of the job's GPUs counts as several 4-GPU nodes (pessimistic for
-      servers with NVLink).
+    - a `(nodes, replicas, local_bsz)` point outside the measured hull (or
+      any unmeasured placement where the measurements span one node only)
+      uses the measured `(nodes, replicas)` group nearest in log scale, with
+      the rule above for the batch;
+    - a node holding more of the job's GPUs than the type's measured node
+      size (`node_gpus`: 4 or 8) counts as several nodes of that size
+      (pessimistic for servers with NVLink).
+
+Per-GPU batch bounds
+    `local_bsz_bounds` are the smallest and largest per-GPU batch in the
+    type's `placements` table, except for the artifacts' caps: YOLOv3 at 8 in
+    the pollux tables (although 16 was measured), DeepSpeech2 on RTX2080Ti at
+    57 in the sia tables (80 was measured).
 
 Gradient statistics
     `grad_params(epoch, batch_size)` reads `grad_sqr`/`grad_var` of that
@@ -33,11 +55,20 @@ Gradient statistics
     and clamped to the smallest and largest. Progress is counted in
     scale-invariant iterations of size M0; epoch `e` ends when progress
     reaches the smallest `progress` value of row `e` over all batch sizes
-    (`epoch_progress`), and a job completes after `max_epochs` epochs.
+    (`epoch_progress`), and a job completes after `max_epochs` epochs. Both
+    table sets share these tables (the Sia artifact's are Pollux's): the
+    statistics do not depend on the GPU type.
 
-Special cases kept from the artifact: NCF runs at batch 32768 on one GPU
-even under Pollux (`fixed_batch_size`, `max_replicas`), and YOLOv3's per-GPU
-batch is capped at 8 although 16 was measured.
+Sia's settings
+    `restart_delay`: the seconds Sia's simulator charges on every start,
+    resize or move of a job (cifar10 50, deepspeech2 25, bert 120, yolov3 80,
+    imagenet 250, ncf 15); None in the pollux tables, where the simulator's
+    flat penalty applies. `slowdown`: the factor dividing a job's simulated
+    goodput, which Sia calibrated against its physical runs (cifar10 1.8,
+    ncf 1.5, others 1.2); 1.0 in the pollux tables.
+
+Special case kept from the artifact in both sets: NCF runs at batch 32768 on
+one GPU even under Pollux (`fixed_batch_size`, `max_replicas`).
 """
 
 from __future__ import annotations
@@ -62,12 +93,21 @@ from gpuq.sim.interpolate import Curve, Triangulation
 FloatArray = NDArray[np.float64]
 
 MEASURED_GPUS_PER_NODE = 4
-"""GPUs per node in the measurements (AWS g4dn.12xlarge, 4x T4)."""
+"""GPUs per node in the T4 measurements (AWS g4dn.12xlarge, 4x T4)."""
 
 MAX_MEASURED_NODES = 16
-"""Largest node count in the measurements; more nodes are looked up as 16."""
+"""Largest node count in the T4 measurements; more nodes are looked up as 16."""
 
 APPLICATION_NAMES = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+
+TABLES = ("pollux", "sia")
+"""The two table sets: the Pollux artifact's and the Sia artifact's (module docstring)."""
+
+GPU_TYPES: Mapping[str, tuple[str, ...]] = {
+    "pollux": ("T4",),
+    "sia": ("T4", "RTX2080Ti", "A100", "RTX6000"),
+}
+"""The GPU types each table set measured."""
 
 
 class ProfileSample(NamedTuple):
@@ -91,13 +131,15 @@ class BatchConfig(NamedTuple):
         return num_replicas * self.atomic_bsz * (self.accum_steps + 1)
 
 
-def normalize_placement(placement: Sequence[int]) -> tuple[int, ...]:
-    """The measured-table key of a placement: no zeros, <= 4 per node, smallest rotation."""
+def normalize_placement(
+    placement: Sequence[int], node_gpus: int = MEASURED_GPUS_PER_NODE
+) -> tuple[int, ...]:
+    """The measured-table key of a placement: no zeros, <= `node_gpus` a node, smallest rotation."""
     parts: list[int] = []
     for count in placement:
-        while count > MEASURED_GPUS_PER_NODE:
-            parts.append(MEASURED_GPUS_PER_NODE)
-            count -= MEASURED_GPUS_PER_NODE
+        while count > node_gpus:
+            parts.append(node_gpus)
+            count -= node_gpus
         if count > 0:
             parts.append(count)
     if not parts:
@@ -118,7 +160,7 @@ class _Validation:
 
 @dataclass(frozen=True, eq=False)
 class Application:
-    """One Pollux task with its measured tables (see the module docstring)."""
+    """One Pollux task on one GPU type, with its measured tables (module docstring)."""
 
     name: str
     init_batch_size: int
@@ -133,13 +175,22 @@ class Application:
     _values: FloatArray = field(repr=False)
     max_replicas: int | None = None
     fixed_batch_size: int | None = None
+    gpu_type: str = "T4"
+    node_gpus: int = MEASURED_GPUS_PER_NODE
+    """GPUs per node in this type's measurements."""
+    max_measured_nodes: int = MAX_MEASURED_NODES
+    """Most nodes in this type's measurements; more nodes are looked up as this many."""
+    restart_delay: float | None = None
+    """Seconds Sia's simulator charges per start, resize or move; None: the flat penalty."""
+    slowdown: float = 1.0
+    """Factor dividing the simulated goodput (Sia's calibration; 1.0 for Pollux)."""
     _cache: dict[object, object] = field(default_factory=dict, repr=False)
 
     # ---- throughput -------------------------------------------------------------
 
     def step_time(self, placement: Sequence[int], local_bsz: float) -> tuple[float, float]:
         """Seconds per step and the part spent in gradient sync, at `local_bsz` per GPU."""
-        key = (normalize_placement(placement), local_bsz)
+        key = (normalize_placement(placement, self.node_gpus), local_bsz)
         hit = self._cache.get(key)
         if hit is None:
             hit = self._lookup(key[0], local_bsz)
@@ -152,7 +203,7 @@ class Application:
         curve = self.placements.get(placement)
         if curve is not None:
             return curve.at(local_bsz)
-        nodes = min(len(placement), MAX_MEASURED_NODES)
+        nodes = min(len(placement), self.max_measured_nodes)
         replicas = sum(placement)
         found = self._triangulation().at((nodes, replicas, local_bsz))
         if found is not None:
@@ -181,9 +232,18 @@ class Application:
 
     def profile_sample(self, placement: Sequence[int], atomic_bsz: int) -> ProfileSample:
         """What the job's agent measures at this placement (compute and full step time)."""
-        key = normalize_placement(placement)
+        key = normalize_placement(placement, self.node_gpus)
         step, sync = self.step_time(key, atomic_bsz)
         return ProfileSample(len(key), sum(key), atomic_bsz, step - sync, step)
+
+    def single_gpu_throughput(self) -> float:
+        """Samples per second on one GPU at the largest per-GPU batch measured there.
+
+        Sia projects a job's throughput from one GPU type to another by the
+        ratio of these (`notes/sia.md` section 2).
+        """
+        curve = self.placements[(1,)]
+        return float(curve.local_bsz[-1]) / float(curve.step_time[-1])
 
     def measured_samples(self) -> tuple[FloatArray, ...]:
         """Every measured placement as arrays `(nodes, replicas, local_bsz, accum, optim)`.
@@ -320,37 +380,76 @@ class Application:
 
 
 class _Settings(NamedTuple):
-    """Table 1 optimizer and LR rule, the artifact's epoch count and special cases."""
+    """Table 1 optimizer and LR rule, the artifact's epoch count, special cases, Sia's settings."""
 
     max_epochs: int
     optimizer: str
     lr_scaler: str
-    max_local: int | None = None
+    restart_delay: float
+    slowdown: float
+    max_local: int | None = None  # the Pollux artifact's cap on the per-GPU batch
     max_replicas: int | None = None
     fixed_batch_size: int | None = None
 
 
 _SETTINGS = {
-    "bert": _Settings(2, "adamw", "sqrt"),
-    "cifar10": _Settings(100, "sgd", "adascale"),
-    "deepspeech2": _Settings(80, "sgd", "adascale"),
-    "imagenet": _Settings(90, "sgd", "adascale"),
-    "ncf": _Settings(10, "adam", "sqrt", max_replicas=1, fixed_batch_size=32768),
-    "yolov3": _Settings(50, "sgd", "adascale", max_local=8),
+    "bert": _Settings(2, "adamw", "sqrt", 120.0, 1.2),
+    "cifar10": _Settings(100, "sgd", "adascale", 50.0, 1.8),
+    "deepspeech2": _Settings(80, "sgd", "adascale", 25.0, 1.2),
+    "imagenet": _Settings(90, "sgd", "adascale", 250.0, 1.2),
+    "ncf": _Settings(10, "adam", "sqrt", 15.0, 1.5, max_replicas=1, fixed_batch_size=32768),
+    "yolov3": _Settings(50, "sgd", "adascale", 80.0, 1.2, max_local=8),
 }
 
 
-def _read_rows(name: str, filename: str) -> list[list[str]]:
-    path = resources.files("gpuq.sim").joinpath("data", "pollux", name, filename)
-    with io.StringIO(path.read_text(encoding="utf-8")) as stream:
-        return list(csv.reader(stream))[1:]
+class _GpuType(NamedTuple):
+    """Where a GPU type's tables are and the cluster they were measured on."""
+
+    suffix: str  # the Sia artifact's file suffix; "aws" files are the Pollux ones
+    node_gpus: int
+    max_nodes: int
 
 
-def _load(name: str) -> Application:
+_GPU_TYPE_TABLES = {
+    "T4": _GpuType("aws", 4, 16),
+    "RTX2080Ti": _GpuType("rtx", 8, 3),
+    "A100": _GpuType("dgx-ext", 8, 2),
+    "RTX6000": _GpuType("quad", 4, 1),
+}
+
+_SIA_MAX_LOCAL = {("deepspeech2", "RTX2080Ti"): 57}
+"""Sia's caps on the per-GPU batch below the measured largest."""
+
+
+def _read_columns(path: tuple[str, ...], columns: Sequence[str]) -> list[tuple[str, ...]]:
+    """The rows of a bundled CSV file as the named columns, in that order (by header)."""
+    data = resources.files("gpuq.sim").joinpath("data", *path)
+    reader = csv.DictReader(io.StringIO(data.read_text(encoding="utf-8")))
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ValueError(f"{'/'.join(path)} lacks the column(s) {', '.join(missing)}")
+    return [tuple(row[c] for c in columns) for row in reader]
+
+
+def _step_tables(name: str, gpu_type: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The data paths of an application's `placements` and `scalability` tables for a type."""
+    suffix = _GPU_TYPE_TABLES[gpu_type].suffix
+    if suffix == "aws":
+        return ("pollux", name, "placements.csv"), ("pollux", name, "scalability.csv")
+    return (
+        ("sia", name, f"placements-{suffix}.csv"),
+        ("sia", name, f"scalability-{suffix}.csv"),
+    )
+
+
+@cache
+def _load(name: str, gpu_type: str, tables: str) -> Application:
+    placements_path, scalability_path = _step_tables(name, gpu_type)
     measured: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
-    for row in _read_rows(name, "placements.csv"):
+    for row in _read_columns(placements_path, ("placement", "local_bsz", "step_time", "sync_time")):
         key = tuple(int(digit) for digit in row[0])
-        measured.setdefault(key, []).append((float(row[1]), float(row[2]), float(row[3])))
+        bsz, step, sync = (float(value) for value in row[1:])
+        measured.setdefault(key, []).append((bsz, step, sync))
     curves = {}
     groups: dict[tuple[float, float, float], list[tuple[float, float]]] = {}
     for key, samples in measured.items():
@@ -358,12 +457,14 @@ def _load(name: str) -> Application:
         curves[key] = Curve(data[:, 0], data[:, 1], data[:, 2])
         for bsz, step, sync in samples:
             groups.setdefault((len(key), sum(key), bsz), []).append((step, sync))
-    # Placements with the same node and GPU counts are averaged, as in the artifact.
-    points = sorted(groups)
-    values = [np.mean(groups[point], axis=0) for point in points]
-    for row in _read_rows(name, "scalability.csv"):
-        points.append((float(row[0]), float(row[1]), float(row[2])))
-        values.append(np.array([float(row[3]), float(row[4])]))
+    # Rows at the same point are averaged; placement points first, then the
+    # scalability rows in file order (the order the triangulation sees).
+    points = {point: groups[point] for point in sorted(groups)}
+    scalability = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
+    for row in _read_columns(scalability_path, scalability):
+        nodes, replicas, bsz, step, sync = (float(value) for value in row)
+        points.setdefault((nodes, replicas, bsz), []).append((step, sync))
+    values = [np.mean(samples, axis=0) for samples in points.values()]
 
     folder = resources.files("gpuq.sim").joinpath("data", "pollux", name)
     sizes = sorted(
@@ -371,39 +472,58 @@ def _load(name: str) -> Application:
         for entry in folder.iterdir()
         if entry.name.startswith("validation-")
     )
-    tables = [np.array(_read_rows(name, f"validation-{size}.csv"), dtype=float) for size in sizes]
-    epochs = min(len(table) for table in tables)
-    stacked = np.stack([table[:epochs] for table in tables])
+    columns = ("progress", "iteration", "grad_sqr", "grad_var")
+    validation_tables = [
+        np.array(_read_columns(("pollux", name, f"validation-{size}.csv"), columns), dtype=float)
+        for size in sizes
+    ]
+    epochs = min(len(table) for table in validation_tables)
+    stacked = np.stack([table[:epochs] for table in validation_tables])
     validation = _Validation(
-        tuple(sizes), stacked[:, :, 0], stacked[:, :, 1], stacked[:, :, 3], stacked[:, :, 4]
+        tuple(sizes), stacked[:, :, 0], stacked[:, :, 1], stacked[:, :, 2], stacked[:, :, 3]
     )
 
     settings = _SETTINGS[name]
     measured_local = [int(b) for curve in curves.values() for b in curve.local_bsz]
+    if tables == "pollux":
+        max_local = settings.max_local or max(measured_local)
+    else:
+        max_local = _SIA_MAX_LOCAL.get((name, gpu_type), max(measured_local))
+    gpu = _GPU_TYPE_TABLES[gpu_type]
+    sia = tables == "sia"
     return Application(
         name=name,
         init_batch_size=sizes[0],
         max_batch_size=sizes[-1],
-        local_bsz_bounds=(min(measured_local), settings.max_local or max(measured_local)),
+        local_bsz_bounds=(min(measured_local), max_local),
         max_epochs=settings.max_epochs,
         optimizer=settings.optimizer,
         lr_scaler=settings.lr_scaler,
         placements=curves,
         validation=validation,
-        _points=np.array(points, dtype=float),
+        _points=np.array(list(points), dtype=float),
         _values=np.array(values, dtype=float),
         max_replicas=settings.max_replicas,
         fixed_batch_size=settings.fixed_batch_size,
+        gpu_type=gpu_type,
+        node_gpus=gpu.node_gpus,
+        max_measured_nodes=gpu.max_nodes,
+        restart_delay=settings.restart_delay if sia else None,
+        slowdown=settings.slowdown if sia else 1.0,
     )
 
 
-@cache
-def get_application(name: str) -> Application:
-    """The application named `name`, loaded on first use and cached."""
+def get_application(name: str, gpu_type: str = "T4", tables: str = "pollux") -> Application:
+    """The application `name` on `gpu_type` in the `tables` set, loaded once and cached."""
+    if tables not in TABLES:
+        raise UsageError(f"unknown tables {tables!r}; known: {', '.join(TABLES)}")
     if name not in APPLICATION_NAMES:
         known = ", ".join(APPLICATION_NAMES)
         raise UsageError(f"unknown application {name!r}; known: {known}")
-    return _load(name)
+    if gpu_type not in GPU_TYPES[tables]:
+        known = ", ".join(GPU_TYPES[tables])
+        raise UsageError(f"no GPU type {gpu_type!r} in the {tables} tables; known: {known}")
+    return _load(name, gpu_type, tables)
 
 
 class _Applications(Mapping[str, Application]):

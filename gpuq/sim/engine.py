@@ -45,6 +45,16 @@ application's limit (NCF: one GPU), but never below the request.
 at `batch_size`. `gpu_utilization` and `memory_peak` are None: the tables
 do not measure them.
 
+GPU types: a `cluster` (`gpuq.sim.cluster`) gives each node a GPU type and
+names the tables its jobs run on; without one, the cluster is `nodes` x
+`gpus_per_node` T4 GPUs on the Pollux tables. Where the nodes have several
+types, each `JobView` also carries the job's model per type (`per_type`:
+measured or bootstrapped, `gpuq.sim.jobs`), the type it runs on and its
+own restart cost; `goodput` is then the type-unaware model. A job's
+restart costs its application's delay where the tables set one (Sia's),
+else `restart_penalty`; finish-time fairness's isolated JCT is the mean of
+the isolated JCTs on each type, weighted by the type's share of the GPUs.
+
 `seed` drives the optional `grad_noise`: the gradient variance the agent
 and the policy see is multiplied by lognormal noise of that sigma, drawn
 per job and epoch (progress always uses the true value).
@@ -57,12 +67,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from gpuq.errors import GpuqError
-from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView, Policy
-from gpuq.sim.apps import get_application
+from gpuq.policies.interface import ClusterState, Decision, JobView, Policy, TypeModel
+from gpuq.sim.apps import Application, get_application
+from gpuq.sim.cluster import SimCluster, uniform_cluster
 from gpuq.sim.jobs import FitMemo, SimJob, gpu_limit, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
 from gpuq.sim.workload import WorkloadJob
@@ -101,14 +113,18 @@ class Simulator:
         grad_noise: float = 0.0,
         progress_every: int = 60,
         stall_limit: float = 30 * 86400.0,
+        cluster: SimCluster | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or interval <= 0 or restart_penalty < 0:
             raise ValueError("need nodes, gpus_per_node >= 1, interval > 0, restart_penalty >= 0")
         if not 0 <= interference < 1 or not 0 <= packing_overhead < 1:
             raise ValueError("interference and packing_overhead must be in [0, 1)")
         self.policy = policy
-        self.nodes = tuple(NodeView(f"node{i}", gpus_per_node) for i in range(nodes))
-        self.capacity = (gpus_per_node,) * nodes
+        self.cluster = cluster if cluster is not None else uniform_cluster(nodes, gpus_per_node)
+        self.nodes = self.cluster.nodes
+        self.capacity = tuple(node.gpus for node in self.nodes)
+        self.node_types = tuple(node.gpu_type for node in self.nodes)
+        self.mixed = self.cluster.mixed
         self.interval = float(interval)
         self.restart_penalty = float(restart_penalty)
         self.interference = interference
@@ -117,26 +133,36 @@ class Simulator:
         self.stall_limit = stall_limit
         self.adaptive = policy.capabilities.adaptive_jobs
         rng = np.random.default_rng(seed)
-        total = nodes * gpus_per_node
+        total = sum(self.capacity)
         ordered = sorted(workload, key=lambda job: job.time)
         fits = FitMemo()
-        self.jobs = [
-            SimJob(
-                i,
-                spec,
-                get_application(spec.application),
-                self.adaptive,
-                self.restart_penalty,
-                noise_factors(rng, grad_noise, get_application(spec.application).max_epochs),
-                fits,
+        self.jobs = []
+        for i, spec in enumerate(ordered):
+            apps = self._applications(spec.application)
+            first = next(iter(apps.values()))
+            delay = first.restart_delay
+            self.jobs.append(
+                SimJob(
+                    i,
+                    spec,
+                    first,
+                    self.adaptive,
+                    self.restart_penalty if delay is None else delay,
+                    noise_factors(rng, grad_noise, first.max_epochs),
+                    fits,
+                    apps,
+                )
             )
-            for i, spec in enumerate(ordered)
-        ]
         self._max_gpus = [
             gpu_limit(job.app, job.adaptive, job.batch_size, job.spec.num_replicas, total)
             for job in self.jobs
         ]
         self._requested = [min(job.spec.num_replicas, total) for job in self.jobs]
+
+    def _applications(self, name: str) -> dict[str, Application]:
+        """The application's tables on each GPU type of the cluster, in node order."""
+        tables = self.cluster.tables
+        return {kind: get_application(name, kind, tables) for kind in self.cluster.gpu_types}
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -215,6 +241,7 @@ class Simulator:
                     epoch=job.epoch,
                     goodput=job.goodput(),
                     remaining_iterations=job.remaining_iterations(),
+                    **self._typed(job),
                 )
             )
         return ClusterState(
@@ -223,6 +250,20 @@ class Simulator:
             interval=self.interval,
             restart_penalty=self.restart_penalty,
         )
+
+    def _typed(self, job: SimJob) -> dict[str, Any]:
+        """A job's per-type fields of `JobView`, on a cluster of several GPU types."""
+        if not self.mixed:
+            return {}
+        per_type = {
+            kind: TypeModel(job.goodput_on(kind), app.local_bsz_bounds, kind in job.measured_types)
+            for kind, app in job.apps.items()
+        }
+        return {
+            "per_type": per_type,
+            "gpu_type": job.gpu_type if job.start_time is not None else "",
+            "restart_penalty": job.restart_penalty,
+        }
 
     def _apply(self, decision: Decision, active: list[SimJob]) -> int:
         """Apply allocations and batch sizes; the number of restarts it causes."""
@@ -240,7 +281,7 @@ class Simulator:
         for job in active:
             before = job.num_restarts
             allocation = tuple(decision.allocations.get(job.id, ()))
-            job.reallocate(allocation if any(allocation) else ())
+            job.reallocate(allocation if any(allocation) else (), self.node_types)
             restarts += job.num_restarts - before
         for job_id, batch_size in decision.batch_sizes.items():
             if job_id in by_id:
@@ -262,7 +303,10 @@ class Simulator:
     ) -> SimResult:
         counts = np.asarray(active_counts, dtype=np.float64)
         total_gpus = sum(self.capacity)
-        gpus_per_node = self.capacity[0]
+        shares: dict[str, tuple[int, int]] = {}  # type: (GPUs, GPUs per node)
+        for node in self.nodes:
+            gpus, per_node = shares.get(node.gpu_type, (0, node.gpus))
+            shares[node.gpu_type] = (gpus + node.gpus, max(per_node, node.gpus))
         records = []
         for job in self.jobs:
             finish = job.finish_time
@@ -278,14 +322,19 @@ class Simulator:
                     finish=finish,
                     gpu_time=job.attained_service,
                     restarts=job.num_restarts,
-                    isolated_jct=isolated_jct(
-                        job.app,
-                        self._requested[job.id],
-                        job.spec.batch_size,
-                        gpus_per_node,
-                        total_gpus,
-                        contention,
-                        self.restart_penalty,
+                    isolated_jct=sum(
+                        gpus
+                        / total_gpus
+                        * isolated_jct(
+                            job.apps[kind],
+                            self._requested[job.id],
+                            job.spec.batch_size,
+                            per_node,
+                            total_gpus,
+                            contention,
+                            job.restart_penalty,
+                        )
+                        for kind, (gpus, per_node) in shares.items()
                     ),
                 )
             )

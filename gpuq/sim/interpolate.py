@@ -5,7 +5,7 @@
 that were not measured. `gpuq.sim.apps` documents when each is used and
 what happens outside the measured range. scipy is imported only when a
 triangulation is built, so a job whose placements were all measured (a
-trace job on one node of up to 4 GPUs) starts without it.
+trace job on one node, such as up to 4 T4s or 8 A100s) starts without it.
 """
 
 from __future__ import annotations
@@ -48,13 +48,18 @@ class Triangulation:
     scipy's per-simplex LAPACK transforms take seconds on a busy machine with
     a threaded BLAS. Flat simplices are dropped; where qhull's triangulation
     of these grid-like points is not conforming, a point on a face shared by
-    several simplices gets the average of their values.
+    several simplices gets the average of their values. Points that span
+    no volume (all on one node, as in a one-node table) have no simplex:
+    every point is then outside.
     """
 
     def __init__(self, points: FloatArray, values: FloatArray) -> None:
-        from scipy.spatial import Delaunay  # here: importing the simulator stays light
+        if np.linalg.matrix_rank(points[1:] - points[0]) < points.shape[1]:
+            simplices = np.zeros((0, points.shape[1] + 1), dtype=np.intp)
+        else:
+            from scipy.spatial import Delaunay  # here: importing the simulator stays light
 
-        simplices = Delaunay(points).simplices
+            simplices = Delaunay(points).simplices
         corners = points[simplices]
         origin = corners[:, 3, :]
         e1, e2, e3 = (corners[:, i, :] - origin for i in range(3))

@@ -28,22 +28,46 @@ Mechanics follow the Pollux artifact's simulator (`notes/ones_pollux.md` 3.7):
   (adaptdl's data loader) or the current one no longer fits.
 - Non-adaptive jobs run at a fixed total batch with the artifact's rule for
   the per-GPU batch and accumulation (`Application.fixed_batch_config`).
+
+GPU types (a cluster whose nodes have several, `gpuq.sim.cluster`): the job
+has one `Application` per type, the tables measured there; gradient
+statistics and progress are the job's whatever the type. As in Sia's
+simulator:
+
+- A job runs on one type. An allocation spanning types (a type-unaware
+  policy's) runs on the type holding most of its GPUs, ties to the faster
+  type (single-GPU throughput); the others stay held and idle.
+- From its first start the job knows its single-GPU step times on every
+  type (Sia profiles each type on one GPU), and it records what it runs.
+  Its model per type is fitted per type and bootstrapped across types
+  (`gpuq.typemodels`); the type-unaware model (`goodput()`, what Pollux
+  sees) is fitted to every measurement of every type together, as Sia's
+  Pollux baseline merges profiles.
+- Each start, resize and move costs the application's own restart delay
+  (`Application.restart_delay`, else the simulator's flat penalty), and
+  progress is divided by its calibration `slowdown`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams, fit_perf_params
 from gpuq.sim.apps import Application, BatchConfig, ProfileSample, normalize_placement
 from gpuq.sim.workload import WorkloadJob
+from gpuq.typemodels import Fitted, bootstrap
+
+Key = tuple[int, int, int]
+"""A measured configuration: (nodes, replicas, per-GPU batch)."""
 
 SPEEDUP_THRESHOLD = 1.05
 """An adaptive job switches batch configuration only for a predicted gain above 5%."""
 
-_FITS: dict[tuple[str, tuple[ProfileSample, ...]], PerfParams] = {}
+_FITS: dict[tuple[str, str, tuple[ProfileSample, ...]], PerfParams] = {}
 """Fits by application and ordered samples: a pure function, shared by every run."""
 _MAX_FITS = 50_000
 
@@ -54,22 +78,25 @@ class FitMemo:
     __slots__ = ("_by_set",)
 
     def __init__(self) -> None:
-        self._by_set: dict[tuple[str, frozenset[tuple[int, int, int]]], PerfParams] = {}
+        self._by_set: dict[tuple[str, str, frozenset[object]], PerfParams] = {}
 
     def fit(
-        self, app: Application, samples: dict[tuple[int, int, int], ProfileSample]
+        self, app: Application, samples: Mapping[Any, ProfileSample], kind: str = ""
     ) -> PerfParams:
-        """`PerfParams` fitted to `samples`, in the first order this run saw their set."""
-        key = (app.name, frozenset(samples))
+        """`PerfParams` fitted to `samples`, in the first order this run saw their set.
+
+        `kind` names the GPU type the samples come from ("*": every type).
+        """
+        key = (app.name, kind, frozenset(samples))
         perf = self._by_set.get(key)
         if perf is None:
-            perf = _fit_ordered(app.name, tuple(samples.values()))
+            perf = _fit_ordered(app.name, kind, tuple(samples.values()))
             self._by_set[key] = perf
         return perf
 
 
-def _fit_ordered(name: str, samples: tuple[ProfileSample, ...]) -> PerfParams:
-    key = (name, samples)
+def _fit_ordered(name: str, kind: str, samples: tuple[ProfileSample, ...]) -> PerfParams:
+    key = (name, kind, samples)
     perf = _FITS.get(key)
     if perf is None:
         perf = fit_perf_params(*zip(*samples, strict=True))
@@ -125,22 +152,27 @@ class SimJob:
         "_fit_memo",
         "_goodput",
         "_grad_noise",
+        "_merged",
         "_rate",
         "_stale",
         "adaptive",
         "allocation",
         "app",
+        "apps",
         "attained_service",
         "batch_size",
         "config",
         "delay",
         "epoch",
         "finish_time",
+        "gpu_type",
         "id",
+        "measured_types",
         "num_restarts",
         "perf",
+        "perfs",
         "placement",
-        "profile",
+        "profiles",
         "progress",
         "restart_penalty",
         "run_time",
@@ -157,11 +189,16 @@ class SimJob:
         restart_penalty: float,
         grad_noise: tuple[float, ...] = (),
         fits: FitMemo | None = None,
+        apps: Mapping[str, Application] | None = None,
     ) -> None:
         self.id = job_id
         self._fit_memo = FitMemo() if fits is None else fits
         self.spec = spec
-        self.app = app
+        self.apps: dict[str, Application] = dict(apps) if apps else {app.gpu_type: app}
+        """The application's tables on each GPU type of the cluster (one: a one-type cluster)."""
+        self.gpu_type = next(iter(self.apps)) if app.gpu_type not in self.apps else app.gpu_type
+        """The type the job runs on now, or last ran on (the first type before it ran)."""
+        self.app = self.apps[self.gpu_type]
         self.adaptive, self.batch_size = agent_terms(app, spec.batch_size, adaptive)
         self.restart_penalty = restart_penalty
         self.allocation: tuple[int, ...] = ()
@@ -175,8 +212,14 @@ class SimJob:
         self.finish_time: float | None = None
         self.attained_service = 0.0
         self.run_time = 0.0
-        self.profile: dict[tuple[int, int, int], ProfileSample] = {}
+        self.profiles: dict[str, dict[Key, ProfileSample]] = {kind: {} for kind in self.apps}
+        """Measured configurations per GPU type."""
         self.perf: PerfParams | None = None
+        """The model on the current type (what the agent tunes its batch with)."""
+        self.perfs: dict[str, PerfParams] = {}
+        """The model on each type, measured or bootstrapped (several types only)."""
+        self.measured_types: frozenset[str] = frozenset()
+        self._merged: PerfParams | None = None
         self._grad_noise = grad_noise
         self._goodput: GoodputFunction | None = None
         self._rate: float | None = None
@@ -185,14 +228,28 @@ class SimJob:
     # ---- what the policy sees -----------------------------------------------------
 
     @property
+    def typed(self) -> bool:
+        """True when the cluster has several GPU types."""
+        return len(self.apps) > 1
+
+    @property
+    def profile(self) -> dict[Key, ProfileSample]:
+        """Measured configurations on the current type."""
+        return self.profiles[self.gpu_type]
+
+    @profile.setter
+    def profile(self, samples: dict[Key, ProfileSample]) -> None:
+        self.profiles[self.gpu_type] = samples
+
+    @property
     def replicas(self) -> int:
         """GPUs the job holds now."""
         return sum(self.placement)
 
     @property
     def max_profiled_gpus(self) -> int:
-        """Most GPUs the job has run on."""
-        return max((key[1] for key in self.profile), default=0)
+        """Most GPUs the job has run on, on any type."""
+        return max((key[1] for samples in self.profiles.values() for key in samples), default=0)
 
     @property
     def total_batch(self) -> int:
@@ -201,19 +258,35 @@ class SimJob:
             return self.batch_size
         return self.config.total(self.replicas)
 
-    def goodput(self) -> GoodputFunction | None:
-        """The agent's model: fitted step times and this epoch's gradient statistics."""
-        if self.perf is None:
-            return None
+    def _grad(self) -> GradParams:
         grad = self.app.grad_params(self.epoch, self.total_batch)
         if self._grad_noise:
             noise = self._grad_noise[min(self.epoch, len(self._grad_noise) - 1)]
             grad = GradParams(grad.sqr, grad.var * noise)
+        return grad
+
+    def goodput(self) -> GoodputFunction | None:
+        """The agent's model: fitted step times and this epoch's gradient statistics.
+
+        On a one-type cluster, the model of that type; on several, the
+        type-unaware model fitted to every type's measurements together.
+        """
+        perf = self._merged if self.typed else self.perf
+        if perf is None:
+            return None
+        grad = self._grad()
         cached = self._goodput
-        if cached is None or cached.perf is not self.perf or cached.grad != grad:
-            cached = GoodputFunction(self.perf, grad, self.app.init_batch_size)
+        if cached is None or cached.perf is not perf or cached.grad != grad:
+            cached = GoodputFunction(perf, grad, self.app.init_batch_size)
             self._goodput = cached
         return cached
+
+    def goodput_on(self, kind: str) -> GoodputFunction | None:
+        """The job's model on GPUs of type `kind` (None: nothing known yet)."""
+        perf = self.perfs.get(kind) if self.typed else self.perf
+        if perf is None:
+            return None
+        return GoodputFunction(perf, self._grad(), self.app.init_batch_size)
 
     def remaining_iterations(self) -> float:
         """Oracle: iterations at the job's target batch size until completion."""
@@ -221,22 +294,64 @@ class SimJob:
 
     # ---- what the simulator does to it ---------------------------------------------
 
-    def reallocate(self, allocation: tuple[int, ...]) -> bool:
-        """Move the job to `allocation`; True if it pays the restart penalty."""
+    def reallocate(
+        self, allocation: tuple[int, ...], node_types: Sequence[str] | None = None
+    ) -> bool:
+        """Move the job to `allocation`; True if it pays the restart penalty.
+
+        `node_types` gives each node's GPU type, where the cluster has
+        several: the job runs on one type (module docstring).
+        """
         if allocation == self.allocation:
             return False
         self.allocation = allocation
-        self.placement = normalize_placement(allocation)
+        used = allocation
+        if node_types is not None and self.typed and any(allocation):
+            kind = self._run_type(allocation, node_types)
+            used = tuple(a if t == kind else 0 for a, t in zip(allocation, node_types, strict=True))
+            self._switch_type(kind)
+        self.placement = normalize_placement(used, self.app.node_gpus)
         self._rate = None
         if not self.placement:
             self.config = None
             self.delay = 0.0
             return False
-        if self.start_time is not None:
+        first = self.start_time is None
+        if not first:
             self.num_restarts += 1
         self.delay = self.restart_penalty
+        if first and self.typed:
+            self._profile_every_type()
         self._choose_config(hysteresis=True)
         return True
+
+    def _run_type(self, allocation: tuple[int, ...], node_types: Sequence[str]) -> str:
+        """The type holding most of the allocation's GPUs, ties to the faster one."""
+        held: dict[str, int] = {}
+        for count, kind in zip(allocation, node_types, strict=True):
+            if count:
+                held[kind] = held.get(kind, 0) + count
+        return max(held, key=lambda kind: (held[kind], self.apps[kind].single_gpu_throughput()))
+
+    def _switch_type(self, kind: str) -> None:
+        if kind == self.gpu_type:
+            return
+        self.gpu_type = kind
+        self.app = self.apps[kind]
+        self.perf = self.perfs.get(kind)
+        self.config = None
+
+    def _profile_every_type(self) -> None:
+        """Sia's profile: the single-GPU step times of every type, known from the first start."""
+        for kind, app in self.apps.items():
+            curve = app.placements.get((1,))
+            if curve is None:
+                continue
+            for bsz in curve.local_bsz:
+                key = (1, 1, int(bsz))
+                if key not in self.profiles[kind]:
+                    self.profiles[kind][key] = app.profile_sample((1,), int(bsz))
+        self._stale = True
 
     def set_batch_size(self, batch_size: int) -> None:
         """A policy's new total batch size for a non-adaptive job (no restart)."""
@@ -256,7 +371,7 @@ class SimJob:
         if not self.adaptive:
             self.config = app.fixed_batch_config(replicas, self.batch_size)
             return
-        goodput = self.goodput()
+        goodput = self.goodput_on(self.gpu_type) if self.typed else self.goodput()
         initial = max(app.init_batch_size, app.local_bsz_bounds[0] * replicas)
         if goodput is None:
             self.config = app.fixed_batch_config(replicas, min(initial, app.max_batch_size))
@@ -293,7 +408,8 @@ class SimJob:
             else:
                 gain = self.app.gain(self.epoch, self.config.total(self.replicas))
                 step, sync = self.app.step_time(self.placement, self.config.atomic_bsz)
-                self._rate = gain / (step + self.config.accum_steps * (step - sync))
+                step_time = step + self.config.accum_steps * (step - sync)
+                self._rate = gain / (step_time * self.app.slowdown)
         return self._rate
 
     def _observe(self) -> None:
@@ -309,11 +425,31 @@ class SimJob:
     def _refit(self) -> None:
         """Fit the agent's model to every configuration seen (once per tick, like a report)."""
         self._stale = False
-        perf = self._fit_memo.fit(self.app, self.profile)
+        if self.typed:
+            perf = self._refit_types()
+        else:
+            perf = self._fit_memo.fit(self.app, self.profile)
         if perf != self.perf:
             self.perf = perf
             if self.adaptive and self.placement and self.finish_time is None:
                 self._choose_config(hysteresis=True)
+
+    def _refit_types(self) -> PerfParams | None:
+        """Fit each type's samples, bootstrap the rest; the model on the current type."""
+        fitted: dict[str, Fitted] = {}
+        merged: dict[tuple[str, Key], ProfileSample] = {}
+        for kind, samples in self.profiles.items():
+            if samples:
+                perf = self._fit_memo.fit(self.apps[kind], samples, kind)
+                fitted[kind] = Fitted(perf, max(key[1] for key in samples))
+                merged.update(((kind, key), sample) for key, sample in samples.items())
+        speeds = {kind: app.single_gpu_throughput() for kind, app in self.apps.items()}
+        models = bootstrap(fitted, speeds)
+        self.perfs = {kind: perf for kind, (perf, _) in models.items()}
+        self.measured_types = frozenset(kind for kind, (_, own) in models.items() if own)
+        if merged:
+            self._merged = self._fit_memo.fit(self.app, merged, "*")
+        return self.perfs.get(self.gpu_type)
 
     def advance(
         self, now: float, seconds: float, share: float, speed: float, refit: bool = True

@@ -7,9 +7,11 @@ Workloads (`resolve_workload`)
     `FILE`: a CSV in the artifact's format (`name,time,application,
     num_replicas,batch_size`). `workload-1` ... `workload-4` and
     `workload-0.5-1` ... `workload-0.5-4`: the bundled Pollux traces (1x and
-    0.5x load). `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the
-    Pollux recipe for this cluster's GPU count (`generate_workload`; TunedJobs
-    by default, load 1). `lab:SEED[:tuned|realistic][:LOAD]`: the generator's
+    0.5x load). `philly-1` ... `philly-4` and `saturn-1` ... `saturn-5`: the
+    bundled Sia traces (Philly and Helios Saturn, 160 jobs each).
+    `gen:SEED[:tuned|realistic][:LOAD]`: a workload drawn by the Pollux
+    recipe for this cluster's GPU count (`generate_workload`; TunedJobs by
+    default, load 1). `lab:SEED[:tuned|realistic][:LOAD]`: the generator's
     lab variant, drawn for one server of 8 GPUs whatever the cluster
     (`lab_workload`; load 1.5, 30 jobs). An existing file wins over a
     bundled name.
@@ -40,19 +42,24 @@ from typing import TYPE_CHECKING, Any, Literal
 from gpuq.errors import UsageError
 
 if TYPE_CHECKING:
+    from gpuq.sim.cluster import SimCluster
     from gpuq.sim.engine import SimProgress
     from gpuq.sim.workload import WorkloadJob
 
 
 WORKLOAD_HINT = (
-    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4), "
-    "gen:SEED[:tuned|realistic][:LOAD] or lab:SEED[:tuned|realistic][:LOAD]"
+    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4, philly-1..4, "
+    "saturn-1..5), gen:SEED[:tuned|realistic][:LOAD] or lab:SEED[:tuned|realistic][:LOAD]"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class SimSettings:
-    """The cluster and simulator settings shared by every policy of one run."""
+    """The cluster and simulator settings shared by every policy of one run.
+
+    With a `cluster`, `nodes` and `gpus_per_node` only describe it (its node
+    count and largest node), for workload generators.
+    """
 
     nodes: int = 16
     gpus_per_node: int = 4
@@ -60,6 +67,8 @@ class SimSettings:
     restart_penalty: float = 30.0
     interference: float = 0.0
     seed: int = 0
+    cluster: SimCluster | None = None
+    """Nodes with GPU types (`gpuq.sim.cluster`); None: `nodes` x `gpus_per_node` T4."""
 
     def check(self) -> None:
         """Raise UsageError for settings the simulator cannot run."""
@@ -144,6 +153,7 @@ def run_policy(
         restart_penalty=settings.restart_penalty,
         interference=settings.interference,
         seed=settings.seed,
+        cluster=settings.cluster,
     )
     summary: dict[str, Any] = simulator.run(progress=progress).summary()
     summary.pop("policy", None)

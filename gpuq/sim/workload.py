@@ -1,7 +1,16 @@
-"""Workloads: the bundled Pollux traces, CSV files, and the paper's generator.
+"""Workloads: the bundled Pollux and Sia traces, CSV files, and the paper's generator.
 
 A workload is a tuple of `WorkloadJob`s sorted by submission time. The CSV
-format is the artifact's: `name,time,application,num_replicas,batch_size`.
+format is the artifacts': `name,time,application,num_replicas,batch_size`,
+read by the header's names.
+
+Bundled traces (`BUNDLED_WORKLOADS`): the Pollux artifact's `workload-1` ...
+`workload-4` (160 jobs over 8 hours) and `workload-0.5-1` ...
+`workload-0.5-4` (0.5x load, 80 jobs); the Sia artifact's `philly-1` ...
+`philly-4`, drawn from the Philly trace like Pollux's (no NCF jobs), and
+`saturn-1` ... `saturn-5`, drawn from the Helios "Saturn" cluster (mostly
+cifar10), 160 jobs over 8 hours each. Their `num_replicas` and `batch_size`
+are the TunedJobs request, which adaptive policies override.
 
 `generate_workload` follows the Pollux artifact's recipe (`simulator/
 workload.py`, described in `notes/ones_pollux.md` 3.4) for a 64-GPU cluster:
@@ -78,9 +87,19 @@ TUNED_REPLICAS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """GPU counts the TunedJobs rule considers (the artifact's list)."""
 
 BUNDLED_WORKLOADS = tuple(
-    [f"workload-{i}" for i in range(1, 5)] + [f"workload-0.5-{i}" for i in range(1, 5)]
+    [f"workload-{i}" for i in range(1, 5)]
+    + [f"workload-0.5-{i}" for i in range(1, 5)]
+    + [f"philly-{i}" for i in range(1, 5)]
+    + [f"saturn-{i}" for i in range(1, 6)]
 )
-"""Names `bundled_workload` accepts: the artifact's 1x and 0.5x load traces 1-4."""
+"""Names `bundled_workload` accepts: Pollux's 1x and 0.5x load traces, Sia's Philly and Saturn."""
+
+_BUNDLED_FOLDERS = {
+    "workload": ("pollux", "workloads"),
+    "workload-0.5": ("pollux", "workloads-0.5"),
+    "philly": ("sia", "workloads", "philly"),
+    "saturn": ("sia", "workloads", "saturn"),
+}
 
 _COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 _HOUR = 3600.0
@@ -139,14 +158,14 @@ def load_workload(path: str | Path) -> tuple[WorkloadJob, ...]:
 
 
 def bundled_workload(name: str) -> tuple[WorkloadJob, ...]:
-    """One of the artifact's workloads by name (see `BUNDLED_WORKLOADS`)."""
+    """One of the artifacts' workloads by name (see `BUNDLED_WORKLOADS`)."""
     if name not in BUNDLED_WORKLOADS:
         raise UsageError(
             f"no bundled workload {name!r}", hint=f"known: {', '.join(BUNDLED_WORKLOADS)}"
         )
-    folder, _, number = name.rpartition("-")
-    folder = "workloads-0.5" if folder == "workload-0.5" else "workloads"
-    data = resources.files("gpuq.sim").joinpath("data", "pollux", folder, f"workload-{number}.csv")
+    kind, _, number = name.rpartition("-")
+    folder = resources.files("gpuq.sim").joinpath("data", *_BUNDLED_FOLDERS[kind])
+    data = folder.joinpath(f"workload-{number}.csv")
     return _parse(data.read_text(encoding="utf-8"), name)
 
 
