@@ -48,7 +48,8 @@ def bert(time: float = 0.0) -> WorkloadJob:
 def test_a_job_on_a_faster_type_finishes_sooner() -> None:
     finish = {}
     for node, kind in [(0, "T4"), (9, "A100")]:
-        simulator = Simulator(Pinned(lambda j, s, n=node: on(n, 1)), [bert()], cluster=SIA)
+        allocation = on(node, 1)
+        simulator = Simulator(Pinned(lambda j, s: allocation), [bert()], cluster=SIA)
         (record,) = simulator.run().jobs
         assert simulator.jobs[0].gpu_type == kind
         finish[kind] = record.finish
