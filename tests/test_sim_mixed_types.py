@@ -35,6 +35,11 @@ class Pinned:
         return Decision(allocations={job.id: self.place(job, state) for job in state.jobs})
 
 
+def pinned(allocation: tuple[int, ...]) -> Pinned:
+    """A policy giving every job `allocation`."""
+    return Pinned(lambda job, state: allocation)
+
+
 def on(node: int, gpus: int, width: int = len(SIA.nodes)) -> tuple[int, ...]:
     allocation = [0] * width
     allocation[node] = gpus
@@ -48,8 +53,7 @@ def bert(time: float = 0.0) -> WorkloadJob:
 def test_a_job_on_a_faster_type_finishes_sooner() -> None:
     finish = {}
     for node, kind in [(0, "T4"), (9, "A100")]:
-        allocation = on(node, 1)
-        simulator = Simulator(Pinned(lambda j, s: allocation), [bert()], cluster=SIA)
+        simulator = Simulator(pinned(on(node, 1)), [bert()], cluster=SIA)
         (record,) = simulator.run().jobs
         assert simulator.jobs[0].gpu_type == kind
         finish[kind] = record.finish
