@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from scipy.sparse import csr_array
 
+from gpuq.errors import UsageError
 from gpuq.goodput import GoodputFunction, GradParams, PerfParams
 from gpuq.policies.interface import (
     ClusterState,
@@ -683,3 +684,62 @@ def test_random_states_never_over_commit_span_types_or_break_a_constraint(seed: 
             assert twin.decide(state, now) == decision
             state = advance(state, decision)
             now += 60.0
+
+
+def test_the_solver_keeps_stdout_clean_while_highs_may_write_to_it(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    import os
+
+    from gpuq.policies.sia.solve import quiet_stdout
+
+    print("before", flush=True)
+    with quiet_stdout():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution\n")
+    print("after", flush=True)
+    assert capfd.readouterr().out == "before\nafter\n"
+
+
+# Starts -------------------------------------------------------------------------------
+
+
+def stopped_after_restarts() -> ClusterState:
+    """A job stopped after 3 restarts of 100 s, 400 s old, on an idle cluster."""
+    restarted = job(1, num_restarts=3, submit_time=NOW - 400.0, restart_penalty=100.0)
+    return ClusterState(nodes=nodes((1, 4, "T4")), jobs=(restarted,))
+
+
+def test_sias_restart_factor_keeps_a_job_stopped_after_restarts_waiting_on_idle_gpus() -> None:
+    state = stopped_after_restarts()
+    assert restart_factor(400.0, 3, 100.0) == pytest.approx(0.2)
+    assert decide(state).allocations.get(1, ()) in ((), (0,))
+
+
+@pytest.mark.parametrize("starts", ["idle", "free"])
+def test_with_free_starts_it_starts_on_the_idle_gpus(starts: str) -> None:
+    assert sum(decide(stopped_after_restarts(), starts=starts).allocations[1]) >= 1
+
+
+def test_an_unknown_starts_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="starts must be one of charged, idle, free"):
+        SiaPolicy(starts="sometimes")
+
+
+# The gpuq policy on GPUs of several types -----------------------------------------------
+
+
+def test_gpuq_sizes_by_type_where_the_gpus_are_of_several_types() -> None:
+    state = ClusterState(
+        nodes=nodes((1, 4, "T4"), (1, 4, "A100")),
+        jobs=(job(1, max_profiled_gpus=4, per_type=typed({"T4": 1.0, "A100": 3.0})),),
+    )
+    decision = get_policy("gpuq").decide(state, NOW)
+    assert where(state, decision.allocations[1]) == {"A100"}
+    assert "A100" in decision.notes[1]
+    unaware = get_policy("gpuq:types=unaware").decide(state, NOW)
+    assert where(state, unaware.allocations[1]) == {"T4", "A100"}  # Pollux takes all 8
+
+
+def test_gpuq_refuses_an_unknown_types_option() -> None:
+    with pytest.raises(UsageError, match="types must be one of aware, unaware"):
+        get_policy("gpuq:types=maybe")

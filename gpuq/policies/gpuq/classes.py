@@ -21,7 +21,7 @@ left:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpuq.policies.confine import node_names
@@ -36,8 +36,13 @@ from gpuq.policies.placement import Hardware, Hold, format_size
 from gpuq.policies.pollux.policy import Solution
 from gpuq.policies.pollux.search import SearchProblem, job_speedups
 
-Search = Callable[[int, ClusterState], Solution]
-"""The goodput search of one class (its priority, and the state of its whole-GPU jobs)."""
+Search = Callable[[int, ClusterState], Solution | Decision]
+"""The goodput search of one class (its priority, and the state of its whole-GPU jobs).
+
+Pollux's search answers with its `Solution`; on GPUs of several types the
+sizing is Sia's (`gpuq.policies.sia`), which answers with a `Decision`
+whose allocations and notes are taken as they are.
+"""
 
 
 @dataclass(slots=True)
@@ -290,24 +295,21 @@ class _Class:
         )
         views = sorted((board.jobs[job.id] for job in members), key=lambda job: job.id)
         state = replace(board.state, nodes=nodes, jobs=tuple(views), gpus=())
-        solution = self.search(self.priority, state)
-        best, problem = solution.best, solution.problem
-        now_speedups = job_speedups(problem, best[None])[0]
-        base_speedups = _base_speedups(problem)
+        answer = self.search(self.priority, state)
+        sized = _typed_sizes(answer, views) if isinstance(answer, Decision) else _sizes(answer)
         free = set(usable)
         # Jobs that stay pick first, then those resized or moved (their own GPUs
         # first), then those starting (where admission placed them, if free).
-        rows = sorted(
-            range(len(solution.jobs)),
-            key=lambda row: (
-                solution.jobs[row].id not in before,
-                not (best[:, row] == problem.base[:, row]).all(),
-                row,
+        order = sorted(
+            sized,
+            key=lambda size: (
+                size.job.id not in before,
+                size.target != tuple(size.job.allocation),
+                size.job.id,
             ),
         )
-        for row in rows:
-            job = solution.jobs[row]
-            target = tuple(int(n) for n in best[:, row])
+        for size in order:
+            job, target, note = size.job, size.target, size.note
             if not any(target):
                 if job.id in before:
                     self.out.notes[job.id] = "its GPUs give other jobs more goodput"
@@ -319,11 +321,8 @@ class _Class:
             started = job.id not in before
             if not started:
                 board.hold(Hold(job.id, gpus))
-            speedup = float(now_speedups[row])
-            note = f"speedup {speedup:.2f} over a fair share"
-            if not started and sum(target) != sum(job.allocation) and base_speedups[row] > 0:
-                change = speedup / float(base_speedups[row]) - 1.0
-                note = f"goodput {change:+.0%} (speedup {speedup:.2f} over a fair share)"
+            if not started and sum(target) != sum(job.allocation) and size.change is not None:
+                note = size.change
             if job.id in self.shrunk and target != tuple(job.allocation):
                 note = self.shrunk[job.id]
             if started:
@@ -401,6 +400,48 @@ class _Class:
         summary = capacity.summary(capacity.outside(job))
         where = "" if job.nodes is None else node_names(job.nodes)
         return summary.wait_reason(need, job.gpu_mem, job.exclusive, where)
+
+
+@dataclass(frozen=True, slots=True)
+class _Size:
+    """The goodput sizing's answer for one job: its GPUs per node and why.
+
+    `change` is the reason to give instead of `note` when a running job's
+    GPU count changes (None: the same).
+    """
+
+    job: JobView
+    target: tuple[int, ...]
+    note: str
+    change: str | None = None
+
+
+def _sizes(solution: Solution) -> list[_Size]:
+    """Each job's allocation from Pollux's search, with its speedup as the reason."""
+    best, problem = solution.best, solution.problem
+    now_speedups = job_speedups(problem, best[None])[0]
+    base_speedups = _base_speedups(problem)
+    sizes = []
+    for row, job in enumerate(solution.jobs):
+        speedup = float(now_speedups[row])
+        note = f"speedup {speedup:.2f} over a fair share"
+        change = None
+        if base_speedups[row] > 0:
+            gain = speedup / float(base_speedups[row]) - 1.0
+            change = f"goodput {gain:+.0%} (speedup {speedup:.2f} over a fair share)"
+        target = tuple(int(n) for n in best[:, row])
+        sizes.append(_Size(job, target, note, change))
+    return sizes
+
+
+def _typed_sizes(decision: Decision, jobs: Sequence[JobView]) -> list[_Size]:
+    """Each job's allocation from a sizing by GPU type, with its reason."""
+    sizes = []
+    for job in jobs:
+        target = tuple(decision.allocations.get(job.id, ()))
+        note = decision.notes.get(job.id, "")
+        sizes.append(_Size(job, target, note))
+    return sizes
 
 
 def _base_speedups(problem: SearchProblem) -> list[float]:

@@ -69,6 +69,16 @@ Goodput allocation (Pollux's search, `gpuq.policies.pollux.policy`)
     job of the class can change its size (all rigid: one count each), the
     search has nothing to size and admitted jobs start where admission
     placed them. The search charges restarts as below.
+GPU types (`types="aware"`, the default)
+    Where the GPUs a class sizes are of several types (`NodeView.gpu_type`),
+    its whole-GPU jobs are sized by Sia's ILP instead (`gpuq.policies.sia`,
+    with `typed_p` as its p, -0.5): each job's type and count from its
+    model on each type (`JobView.per_type`), Sia's restart factor with the
+    job's own restart cost. Pollux's search does not know types: on a mixed
+    cluster it sees GPUs of one job spread over types and models fitted to
+    all of them. On GPUs of one type nothing changes. On Sia's Philly traces
+    this decides as `sia` does (bench/RESULTS.md); gpuq adds no rule of its
+    own there yet. `types="unaware"`: Pollux's search everywhere.
 Restart charges (on the search, per job)
     Pollux charges REALLOC_FACTOR `max(T - R*delta, 0) / (T + delta)` (T the
     job's age, R its restarts, delta the restart penalty) to every change,
@@ -182,9 +192,12 @@ from gpuq.policies.pollux.policy import (
     load_population,
 )
 from gpuq.policies.pollux.search import SearchProblem
+from gpuq.policies.sia.policy import SiaPolicy
 
 STARTS = ("idle", "free", "charged")
 """When starting a waiting job is free of Pollux's restart charge (module docstring)."""
+TYPES = ("aware", "unaware")
+"""Whether the goodput sizing knows GPU types (module docstring)."""
 TIMESLICE = ("blocked", "all", "off")
 """Which waiting jobs take turns (module docstring)."""
 
@@ -211,6 +224,8 @@ class GpuqPolicy(PolluxPolicy):
         restart_penalty: float | None = None,
         population: int = 100,
         generations: int = 100,
+        types: str = "aware",
+        typed_p: float = -0.5,
     ) -> None:
         super().__init__(
             seed=seed,
@@ -226,7 +241,11 @@ class GpuqPolicy(PolluxPolicy):
             raise ValueError(f"quantum must be positive, got {quantum}")
         if oversubscription < 1:
             raise ValueError(f"oversubscription must be at least 1, got {oversubscription}")
+        if types not in TYPES:
+            raise ValueError(f"types must be one of {', '.join(TYPES)}, not {types!r}")
         self.starts = starts
+        self.types = types
+        self._typed = SiaPolicy(p=typed_p, starts=starts)
         self.remaining_aware = remaining_aware
         self.timeslice = timeslice
         on = timeslice != "off"
@@ -258,8 +277,14 @@ class GpuqPolicy(PolluxPolicy):
         steps = Steps(slicing=self.slicing, moving=self.moving, packer=self.packer)
         return decide_classes(board, lambda c, s: self._search(c, s, now), now, steps)
 
-    def _search(self, priority: int, state: ClusterState, now: float) -> Solution:
-        """Pollux's search for one class, warm-started from that class's last population."""
+    def _search(self, priority: int, state: ClusterState, now: float) -> Solution | Decision:
+        """Pollux's search for one class, warm-started from that class's last population.
+
+        On GPUs of several types (and `types="aware"`), Sia's sizing instead.
+        """
+        kinds = {node.gpu_type for node in state.nodes if node.gpus}
+        if self.types == "aware" and len(kinds) > 1:
+            return self._typed.decide(state, now)
         self._previous = self._populations.get(priority)
         solution = self.solve(state, now)
         self._populations[priority] = self._previous

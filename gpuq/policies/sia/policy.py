@@ -37,6 +37,15 @@ Placement
     `REPAIRS` times; then the job keeps its current GPUs if they are free,
     else waits, with a note.
 
+Starts (`starts`)
+    "charged" (Sia's rule, the default): a job holding no GPU has the
+    restart factor on every configuration too, so one stopped after its
+    first restarts may wait with GPUs idle (with p = -0.5 and lambda_n =
+    1.1 a factor below about 0.83 makes a 1-GPU start cost more than
+    waiting). "idle": while any GPU is held by no job, a job holding none
+    is not charged (gpuq's rule for Pollux, `gpuq.policies.gpuq.policy`);
+    "free": never charged.
+
 Defaults follow the paper's experiments: p = -0.5, lambda_n = 1.1 (§4.2);
 the ILP is solved to a 1e-4 relative gap within `time_limit` seconds
 (each solve). The policy is deterministic (HiGHS is, short of the time
@@ -70,6 +79,9 @@ from gpuq.policies.sia.placement import place
 from gpuq.policies.sia.problem import build, config_of
 from gpuq.policies.sia.solve import Selection, select
 
+STARTS = ("charged", "idle", "free")
+"""When starting a job that holds no GPU escapes the restart factor (module docstring)."""
+
 REPAIRS = 3
 """Times the ILP is solved again without the pairs the placer could not place."""
 
@@ -88,6 +100,7 @@ class SiaPolicy:
         max_growth: int = 2,
         max_gpus: int = 64,
         time_limit: float = 1.0,
+        starts: str = "charged",
     ) -> None:
         if not math.isfinite(p) or p == 0:
             raise ValueError(f"p must be finite and non-zero, got {p}")
@@ -97,6 +110,9 @@ class SiaPolicy:
             raise ValueError("need max_growth >= 1 and max_gpus >= 1")
         if not time_limit > 0:
             raise ValueError(f"time_limit must be positive, got {time_limit}")
+        if starts not in STARTS:
+            raise ValueError(f"starts must be one of {', '.join(STARTS)}, not {starts!r}")
+        self.starts = starts
         self.seed = seed
         self.p = p
         self.lambda_n = lambda_n
@@ -172,12 +188,17 @@ class SiaPolicy:
         limits = Limits(self.max_growth, self.max_gpus)
         self._memo.start_decision()
         triples = []
+        held = sum(sum(job.allocation) for job in state.jobs)
+        idle = held < sum(node.gpus for node in state.nodes)
+        free_starts = self.starts == "free" or (self.starts == "idle" and idle)
         for job in state.jobs:
             if job.running and not job.preemptible:
                 continue
             current = current_config(pools, owner, job.allocation) if job.running else None
             penalty = state.restart_penalty if job.restart_penalty is None else job.restart_penalty
             factor = restart_factor(now - job.submit_time, job.num_restarts, penalty)
+            if free_starts and not job.running:
+                factor = 1.0
             triples.append((job, current, factor))
         rows = job_rows(triples, columns, names, limits, self._memo)
         return Matrix(columns, rows, names, free, pinned)

@@ -24,14 +24,24 @@ with a relative gap of 1e-4 (the artifact's CBC used 0.01%) and a time
 limit; on the limit, the best solution found so far is used, else the
 caller's fallback (each job kept in its current configuration) when it
 satisfies the rows, else nothing. The LP is solved without HiGHS's
-presolve, which costs more than it saves there; the ILP keeps it (without
-it, HiGHS 1.12 sometimes writes a debugging line to stdout, measured on
-Sia's trace, where `gpuq sim --json` prints its results).
+presolve, which costs more than it saves there; the ILP keeps it.
+
+HiGHS (as scipy 1.17 ships it) sometimes writes a debugging line
+("HighsMipSolverData::transformNewIntegerFeasibleSolution ...") straight to
+file descriptor 1 while solving an ILP, where `gpuq sim --json` prints its
+results; `quiet_stdout` points that descriptor at /dev/null for the ILP
+only, under a lock (gpuq writes nothing to stdout from another thread
+while a policy decides).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,19 +125,41 @@ def select(
         if np.all((x < INTEGRAL) | (x > 1 - INTEGRAL)):
             chosen[useful] = x > 0.5
             return Selection(chosen, True, "the LP relaxation is integral")
-    result = milp(
-        c[useful],
-        integrality=np.ones(useful.size),
-        bounds=Bounds(0, 1),
-        constraints=constraints,
-        options={"disp": False, "mip_rel_gap": MIP_GAP, "time_limit": time_limit},
-    )
+    with quiet_stdout():
+        result = milp(
+            c[useful],
+            integrality=np.ones(useful.size),
+            bounds=Bounds(0, 1),
+            constraints=constraints,
+            options={"disp": False, "mip_rel_gap": MIP_GAP, "time_limit": time_limit},
+        )
     if result.x is not None:
         chosen[useful] = np.asarray(result.x) > 0.5
         return Selection(chosen, bool(result.status == 0), str(result.message))
     if fallback is not None and _feasible(jobs, fallback, usage, capacity):
         return Selection(fallback.copy(), False, f"{result.message}; kept current configurations")
     return Selection(chosen, False, str(result.message))
+
+
+_QUIET = threading.Lock()
+
+
+@contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """File descriptor 1 goes to /dev/null inside (the module docstring says why)."""
+    with _QUIET:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, 1)
+            finally:
+                os.close(null)
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _feasible(jobs: IntArray, pick: BoolArray, usage: csr_array, capacity: FloatArray) -> bool:
