@@ -107,6 +107,8 @@ def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:
         (["-p", "fifo", "-w", "workload-1", "--nodes", "0"], "--nodes"),
         (["-p", "fifo", "-w", "workload-1", "--interference", "1"], "--interference"),
         (["-p", "fifo", "-w", "workload-1", "--jobs", "0"], "--jobs"),
+        (["-p", "sia", "-w", "workload-1", "--cluster", "sia", "--nodes", "4"], "cannot go with"),
+        (["-p", "sia", "-w", "workload-1", "--cluster", "nope"], "no cluster file or bundled"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_hint(args: list[str], message: str) -> None:
@@ -177,3 +179,13 @@ def test_the_command_tree_loads_the_simulator_only_when_sim_runs() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_mixed_cluster_runs_each_job_on_its_types_tables(tiny: str) -> None:
+    result = sim("-p", "sia", "-w", tiny, "--cluster", "phoebe", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["settings"]["cluster"] == (
+        "3x8 RTX2080Ti + 2x8 A100 + 1x4 RTX6000 (44 GPUs, sia tables)"
+    )
+    assert document["results"]["sia"]["jobs"] == 3
