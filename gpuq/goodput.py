@@ -304,6 +304,85 @@ class GoodputFunction:
         return best_goodput, best_local, best_accum
 
 
+def optimize_many(
+    models: Sequence[GoodputFunction],
+    nodes: Values,
+    replicas: Values,
+    max_batch_sizes: Sequence[int | None],
+    local_bsz_bounds: Sequence[tuple[int, int] | None],
+    accumulation: bool = False,
+) -> FloatArray:
+    """`GoodputFunction.optimize`'s best goodput for many models at once: shape (models, pairs).
+
+    Row i equals `models[i].optimize(nodes, replicas, max_batch_sizes[i],
+    local_bsz_bounds[i], accumulation)[0]` (the same arithmetic, broadcast
+    over a leading axis of models), for the (nodes, replicas) pairs given
+    as two equally long 1-D arrays. Why: a scheduler that asks for every
+    job's goodput on the same configurations does so in one pass, not one
+    call per job.
+    """
+    count = len(models)
+    n = np.asarray(nodes, dtype=np.int64).ravel()
+    k = np.asarray(replicas, dtype=np.int64).ravel()
+    if count == 0:
+        return np.zeros((0, n.size))
+    if n.size != k.size or np.any(n < 1) or np.any(n > k):
+        raise ValueError(
+            "optimize_many needs equally long nodes and replicas, 1 <= nodes <= replicas"
+        )
+    m0 = np.array([model.init_batch_size for model in models], dtype=np.int64)
+    max_batch = np.array(
+        [m if m is not None else int(b) for m, b in zip(max_batch_sizes, m0, strict=True)],
+        dtype=np.int64,
+    )
+    if np.any(max_batch < m0):
+        raise ValueError("a max_batch_size is below its init_batch_size")
+    lows, highs = [], []
+    for bounds, top in zip(local_bsz_bounds, max_batch, strict=True):
+        low, high = (1, int(top)) if bounds is None else bounds
+        if not 1 <= low <= high:
+            raise ValueError(f"local_bsz_bounds must satisfy 1 <= low <= high: {bounds}")
+        lows.append(low)
+        highs.append(high)
+    column = (slice(None), None)  # models down the first axis, pairs along the second
+    min_local = np.array(lows, dtype=np.int64)[column]
+    max_local = np.array(highs, dtype=np.int64)[column]
+    m0_, max_b = m0[column], max_batch[column]
+
+    def per_model(name: str, source: str = "perf") -> FloatArray:
+        values = [getattr(getattr(model, source), name) for model in models]
+        return np.array(values, dtype=np.float64)[column]
+
+    smallest = np.maximum(m0_, min_local * k).astype(np.float64)  # (models, pairs)
+    steps = np.linspace(0.0, 1.0, CANDIDATES)[:, None, None]
+    local = smallest * (max_b / smallest) ** steps / k  # (candidates, models, pairs)
+    if accumulation:
+        accum = np.maximum(np.ceil(local / max_local - _EPS) - 1, 0)
+        one_gpu_above_m0 = (k == 1) & (local > m0_ + _EPS)
+        accum = np.where(one_gpu_above_m0, np.maximum(accum, 1), accum).astype(np.int64)
+    else:
+        accum = np.zeros(local.shape, dtype=np.int64)
+    local_bsz = np.ceil(local / (accum + 1) - _EPS).astype(np.int64)
+    local_bsz = np.minimum(local_bsz, max_b // (k * (accum + 1)))
+    m = np.maximum(local_bsz, 1)
+    compute = per_model("alpha_c") + per_model("beta_c") * m.astype(np.float64)
+    retrogression = np.maximum(k - 2, _EPS)
+    across = per_model("alpha_n") + per_model("beta_n") * retrogression
+    within = per_model("alpha_r") + per_model("beta_r") * retrogression
+    sync = np.where(n > 1, across, np.where(k > 1, within, 0.0))
+    high, low = np.maximum(compute, sync), np.minimum(compute, sync)
+    ratio = np.divide(low, high, out=np.zeros_like(high), where=high > 0)
+    gamma = per_model("gamma")
+    step = accum * compute + high * (1.0 + ratio**gamma) ** (1.0 / gamma)
+    batch = (k * m * (accum + 1)).astype(np.float64)
+    var, sqr = per_model("var", "grad"), per_model("sqr", "grad")
+    denom = var / (batch / m0_) + sqr
+    gain = np.divide(var + sqr, denom, out=np.ones_like(denom), where=denom > 0)
+    goodput = batch / step * (gain * m0_ / batch)
+    valid = (min_local <= local_bsz) & (local_bsz <= max_local)
+    return np.asarray(np.where(valid, goodput, 0.0).max(axis=0), dtype=np.float64)
+
+
 @dataclass(frozen=True, slots=True)
 class _Samples:
     """Measurements in the form the fit objective uses them."""

@@ -544,3 +544,29 @@ def test_importing_the_model_does_not_import_scipy() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     modules = {name.split(".")[0] for name in json.loads(out.stdout)}
     assert modules.isdisjoint({"scipy", "torch", "pandas"})
+
+
+def test_optimize_many_gives_each_models_own_optimize_exactly() -> None:
+    from gpuq.goodput import optimize_many
+
+    rng = np.random.default_rng(7)
+    models, max_batches, bounds = [], [], []
+    for _ in range(40):
+        a_c, b_c, a_n, b_n, a_r, b_r = (float(v) for v in rng.uniform(1e-3, 0.2, 6))
+        perf = PerfParams(a_c, b_c, a_n, b_n, a_r, b_r, float(rng.uniform(1, 3)))
+        grad = GradParams(float(rng.uniform(0, 5)), float(rng.uniform(0, 50)))
+        m0 = int(rng.choice([32, 64, 128]))
+        models.append(GoodputFunction(perf, grad, m0))
+        max_batches.append(None if rng.random() < 0.2 else int(m0 * rng.choice([1, 8, 64])))
+        bounds.append(None if rng.random() < 0.2 else (int(rng.choice([1, 4])), 64))
+    nodes, replicas = np.array([1, 1, 1, 2, 3, 1]), np.array([1, 2, 8, 8, 12, 3])
+    for accumulation in (False, True):
+        many = optimize_many(models, nodes, replicas, max_batches, bounds, accumulation)
+        one = [
+            m.optimize(nodes, replicas, b, lb, accumulation=accumulation)[0]
+            for m, b, lb in zip(models, max_batches, bounds, strict=True)
+        ]
+        assert np.array_equal(many, np.array(one))
+    assert optimize_many([], nodes, replicas, [], []).shape == (0, 6)
+    with pytest.raises(ValueError, match="1 <= nodes <= replicas"):
+        optimize_many(models[:1], [2], [1], [None], [None])

@@ -743,3 +743,15 @@ def test_gpuq_sizes_by_type_where_the_gpus_are_of_several_types() -> None:
 def test_gpuq_refuses_an_unknown_types_option() -> None:
     with pytest.raises(UsageError, match="types must be one of aware, unaware"):
         get_policy("gpuq:types=maybe")
+
+
+def test_curves_prefilled_together_equal_curves_evaluated_one_by_one() -> None:
+    models = [model(speed) for speed in (1.0, 2.5, 4.0)] + [POOR, MODEST]
+    jobs = [job(i, m) for i, m in enumerate(models)]
+    nodes_, gpus = np.array([1, 1, 1, 2]), np.array([1, 2, 4, 8])
+    together, alone = GoodputMemo(), GoodputMemo()
+    curves = [together.curve(j, m, (1, 64)) for j, m in zip(jobs, models, strict=True)]
+    together.prefill((curve, 0, 0, nodes_, gpus) for curve in curves)
+    for j, m, curve in zip(jobs, models, curves, strict=True):
+        expected = alone.curve(j, m, (1, 64)).values(nodes_, gpus)
+        assert np.array_equal(curve.standard(0, 0, nodes_, gpus), expected)

@@ -29,12 +29,12 @@ standard configurations of each type, by cluster shape.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuq.goodput import GoodputFunction
+from gpuq.goodput import GoodputFunction, optimize_many
 from gpuq.policies.interface import JobView
 
 FloatArray = NDArray[np.float64]
@@ -126,10 +126,13 @@ class Curve:
         if not self.adaptive:
             batch = self.batch_size or model.init_batch_size
             return fixed_batch_goodput(model, nodes, gpus, batch, self.max_batch_size, self.bounds)
-        init = model.init_batch_size
-        max_batch = max(self.max_batch_size, init) if self.max_batch_size else None
-        best = model.optimize(nodes, gpus, max_batch, self.bounds, accumulation=True)[0]
+        best = model.optimize(nodes, gpus, self.max_batch(), self.bounds, accumulation=True)[0]
         return np.asarray(best, dtype=np.float64)
+
+    def max_batch(self) -> int | None:
+        """The largest total batch an adaptive job may pick (None: its M0)."""
+        init = self.model.init_batch_size
+        return max(self.max_batch_size, init) if self.max_batch_size else None
 
 
 def _clean(values: FloatArray) -> FloatArray:
@@ -153,6 +156,36 @@ class GoodputMemo:
     def start_decision(self) -> None:
         """Forget the curves no job used in the decision that just ended."""
         self._previous, self._current = self._current, {}
+
+    def prefill(self, wanted: Iterable[tuple[Curve, int, int, IntArray, IntArray]]) -> None:
+        """Evaluate the standard columns of many adaptive curves at once.
+
+        `wanted` holds (curve, token, type, nodes, GPUs) as `Curve.standard`
+        takes them; those not yet known are computed together, one
+        `optimize_many` per (token, type), with the values `standard` would
+        give one by one. Why: when most jobs' models changed since the last
+        decision (each refit), one call per job and type dominates.
+        """
+        groups: dict[tuple[int, int], dict[int, Curve]] = {}
+        shapes: dict[tuple[int, int], tuple[IntArray, IntArray]] = {}
+        for curve, token, kind, nodes, gpus in wanted:
+            key = (token, kind)
+            if curve.adaptive and key not in curve._standard:
+                groups.setdefault(key, {})[id(curve)] = curve
+                shapes[key] = (nodes, gpus)
+        for key, members in groups.items():
+            nodes, gpus = shapes[key]
+            curves = list(members.values())
+            best = optimize_many(
+                [curve.model for curve in curves],
+                nodes,
+                gpus,
+                [curve.max_batch() for curve in curves],
+                [curve.bounds for curve in curves],
+                accumulation=True,
+            )
+            for curve, row in zip(curves, best, strict=True):
+                curve._standard[key] = _clean(row)
 
     def curve(self, job: JobView, model: GoodputFunction, bounds: tuple[int, int]) -> Curve:
         """The job's curve for `model` with `bounds` (a fresh one if new)."""

@@ -101,6 +101,12 @@ def job_rows(
     and current shape are standard configurations (nearly all), are done
     together as (jobs x standard columns) matrices; the rest by `job_row`.
     """
+    memo.prefill(
+        (memo.curve(job, model, bounds), columns.token, kind, *columns.standard_shapes[kind])
+        for job, _, _ in jobs
+        for kind, (model, bounds) in enumerate(model_on(job, t) for t in columns.types)
+        if model is not None
+    )
     size = columns.standard
     pool, nodes, gpus, fits = (array[:size] for array in columns.arrays())
     rows: list[Row | None] = [None] * len(jobs)
