@@ -42,12 +42,10 @@ from typing import Any
 
 from gpuq.errors import UsageError
 from gpuq.policies.interface import NodeView
+from gpuq.sim.apps import GPU_TYPES
 
-TABLE_TYPES: dict[str, tuple[str, ...]] = {
-    "pollux": ("T4",),
-    "sia": ("T4", "RTX2080Ti", "A100", "RTX6000"),
-}
-"""The GPU types each table set measured (`gpuq.sim.apps.GPU_TYPES`)."""
+TABLE_TYPES = GPU_TYPES
+"""The GPU types each table set measured."""
 
 CLUSTER_HINT = (
     "give a bundled cluster (pollux, sia, sia-t4, phoebe) or a TOML file of "
