@@ -172,7 +172,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -192,7 +192,9 @@ from gpuq.policies.pollux.policy import (
     load_population,
 )
 from gpuq.policies.pollux.search import SearchProblem
-from gpuq.policies.sia.policy import SiaPolicy
+
+if TYPE_CHECKING:
+    from gpuq.policies.sia.policy import SiaPolicy
 
 STARTS = ("idle", "free", "charged")
 """When starting a waiting job is free of Pollux's restart charge (module docstring)."""
@@ -245,7 +247,10 @@ class GpuqPolicy(PolluxPolicy):
             raise ValueError(f"types must be one of {', '.join(TYPES)}, not {types!r}")
         self.starts = starts
         self.types = types
-        self._typed = SiaPolicy(p=typed_p, starts=starts)
+        if not math.isfinite(typed_p) or typed_p == 0:
+            raise ValueError(f"typed_p must be finite and non-zero, got {typed_p}")
+        self.typed_p = typed_p
+        self._typed: SiaPolicy | None = None  # built on the first decision over several types
         self.remaining_aware = remaining_aware
         self.timeslice = timeslice
         on = timeslice != "off"
@@ -284,6 +289,11 @@ class GpuqPolicy(PolluxPolicy):
         """
         kinds = {node.gpu_type for node in state.nodes if node.gpus}
         if self.types == "aware" and len(kinds) > 1:
+            if self._typed is None:
+                # Here: scipy's solver loads only where GPUs of several types are sized.
+                from gpuq.policies.sia.policy import SiaPolicy
+
+                self._typed = SiaPolicy(p=self.typed_p, starts=self.starts)
             return self._typed.decide(state, now)
         self._previous = self._populations.get(priority)
         solution = self.solve(state, now)
