@@ -149,6 +149,7 @@ class SimJob:
     """The simulator's mutable record of one job (see the module docstring)."""
 
     __slots__ = (
+        "_by_type",
         "_fit_memo",
         "_goodput",
         "_grad_noise",
@@ -222,6 +223,7 @@ class SimJob:
         self._merged: PerfParams | None = None
         self._grad_noise = grad_noise
         self._goodput: GoodputFunction | None = None
+        self._by_type: dict[str, GoodputFunction] = {}
         self._rate: float | None = None
         self._stale = False
 
@@ -286,7 +288,12 @@ class SimJob:
         perf = self.perfs.get(kind) if self.typed else self.perf
         if perf is None:
             return None
-        return GoodputFunction(perf, self._grad(), self.app.init_batch_size)
+        grad = self._grad()
+        cached = self._by_type.get(kind)
+        if cached is None or cached.perf is not perf or cached.grad != grad:
+            cached = GoodputFunction(perf, grad, self.app.init_batch_size)
+            self._by_type[kind] = cached
+        return cached
 
     def remaining_iterations(self) -> float:
         """Oracle: iterations at the job's target batch size until completion."""
