@@ -94,9 +94,14 @@ class LogsConfig:
 
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
-    """The `[client]` section: how long a command waits for the daemon."""
+    """The `[client]` section: how long a command waits for the daemon, and which daemon.
+
+    `daemon`: "auto" uses the lab's system daemon where its socket exists
+    and this user's own daemon otherwise; "lab" or "personal" forces one.
+    """
 
     timeout: float = 10.0
+    daemon: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +137,44 @@ class ClusterConfig:
     """
 
 
+LAB_SOCKET = Path("/run/gpuq/gpuq.sock")
+"""Where the lab's system daemon listens (`[lab] socket` or `$GPUQ_LAB_SOCKET` moves it)."""
+LAB_SOCKET_ENV = "GPUQ_LAB_SOCKET"
+"""Environment variable naming the lab daemon's socket (tests run one on a private path)."""
+DAEMON_ENV = "GPUQ_DAEMON"
+"""Environment variable choosing the daemon a command talks to: auto, lab or personal."""
+DAEMON_CHOICES = ("auto", "lab", "personal")
+
+
+@dataclass(frozen=True, slots=True)
+class LabConfig:
+    """The `[lab]` section: one system daemon shared by the lab's users.
+
+    `enabled` makes this daemon the lab's: it accepts every local user
+    (identity from the kernel, SO_PEERCRED), runs each job as its owner, and
+    applies `admins` (user names, or `@group`), the per-user limits (0: no
+    limit), fair share (each user's `shares`, default 1, against usage
+    decayed with `half_life`) and `hide_others` (other users' job names and
+    commands shown as "-").
+    """
+
+    enabled: bool = False
+    socket: Path = LAB_SOCKET
+    admins: tuple[str, ...] = ()
+    hide_others: bool = False
+    max_gpus: int = 0
+    max_running: int = 0
+    max_queued: int = 0
+    half_life: float = 7 * 86400.0
+    shares: tuple[tuple[str, float], ...] = ()
+    audit_keep: float = 90 * 86400.0
+    """Seconds an audit entry is kept."""
+
+    def share_of(self, user: str) -> float:
+        """The user's configured share (1 for a user the table does not name)."""
+        return dict(self.shares).get(user, 1.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration; `source` is the file it came from (None: built-in defaults)."""
@@ -143,6 +186,7 @@ class Config:
     client: ClientConfig = ClientConfig()
     logs: LogsConfig = LogsConfig()
     cluster: ClusterConfig = ClusterConfig()
+    lab: LabConfig = LabConfig()
     source: Path | None = None
 
 
@@ -168,6 +212,18 @@ _EXPECTED: dict[str, str] = {
     "defaults.gpus": "a whole number, 0 or more",
     "logs.max_size": 'a size of 4K or more, such as "1G" (past it, the middle of a log is '
     "dropped, with a marker), or 0 for no limit",
+    "lab.enabled": "true or false",
+    "lab.socket": "a socket path (default /run/gpuq/gpuq.sock)",
+    "lab.admins": 'a list of user names and @groups, such as ["alice", "@gpuadmin"]',
+    "lab.hide_others": "true or false",
+    "lab.max_gpus": "a whole number, 0 (no limit) or more",
+    "lab.max_running": "a whole number, 0 (no limit) or more",
+    "lab.max_queued": "a whole number, 0 (no limit) or more",
+    "lab.half_life": 'seconds, more than 0, or a duration such as "7d"',
+    "lab.shares": "a table of user names to shares (numbers more than 0), such as "
+    "{ alice = 2, bob = 1 }",
+    "lab.audit_keep": 'seconds, more than 0, or a duration such as "90d"',
+    "client.daemon": '"auto" (the lab daemon where one runs), "lab" or "personal"',
     "client.timeout": "seconds of silence from the daemon before a command gives up, more than 2 "
     '(a number or a duration such as "30s")',
     "gpus.backend": " or ".join(map(repr, BACKEND_KINDS)),
@@ -459,7 +515,7 @@ def _short_hostname() -> str:
 
 def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str]) -> Config:
     """Validate parsed TOML `data` into a Config (defaults for what is absent)."""
-    sections = ("daemon", "scheduler", "defaults", "gpus", "client", "logs", "cluster")
+    sections = ("daemon", "scheduler", "defaults", "gpus", "client", "logs", "cluster", "lab")
     for section in data:
         if section not in sections:
             raise _unknown(section, section, sections, source)
@@ -487,10 +543,80 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
             time_limit=defaults.get("time_limit", d.time_limit, _positive_duration),
             gpus=defaults.get("gpus", d.gpus, _integer(0)),
         ),
-        client=ClientConfig(timeout=client.get("timeout", ClientConfig().timeout, _client_timeout)),
+        client=ClientConfig(
+            timeout=client.get("timeout", ClientConfig().timeout, _client_timeout),
+            daemon=_daemon_choice(env) or client.get("daemon", "auto", _choice(DAEMON_CHOICES)),
+        ),
         logs=LogsConfig(max_size=logs.get("max_size", LogsConfig().max_size, _log_size)),
         cluster=_cluster(data.get("cluster", {}), source, path),
+        lab=_lab(data.get("lab", {}), source, path, env),
         source=source,
+    )
+
+
+def _choice(choices: tuple[str, ...]) -> Converter[str]:
+    return _instance(str, lambda value: value in choices)
+
+
+def _daemon_choice(env: Mapping[str, str]) -> str | None:
+    """`$GPUQ_DAEMON`, validated (it overrides `client.daemon`)."""
+    value = env.get(DAEMON_ENV, "")
+    if not value:
+        return None
+    if value not in DAEMON_CHOICES:
+        raise ConfigError(
+            f"{DAEMON_ENV}={value!r} is not a daemon choice",
+            f"use one of {', '.join(DAEMON_CHOICES)}",
+        )
+    return value
+
+
+_USER_RE = re.compile(r"@?[A-Za-z0-9_][A-Za-z0-9._-]*\$?")
+
+
+def _admins(value: object) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and _USER_RE.fullmatch(v) for v in value
+    ):
+        return None
+    return tuple(value)
+
+
+def _shares(value: object) -> tuple[tuple[str, float], ...] | None:
+    if not isinstance(value, dict):
+        return None
+    out = []
+    for user, share in value.items():
+        if (
+            not _USER_RE.fullmatch(user)
+            or user.startswith("@")
+            or not isinstance(share, int | float)
+            or isinstance(share, bool)
+            or not share > 0
+        ):
+            return None
+        out.append((user, float(share)))
+    return tuple(sorted(out))
+
+
+def _lab(
+    data: object, source: Path | None, path: Converter[Path], env: Mapping[str, str]
+) -> LabConfig:
+    """The `[lab]` section; `$GPUQ_LAB_SOCKET` overrides its socket."""
+    table = _Table(data, "lab", source)
+    d = LabConfig()
+    socket = _env_dir(env, LAB_SOCKET_ENV) or table.get("socket", d.socket, path)
+    return LabConfig(
+        enabled=table.get("enabled", d.enabled, _instance(bool)),
+        socket=socket,
+        admins=table.get("admins", d.admins, _admins),
+        hide_others=table.get("hide_others", d.hide_others, _instance(bool)),
+        max_gpus=table.get("max_gpus", d.max_gpus, _integer(0)),
+        max_running=table.get("max_running", d.max_running, _integer(0)),
+        max_queued=table.get("max_queued", d.max_queued, _integer(0)),
+        half_life=table.get("half_life", d.half_life, _positive_duration),
+        shares=table.get("shares", d.shares, _shares),
+        audit_keep=table.get("audit_keep", d.audit_keep, _positive_duration),
     )
 
 

@@ -10,6 +10,11 @@ Variables for the `gpuq` command itself (not set in jobs):
 - ``GPUQ_CONFIG``: path of the TOML configuration file.
 - ``GPUQ_STATE_DIR``: overrides ``[daemon] state_dir`` (database, job dirs).
 - ``GPUQ_RUNTIME_DIR``: overrides ``[daemon] runtime_dir`` (socket, lock).
+- ``GPUQ_DAEMON``: which daemon a command talks to: ``auto`` (the lab's
+  system daemon where its socket exists), ``lab`` or ``personal``;
+  overrides ``[client] daemon``.
+- ``GPUQ_LAB_SOCKET``: overrides ``[lab] socket``, where the lab's system
+  daemon listens (default /run/gpuq/gpuq.sock).
 """
 
 from __future__ import annotations

@@ -113,7 +113,9 @@ class JobSpec:
     job (`--nodes N`): one process on each of that many servers, each with
     `gpus / node_count` whole GPUs, started, stopped and ended together.
     `gpu_types` (`--gpu-type`): only on GPUs of one of these types
-    (`gpuq.gputypes`; empty: any).
+    (`gpuq.gputypes`; empty: any). `uid` is the owner's user id, set by the
+    daemon from the submitting process's credentials (SO_PEERCRED), never
+    from the request; in lab mode the job runs as that user.
     """
 
     command: tuple[str, ...]
@@ -144,6 +146,7 @@ class JobSpec:
     labels: tuple[str, ...] = ()
     node_count: int = 1
     gpu_types: tuple[str, ...] = ()
+    uid: int | None = None
 
     @property
     def multi_node(self) -> bool:
