@@ -422,6 +422,7 @@ def test_config_to_dict_is_json_ready(tmp_path: Path, env: dict[str, str]) -> No
         "client",
         "logs",
         "cluster",
+        "lab",
         "source",
     }
 
