@@ -119,6 +119,27 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
         );
         """,
     ),
+    (
+        "0005_lab",
+        """
+        CREATE TABLE audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            time REAL NOT NULL,
+            uid INTEGER NOT NULL,
+            user TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL DEFAULT '',
+            ok INTEGER NOT NULL,
+            message TEXT NOT NULL DEFAULT ''
+        );
+        CREATE INDEX audit_by_time ON audit(time);
+        CREATE TABLE user_usage (
+            user TEXT PRIMARY KEY,
+            usage REAL NOT NULL,
+            updated REAL NOT NULL
+        );
+        """,
+    ),
 )
 
 

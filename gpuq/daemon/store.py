@@ -87,6 +87,33 @@ class SuspendRecord:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One request to a lab daemon: who (kernel-given uid), when, what, on what, and the outcome."""
+
+    id: int
+    time: float
+    uid: int
+    user: str
+    action: str
+    target: str
+    ok: bool
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented `gpuq audit --json` object."""
+        return {
+            "id": self.id,
+            "time": self.time,
+            "uid": self.uid,
+            "user": self.user,
+            "action": self.action,
+            "target": self.target,
+            "ok": self.ok,
+            "message": self.message,
+        }
+
+
 class Store:
     """Typed access to jobs, their events, metrics samples, suspends and memory peaks."""
 
@@ -362,6 +389,60 @@ class Store:
                 "INSERT INTO policy_state (policy, state, saved) VALUES (?,?,?) "
                 "ON CONFLICT(policy) DO UPDATE SET state=excluded.state, saved=excluded.saved",
                 (policy, saved, now),
+            )
+
+    def add_audit(
+        self, now: float, uid: int, user: str, action: str, target: str, ok: bool, message: str
+    ) -> None:
+        """Record one request in the audit log (committed before the reply is sent)."""
+        with self._transaction():
+            self._conn.execute(
+                "INSERT INTO audit (time, uid, user, action, target, ok, message) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (now, uid, user, action, target[:500], int(ok), message[:2000]),
+            )
+
+    def audit(
+        self, *, uid: int | None = None, since: float | None = None, limit: int = 1000
+    ) -> list[AuditEntry]:
+        """The newest `limit` audit entries (of `uid` only, and from `since`), oldest first."""
+        where: list[str] = []
+        args: list[float] = []
+        if uid is not None:
+            where.append("uid=?")
+            args.append(uid)
+        if since is not None:
+            where.append("time>=?")
+            args.append(since)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._conn.execute(
+            "SELECT id, time, uid, user, action, target, ok, message FROM audit "  # noqa: S608
+            f"{clause} ORDER BY id DESC LIMIT ?",
+            (*args, limit),
+        ).fetchall()
+        return [
+            AuditEntry(int(r[0]), float(r[1]), int(r[2]), r[3], r[4], r[5], bool(r[6]), r[7])
+            for r in reversed(rows)
+        ]
+
+    def prune_audit(self, before: float) -> int:
+        """Drop audit entries older than `before`; returns how many."""
+        with self._transaction():
+            cur = self._conn.execute("DELETE FROM audit WHERE time < ?", (before,))
+        return int(cur.rowcount)
+
+    def user_usage(self) -> dict[str, tuple[float, float]]:
+        """Each user's decayed GPU-seconds of usage and when it was last updated."""
+        rows = self._conn.execute("SELECT user, usage, updated FROM user_usage").fetchall()
+        return {str(r[0]): (float(r[1]), float(r[2])) for r in rows}
+
+    def save_user_usage(self, usage: dict[str, float], now: float) -> None:
+        """Replace the users' decayed usage, all as of `now`, in one transaction."""
+        with self._transaction():
+            self._conn.execute("DELETE FROM user_usage")
+            self._conn.executemany(
+                "INSERT INTO user_usage (user, usage, updated) VALUES (?,?,?)",
+                [(user, value, now) for user, value in sorted(usage.items())],
             )
 
     def policy_state(self, policy: str) -> str | None:
