@@ -20,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,45 @@ START_TIMEOUT = 15.0
 
 
 def socket_path(config: Config) -> Path:
-    """The daemon socket of this configuration."""
-    return config.daemon.runtime_dir / SOCKET_NAME
+    """The socket the daemon of this configuration listens on (a lab daemon's: `[lab] socket`)."""
+    return config.lab.socket if config.lab.enabled else config.daemon.runtime_dir / SOCKET_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonChoice:
+    """The daemon a command talks to: its socket, whether it is the lab's, and a note for stderr."""
+
+    path: Path
+    lab: bool
+    notice: str | None = None
+
+
+def choose_daemon(config: Config) -> DaemonChoice:
+    """The lab's system daemon where its socket exists (or the config says so), else one's own.
+
+    `[client] daemon` (or `$GPUQ_DAEMON`) forces one. When both sockets
+    exist the choice comes with a notice saying so and how to pick the other.
+    """
+    personal = config.daemon.runtime_dir / SOCKET_NAME
+    lab = config.lab.socket
+    if config.lab.enabled or config.client.daemon == "lab":
+        return DaemonChoice(lab, lab=True)
+    if config.client.daemon == "personal" or not _is_socket(lab):
+        return DaemonChoice(personal, lab=False)
+    notice = None
+    if _is_socket(personal):
+        notice = (
+            f"using the lab daemon ({lab}); your personal daemon ({personal}) also runs: "
+            'GPUQ_DAEMON=personal (or [client] daemon = "personal") talks to it'
+        )
+    return DaemonChoice(lab, lab=True, notice=notice)
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def daemon_log_path(config: Config) -> Path:
@@ -88,6 +127,8 @@ class Client:
         self._timeout = timeout
         self._path = path
         self._hello = hello
+        self.notice: str | None = None
+        """Something the user should know about the daemon chosen (`choose_daemon`)."""
 
     @property
     def hello(self) -> dict[str, Any]:
@@ -115,10 +156,12 @@ class Client:
         `timeout` (default: the config's `[client] timeout`) bounds every
         wait for the daemon: connecting, and each reply or heartbeat.
         """
-        path = socket_path(config)
+        choice = choose_daemon(config)
         seconds = config.client.timeout if timeout is None else timeout
         sock = connect_socket(config, autostart=autostart, timeout=seconds)
-        return cls._greet(sock, seconds, path)
+        client = cls._greet(sock, seconds, choice.path)
+        client.notice = choice.notice
+        return client
 
     @classmethod
     def _open(cls, path: Path, timeout: float) -> Client:
@@ -228,7 +271,10 @@ def connect_socket(config: Config, *, autostart: bool = True, timeout: float) ->
     `Client.connect` sends the handshake on it; `gpuq bridge` relays bytes
     through it, and the client at the bridge's other end sends its own.
     """
-    path = socket_path(config)
+    choice = choose_daemon(config)
+    if choice.lab:
+        return open_lab_socket(choice.path, timeout)
+    path = choice.path
     try:
         return open_socket(path, timeout)
     except (FileNotFoundError, ConnectionRefusedError):
@@ -277,6 +323,72 @@ def open_socket(path: Path, timeout: float) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def open_lab_socket(path: Path, timeout: float) -> socket.socket:
+    """Connect to the lab's system daemon at `path`; nothing sent.
+
+    Its directory must be root's (or this user's) and writable by no one
+    else, and the listener must be root (or this user, for a test lab),
+    so nobody can stand in for the lab daemon. It is never started here.
+    """
+    _check_lab_dir(path.parent)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+        _check_lab_listener(sock, path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
+        raise DaemonUnavailable(
+            f"the lab daemon is not running ({path})",
+            "ask the lab's admin (systemctl status gpuq); GPUQ_DAEMON=personal uses your own "
+            "daemon instead",
+        ) from None
+    except TimeoutError:
+        sock.close()
+        raise _timed_out(path, timeout) from None
+    except OSError as exc:
+        sock.close()
+        raise DaemonUnavailable(
+            f"cannot talk to the lab daemon on {path}: {exc.strerror or exc}",
+            "ask the lab's admin; gpuq doctor checks the set-up",
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _check_lab_listener(sock: socket.socket, path: Path) -> None:
+    """Refuse a lab socket whose listener is neither root nor this user."""
+    uid = peer_uid(sock)
+    if uid not in (0, os.getuid()):
+        raise DaemonUnavailable(
+            f"the process listening on {path} runs as uid {uid}, not as root; "
+            "nothing was sent to it",
+            "the lab daemon runs as root: tell the lab's admin",
+        )
+
+
+def _check_lab_dir(directory: Path) -> None:
+    """Refuse a lab socket directory that someone other than root (or us) could have made."""
+    try:
+        info = directory.lstat()
+    except FileNotFoundError:
+        return  # no daemon: connecting says so
+    except OSError as exc:
+        raise DaemonUnavailable(f"cannot inspect {directory}: {exc.strerror}") from None
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid not in (0, os.getuid())
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise DaemonUnavailable(
+            f"{directory} is not a directory of root's that only root can write: "
+            "refusing to use a lab socket in it",
+            "someone may be standing in for the lab daemon: tell the lab's admin",
+        )
 
 
 def _check_not_squatted(path: Path) -> None:

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     PROTOCOL = 6  # version mismatch or malformed reply
     STATE = 7  # state directory or database problem
     TIMEOUT = 8  # a wait ran out of time
+    PERMISSION = 9  # the caller may not do this (lab mode: another user's job, admins only)
 
 
 class GpuqError(Exception):
@@ -108,6 +109,13 @@ class WaitTimeout(GpuqError):
     exit_code = ExitCode.TIMEOUT
 
 
+class PermissionDenied(GpuqError):
+    """The caller may not do this: another user's job, or an action for admins only."""
+
+    code = "permission"
+    exit_code = ExitCode.PERMISSION
+
+
 class ConfigError(UsageError):
     """The configuration file is invalid."""
 
@@ -127,6 +135,7 @@ _BY_CODE: dict[str, type[GpuqError]] = {
         StateError,
         GpuUnavailable,
         WaitTimeout,
+        PermissionDenied,
         ConfigError,
     )
 }

@@ -216,6 +216,19 @@ class Clean:
 
 
 @dataclass(frozen=True, slots=True)
+class Audit:
+    """The audit log of a lab daemon, newest `limit` entries (an admin's: everyone's).
+
+    `user` narrows it to one user (admins only: a user sees their own
+    entries); `since` to entries from that time.
+    """
+
+    user: str | None = None
+    since: float | None = None
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class Subscribe:
     """Turn the connection into a stream of job and GPU events."""
 
@@ -353,6 +366,7 @@ Request = (
     | Shutdown
     | Reload
     | Clean
+    | Audit
     | Subscribe
     | Migrate
     | NodeLaunch
@@ -385,6 +399,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "shutdown": Shutdown,
     "reload": Reload,
     "clean": Clean,
+    "audit": Audit,
     "subscribe": Subscribe,
     "migrate": Migrate,
     "node.launch": NodeLaunch,

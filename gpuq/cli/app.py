@@ -16,8 +16,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from gpuq.cli import cluster, migrate, render, replay, sim
-from gpuq.cli.common import ConfigOpt, JsonOpt
+from gpuq.cli import cluster, lab, migrate, render, replay, sim
+from gpuq.cli.common import ConfigOpt, JsonOpt, note
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
@@ -37,6 +37,8 @@ daemon_app = typer.Typer(help="Start, stop and inspect the gpuq daemon.", no_arg
 app.add_typer(daemon_app, name="daemon")
 app.add_typer(cluster.cluster_app, name="cluster")
 app.command("migrate")(migrate.migrate)
+app.add_typer(lab.lab_app, name="lab")
+app.command("audit")(lab.audit)
 
 
 def _print_version(value: bool) -> None:
@@ -82,7 +84,9 @@ T = TypeVar("T")
 def _client(config_path: str | None, autostart: bool = True) -> Any:
     from gpuq.client import Client
 
-    return Client.connect(load_config(config_path), autostart=autostart)
+    client = Client.connect(load_config(config_path), autostart=autostart)
+    note(client)
+    return client
 
 
 def _print_warnings(result: dict[str, Any]) -> None:

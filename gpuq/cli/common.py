@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -28,6 +29,12 @@ def run(json_mode: bool, body: Callable[[], int | None]) -> None:
     except GpuqError as exc:
         code = render_error(exc, json_mode)
     raise typer.Exit(code)
+
+
+def note(client: Any) -> None:
+    """Say on stderr which daemon a command talks to, where that is not obvious."""
+    if client.notice:
+        print(f"gpuq: {client.notice}", file=sys.stderr)
 
 
 def print_json(data: dict[str, Any]) -> None:

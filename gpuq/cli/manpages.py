@@ -45,6 +45,8 @@ EXIT_STATUS: dict[ExitCode, str] = {
     "message was malformed.",
     ExitCode.STATE: "The state directory or database is unusable (for example on NFS).",
     ExitCode.TIMEOUT: "A wait ran out of time (--timeout).",
+    ExitCode.PERMISSION: "Not allowed: on a lab daemon, another user's job, or an action for "
+    "the lab's admins only.",
 }
 """What each exit status of `gpuq` means (EXIT STATUS of every page)."""
 
@@ -133,6 +135,20 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("The GPUs it goes to, for a script.", "gpuq migrate --json 42 --to gpu2"),
     ),
     "priority": (("Move two queued jobs ahead of the others.", "gpuq priority 10 42 43"),),
+    "audit": (
+        ("What happened in the last hour, on a lab daemon.", "gpuq audit --since 1h"),
+        ("An admin reads one user's entries, for a script.", "gpuq audit --json --user alice"),
+    ),
+    "lab": (("Set up the lab daemon on a server.", "sudo gpuq lab install --admin @gpuadmin"),),
+    "lab install": (
+        (
+            "Install, start and check the lab daemon.",
+            "sudo gpuq lab install --admin @gpuadmin\n"
+            "sudo systemctl daemon-reload && sudo systemctl enable --now gpuq\n"
+            "gpuq doctor --config /etc/gpuq/config.toml",
+        ),
+        ("Write the files into a package's staging tree.", "gpuq lab install --root pkgroot"),
+    ),
     "wait": (
         ("Wait for two jobs and act on the result.", "gpuq wait 42 43 && echo all succeeded"),
         (
@@ -299,6 +315,8 @@ RELATED: dict[str, tuple[str, ...]] = {
     "suspend": ("resume",),
     "resume": ("suspend",),
     "migrate": ("suspend", "show", "cluster"),
+    "audit": ("lab",),
+    "lab": ("audit", "doctor"),
 }
 """Further pages for SEE ALSO, beyond gpuq(1) and the enclosing group."""
 

@@ -426,6 +426,8 @@ def submit_with_retry(
     for attempt in (1, 2):
         try:
             with Client.connect(config) as client:
+                if client.notice and attempt == 1:
+                    print(f"gpuq: {client.notice}", file=sys.stderr)
                 result = client.call("submit", spec=spec, array=indices, token=token)
             array_id = result.get("array_id")
             return [int(i) for i in result["ids"]], None if array_id is None else int(array_id)

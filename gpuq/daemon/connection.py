@@ -11,15 +11,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
-import struct
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpuq import __version__
+from gpuq.daemon import audit
 from gpuq.daemon.dispatch import dispatch
+from gpuq.daemon.identity import Caller, UnknownAccount, lab_caller, owner_caller, peer_credentials
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import GpuqError, ProtocolError
+from gpuq.errors import GpuqError, PermissionDenied, ProtocolError
 from gpuq.protocol import (
     HEARTBEAT_EVENT,
     HEARTBEAT_SECONDS,
@@ -40,9 +40,27 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     sock = writer.get_extra_info("socket")
     if sock is None:
         return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
+    return peer_credentials(sock)[1]
+
+
+def identify(state: DaemonState, writer: asyncio.StreamWriter) -> Caller:
+    """Who is at the other end, from the kernel; raises if they may not use this daemon.
+
+    A lab daemon serves every user with an account on this server; a
+    personal daemon only its own user.
+    """
+    uid = peer_uid(writer)
+    if state.config.lab.enabled and uid is not None:
+        try:
+            return lab_caller(uid, state.config.lab.admins)
+        except UnknownAccount as exc:
+            raise PermissionDenied(str(exc), "only users with an account here may use it") from None
+    if uid is not None and uid != os.getuid():
+        raise ProtocolError(
+            f"uid {uid} may not use this daemon (it belongs to uid {os.getuid()})",
+            "each user runs their own gpuq daemon",
+        )
+    return owner_caller()
 
 
 def check_hello(request: Request) -> None:
@@ -96,17 +114,10 @@ async def serve_connection(
         await writer.drain()
 
     try:
-        uid = peer_uid(writer)
-        if uid is not None and uid != os.getuid():
-            await send(
-                error_reply(
-                    None,
-                    ProtocolError(
-                        f"uid {uid} may not use this daemon (it belongs to uid {os.getuid()})",
-                        "each user runs their own gpuq daemon",
-                    ),
-                )
-            )
+        try:
+            caller = identify(state, writer)
+        except GpuqError as exc:
+            await send(error_reply(None, exc))
             return
         greeted = False
         while not state.should_exit.is_set():
@@ -144,7 +155,12 @@ async def serve_connection(
                         writer.write(encode({"id": rid, "event": {"type": HEARTBEAT_EVENT}}))
                     return not writer.is_closing()
 
-                result = await _with_heartbeats(dispatch(state, request, emit), beat)
+                try:
+                    result = await _with_heartbeats(dispatch(state, request, emit, caller), beat)
+                except GpuqError as exc:
+                    audit.record(state, caller, request, None, exc)
+                    raise
+                audit.record(state, caller, request, result, None)
                 await send({"id": request_id, "result": result})
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, assert_never
 
+from gpuq.daemon.access import require_admin
 from gpuq.daemon.handlers import (
     actions,
+    audit,
     clean,
     gpus,
     hello,
@@ -23,8 +25,10 @@ from gpuq.daemon.handlers import (
     subscribe,
     wait,
 )
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.protocol import (
+    Audit,
     Cancel,
     Clean,
     DaemonStatus,
@@ -60,23 +64,45 @@ from gpuq.protocol import (
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str, Any]:
-    """Run the handler for `request`; streaming handlers use `emit`."""
+async def dispatch(
+    state: DaemonState, request: Request, emit: Emit, caller: Caller
+) -> dict[str, Any]:
+    """Run the handler for `request` on behalf of `caller`; streaming handlers use `emit`.
+
+    Server-wide requests are refused here to anyone but a lab's admins
+    (`gpuq.daemon.access`); per-job rules live in the job handlers.
+    """
+    match request:
+        case Shutdown() | Reload():
+            require_admin(state.config, caller, "stop or reload the daemon")
+        case (
+            NodeLaunch()
+            | NodeSignal()
+            | NodeSync()
+            | NodeControl()
+            | NodeReceive()
+            | NodeCheck()
+            | NodeDirs()
+            | NodeRead()
+        ):
+            require_admin(state.config, caller, "send a server's node requests")
+        case _:
+            pass
     match request:
         case Hello():
             return hello.handle(state, request)
         case Submit():
-            return submit.handle(state, request)
+            return submit.handle(state, request, caller)
         case ListJobs():
-            return listing.handle(state, request)
+            return listing.handle(state, request, caller)
         case Show():
-            return show.handle(state, request)
+            return show.handle(state, request, caller)
         case Cancel() | Hold() | Release() | Retry() | SetPriority() | Suspend() | Resume():
-            return await actions.handle(state, request)
+            return await actions.handle(state, request, caller)
         case Wait():
             return await wait.handle(state, request, emit)
         case Logs():
-            return await logs.handle(state, request, emit)
+            return await logs.handle(state, request, emit, caller)
         case JobMetrics():
             return metrics.handle(state, request)
         case Gpus():
@@ -88,11 +114,13 @@ async def dispatch(state: DaemonState, request: Request, emit: Emit) -> dict[str
         case Reload():
             return reload.handle(state, request)
         case Clean():
-            return clean.handle(state, request)
+            return clean.handle(state, request, caller)
+        case Audit():
+            return audit.handle(state, request, caller)
         case Subscribe():
-            return await subscribe.handle(state, request, emit)
+            return await subscribe.handle(state, request, emit, caller)
         case Migrate():
-            return migrate.handle(state, request)
+            return migrate.handle(state, request, caller)
         case NodeLaunch():
             return await node.launch(state, request)
         case NodeSignal():

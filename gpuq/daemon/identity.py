@@ -11,6 +11,7 @@ job on it. Standard library only: the shim imports this module.
 
 from __future__ import annotations
 
+import functools
 import grp
 import os
 import pwd
@@ -136,6 +137,7 @@ def lab_caller(uid: int, admins: Iterable[str]) -> Caller:
     return Caller(account, is_admin(account, admins))
 
 
+@functools.cache
 def owner_caller() -> Caller:
     """The only caller of a personal daemon: its own user, who owns every job."""
     return Caller(Account.current(), admin=True)

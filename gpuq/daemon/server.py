@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -53,14 +54,32 @@ LOCK_NAME = "gpuqd.lock"
 MAX_PASS_BACKOFF = 0.25
 HOUSEKEEPING_SECONDS = 1.0
 SHUTDOWN_GRACE_SECONDS = 1.0
+AUDIT_PRUNE_SECONDS = 3600.0
 FAKE_GPU_DIR = "fake-gpus"
 """Where, below the runtime directory, fake GPUs publish their load (`gpuq.gpus.fakeload`)."""
 """How long a shutdown waits for requests in progress to be answered before it cancels them."""
 
 
 def socket_path(config: Config) -> Path:
-    """Where the daemon of this configuration listens."""
-    return config.daemon.runtime_dir / SOCKET_NAME
+    """Where the daemon of this configuration listens (a lab daemon: `[lab] socket`)."""
+    return config.lab.socket if config.lab.enabled else config.daemon.runtime_dir / SOCKET_NAME
+
+
+def prepare_lab_socket_dir(directory: Path) -> None:
+    """Make the lab socket's directory: ours, mode 0755, writable by no one else.
+
+    Everyone must reach the socket, and nobody but the daemon's user may
+    replace it; an existing directory of someone else's, or a link, is refused.
+    """
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise StateError(
+            f"{directory} is not a directory of the daemon's user: refusing to put the lab "
+            "socket in it",
+            "remove it, or set [lab] socket to a path in a directory of root's",
+        )
+    os.chmod(directory, 0o755)
 
 
 def check_state_dir(config: Config) -> None:
@@ -122,6 +141,10 @@ class Server:
         cfg = self.config.daemon
         for directory in (cfg.state_dir, cfg.runtime_dir):
             ensure_private_dir(directory)
+        lab = self.config.lab.enabled
+        if lab:  # users' runners reach their jobs' control sockets below it, by name only
+            os.chmod(cfg.runtime_dir, 0o711)
+            prepare_lab_socket_dir(socket_path(self.config).parent)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         check_state_dir(self.config)
         self._take_lock()
@@ -190,7 +213,9 @@ class Server:
             self._bound = True
         finally:
             os.umask(old_umask)
-        if cfg.socket_mode != 0o600:
+        if lab:  # every local user may connect; who they are comes from the kernel
+            os.chmod(path, 0o666)
+        elif cfg.socket_mode != 0o600:
             os.chmod(path, cfg.socket_mode)
         log.info("gpuqd %d listening on %s (%s GPUs)", os.getpid(), path, backend.kind)
 
@@ -260,8 +285,16 @@ class Server:
                 await asyncio.wait_for(state.wake.wait(), timeout=timeout)
 
     async def _housekeeping(self, state: DaemonState) -> None:
-        """Every second: look at the state directory, record outcomes a full disk held back."""
+        """Every second: look at the state directory, record outcomes a full disk held back.
+
+        A lab daemon also drops audit entries older than `[lab] audit_keep`, hourly.
+        """
+        pruned = 0.0
         while not state.should_exit.is_set():
+            if state.config.lab.enabled and time.monotonic() - pruned > AUDIT_PRUNE_SECONDS:
+                pruned = time.monotonic()
+                with contextlib.suppress(Exception):
+                    state.store.prune_audit(time.time() - state.config.lab.audit_keep)
             if not state.check_state_dir() and "state_dir" not in self._reported:
                 self._reported.add("state_dir")
                 log.error("%s", state.problems["state_dir"])

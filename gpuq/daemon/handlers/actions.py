@@ -12,10 +12,13 @@ import time
 from typing import Any, assert_never
 
 from gpuq.daemon import lifecycle, suspend
+from gpuq.daemon.access import require_owner
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, GpuqError, UsageError
 from gpuq.models import JobState
 from gpuq.protocol import (
+    METHOD_NAMES,
     SUSPEND_MODES,
     ActionOutcome,
     Cancel,
@@ -29,12 +32,16 @@ from gpuq.protocol import (
 
 Action = Cancel | Hold | Release | Retry | SetPriority | Suspend | Resume
 
+_VERBS = {"priority": "change the priority of"}
+
 SLICE_SECONDS = 0.005
 """Longest stretch an action spends on its jobs before it yields the event loop."""
 
 
-def _apply(state: DaemonState, request: Action, job_id: int) -> str:
+def _apply(state: DaemonState, request: Action, job_id: int, caller: Caller) -> str:
     """Apply the action to one job; returns the job's resulting state."""
+    verb = METHOD_NAMES[type(request)]
+    require_owner(state.config, caller, state.job(job_id), _VERBS.get(verb, verb))
     match request:
         case Cancel():
             job = state.job(job_id)
@@ -79,7 +86,7 @@ def _apply(state: DaemonState, request: Action, job_id: int) -> str:
             assert_never(request)
 
 
-async def handle(state: DaemonState, request: Action) -> dict[str, Any]:
+async def handle(state: DaemonState, request: Action, caller: Caller) -> dict[str, Any]:
     """Apply the action to each id; report per-job outcomes.
 
     Releasing or cancelling a 5,000-task array commits 5,000 transitions:
@@ -98,7 +105,7 @@ async def handle(state: DaemonState, request: Action) -> dict[str, Any]:
             await asyncio.sleep(0)
             slice_start = time.perf_counter()
         try:
-            ended_in = _apply(state, request, job_id)
+            ended_in = _apply(state, request, job_id, caller)
             message = ""
             if isinstance(request, Cancel) and ended_in != JobState.CANCELLED.value:
                 message = lifecycle.CANCEL_REQUESTED

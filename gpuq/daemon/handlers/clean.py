@@ -6,17 +6,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.models import TERMINAL_STATES
 from gpuq.protocol import Clean
 
 
-def handle(state: DaemonState, request: Clean) -> dict[str, Any]:
-    """Remove jobs that ended more than `older_than` seconds ago."""
+def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]:
+    """Remove jobs that ended more than `older_than` seconds ago (a lab's user: their own)."""
     state.require_state_dir()
     cutoff = time.time() - request.older_than
     doomed = [
-        j for j in state.store.jobs(TERMINAL_STATES) if j.end_time is None or j.end_time <= cutoff
+        j
+        for j in state.store.jobs(TERMINAL_STATES)
+        if (j.end_time is None or j.end_time <= cutoff)
+        and (not state.config.lab.enabled or caller.may_act_on(j.spec.uid))
     ]
     log_dir = state.config.daemon.log_dir
     files: list[Path] = []

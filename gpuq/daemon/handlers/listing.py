@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpuq.daemon.access import job_view
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.models import JobState
 from gpuq.protocol import ListJobs, parse_states
 
 
-def handle(state: DaemonState, request: ListJobs) -> dict[str, Any]:
+def handle(state: DaemonState, request: ListJobs, caller: Caller) -> dict[str, Any]:
     """Jobs matching every given filter, in id order."""
     ids = state.resolve_ids(request.ids)
     states: frozenset[JobState] | None = parse_states(request.states) if request.states else None
@@ -29,7 +31,9 @@ def handle(state: DaemonState, request: ListJobs) -> dict[str, Any]:
         jobs = jobs[-request.limit :] if request.limit > 0 else []
     now = time.time()
     return {
-        "jobs": [state.with_reason(j).to_dict(now=now) for j in jobs],
+        "jobs": [
+            job_view(state.config, caller, state.with_reason(j).to_dict(now=now)) for j in jobs
+        ],
         "warnings": state.warnings(),
         "nodes": nodes(state),
     }

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, BinaryIO
 
+from gpuq.daemon.access import require_owner
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.lifecycle import output_paths
 from gpuq.daemon.node.gang import part_path
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.outputs import tail_offset
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import UsageError
+from gpuq.errors import PermissionDenied, UsageError
 from gpuq.models import Job
 from gpuq.protocol import Logs
 
@@ -21,12 +24,16 @@ POLL_SECONDS = 0.2
 
 
 async def handle(
-    state: DaemonState, request: Logs, emit: Callable[[dict[str, Any]], Awaitable[None]]
+    state: DaemonState,
+    request: Logs,
+    emit: Callable[[dict[str, Any]], Awaitable[None]],
+    caller: Caller,
 ) -> dict[str, Any]:
     """Send the output as `{"data"}` events; the result says where it ended."""
     if request.stream not in ("stdout", "stderr"):
         raise UsageError(f"unknown stream {request.stream!r}", "use stdout or stderr")
     job = state.job(request.id)
+    require_owner(state.config, caller, job, "read the logs of")
     while request.follow and not job.stdout_path and not job.state.is_terminal:
         await asyncio.sleep(POLL_SECONDS)  # not started yet: where it runs decides where to read
         job = state.job(request.id)
@@ -44,7 +51,7 @@ async def handle(
         offset = tail_offset(path, request.tail)
     while True:
         if os.path.exists(path):
-            with open(path, "rb") as handle:
+            with _open_log(state, job, path) as handle:
                 handle.seek(offset)
                 while data := handle.read(CHUNK):
                     offset += len(data)
@@ -94,3 +101,29 @@ async def _remote(
             break
         await asyncio.sleep(POLL_SECONDS)
     return {"path": path, "offset": offset, "state": job.state.value, "node": remote.name}
+
+
+def _open_log(state: DaemonState, job: Job, path: str) -> BinaryIO:
+    """Open a job's output for reading, never through a link, and on a lab daemon only the owner's.
+
+    A lab daemon reads as root: a user whose `--output` names a link to, or
+    a hard link of, someone else's file must not get that file's contents.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        _check_log(state, job, path, os.fstat(fd))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_log(state: DaemonState, job: Job, path: str, info: os.stat_result) -> None:
+    """On a lab daemon, refuse anything but a regular file of the job's owner."""
+    owner = job.spec.uid if job.spec.uid is not None else os.geteuid()
+    if state.config.lab.enabled and (not stat.S_ISREG(info.st_mode) or info.st_uid != owner):
+        raise PermissionDenied(
+            f"{path} is not a regular file of the job's user: not shown",
+            "a job's output is read only from its own files",
+        )

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuq.daemon import suspend
+from gpuq.daemon.access import require_owner
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.scheduler import moves
 from gpuq.daemon.scheduler.constraints import eligible_nodes, known_nodes
 from gpuq.daemon.state import DaemonState
@@ -22,9 +24,10 @@ from gpuq.policies.confine import node_names
 from gpuq.protocol import Migrate
 
 
-def handle(state: DaemonState, request: Migrate) -> dict[str, Any]:
+def handle(state: DaemonState, request: Migrate, caller: Caller) -> dict[str, Any]:
     """Book the move and ask the job to checkpoint; the reply names the GPUs it goes to."""
     job = state.job(request.id)
+    require_owner(state.config, caller, job, "migrate")
     local = state.config.daemon.node_name
     nodes = [local, *state.remotes]
     if request.to not in nodes:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpuq.daemon.access import job_view
 from gpuq.daemon.history import MIGRATING, attempts, migrations
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import NotFoundError
 from gpuq.protocol import Show
 
 
-def handle(state: DaemonState, request: Show) -> dict[str, Any]:
+def handle(state: DaemonState, request: Show, caller: Caller) -> dict[str, Any]:
     """The job object, its transitions and attempts, and the newest runner sample.
 
     For an array's id: the array and every task (`array`, `jobs`).
@@ -24,7 +26,10 @@ def handle(state: DaemonState, request: Show) -> dict[str, Any]:
         if array is None:
             raise
         tasks = state.resolve_ids([array.id])
-        jobs = [state.with_reason(state.job(task)).to_dict(now=now) for task in tasks]
+        jobs = [
+            job_view(state.config, caller, state.with_reason(state.job(task)).to_dict(now=now))
+            for task in tasks
+        ]
         info = {"id": array.id, "name": array.name, "submit_time": array.submit_time}
         return {"array": {**info, "size": array.size}, "jobs": jobs}
     events = state.store.events(job.id)
@@ -32,7 +37,7 @@ def handle(state: DaemonState, request: Show) -> dict[str, Any]:
     samples = state.store.samples(job.id, min(moved), None) if moved else []
     times = [float(sample["time"]) for sample in samples if "time" in sample]
     return {
-        "job": job.to_dict(now=now),
+        "job": job_view(state.config, caller, job.to_dict(now=now)),
         "events": [event.to_dict() for event in events],
         "attempts": [attempt.to_dict() for attempt in attempts(events, now)],
         "migrations": [move.to_dict() for move in migrations(events, times)],

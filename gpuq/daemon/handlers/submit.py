@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuq.daemon import faults
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.lifecycle import check_runnable_command
 from gpuq.daemon.scheduler.constraints import (
     KnownNodes,
@@ -20,7 +21,7 @@ from gpuq.daemon.scheduler.constraints import (
 )
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import NewJob
-from gpuq.errors import NotFoundError, ResourceError, UsageError
+from gpuq.errors import NotFoundError, PermissionDenied, ResourceError, UsageError
 from gpuq.models import GpuInfo, JobSpec, JobState
 from gpuq.policies.confine import node_names
 from gpuq.protocol import Submit, validate_spec
@@ -112,7 +113,7 @@ def _has(count: int) -> str:
     return "has" if count == 1 else "have"
 
 
-def check_output_pattern(pattern: str, spec: JobSpec) -> None:
+def check_output_pattern(pattern: str, spec: JobSpec, *, probe: bool = True) -> None:
     """Refuse a bad placeholder, and an absolute pattern whose directory does not exist.
 
     gpuq creates missing directories only below the job's working directory
@@ -121,7 +122,7 @@ def check_output_pattern(pattern: str, spec: JobSpec) -> None:
     """
     expand_output_pattern(pattern, 1, 0, 1, spec.name, spec.user)
     directory = os.path.dirname(pattern)
-    if os.path.isabs(pattern) and "%" not in directory and not os.path.isdir(directory):
+    if probe and os.path.isabs(pattern) and "%" not in directory and not os.path.isdir(directory):
         raise UsageError(
             f"the directory {directory} of output pattern {pattern!r} does not exist",
             f"create it (mkdir -p {directory}), or use a pattern relative to the working "
@@ -129,20 +130,41 @@ def check_output_pattern(pattern: str, spec: JobSpec) -> None:
         )
 
 
-def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
+def check_queue_limit(state: DaemonState, caller: Caller, adding: int) -> None:
+    """Refuse a submission that would take the user past `[lab] max_queued` waiting jobs."""
+    limit = state.config.lab.max_queued
+    if not limit:
+        return
+    waiting = sum(
+        1
+        for job in state.active.values()
+        if job.spec.uid == caller.uid and job.state in (JobState.QUEUED, JobState.HELD)
+    )
+    if waiting + adding > limit:
+        raise PermissionDenied(
+            f"{caller.name} has {waiting} job(s) waiting; {adding} more would pass the lab's "
+            f"limit of {limit} (max_queued)",
+            "wait for some to start, or cancel some (gpuq ls; gpuq cancel ID)",
+        )
+
+
+def handle(state: DaemonState, request: Submit, caller: Caller) -> dict[str, Any]:
     """Queue the job(s); the same token twice returns the first ids.
 
     An array gets an id of its own (`array_id`), ahead of its tasks' ids.
     """
-    if request.token:
-        existing = state.store.job_ids_for_token(request.token)
+    lab = state.config.lab.enabled
+    token = f"{caller.uid}:{request.token}" if lab and request.token else request.token
+    if token:
+        existing = state.store.job_ids_for_token(token)
         if existing:
             first = state.store.get(existing[0])
             array_id = None if first is None else first.array_id
             return {"ids": existing, "array_id": array_id, "duplicate": True}
     state.require_state_dir()
     spec = validate_spec(request.spec)
-    spec = dataclasses.replace(spec, user=getpass.getuser())
+    user = caller.name if lab else getpass.getuser()
+    spec = dataclasses.replace(spec, user=user, uid=caller.uid)  # the kernel's, not the request's
     known = known_nodes(state.config)
     check_submit(spec, known)
     seen = {gpu.node for gpu in state.gpus.devices}
@@ -153,7 +175,11 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
             'set scheduler.policy = "gpuq" (the default) or "fifo" in the config',
         )
     check_fits_server(state, spec)
-    check_runnable_command(spec.command, spec.cwd, spec.env.get("PATH"))
+    # A lab daemon runs as root: it must not probe paths for another user (the
+    # answer would tell them what root can see). The job's start says why it failed.
+    probe = not lab or caller.uid == os.geteuid()
+    if probe:
+        check_runnable_command(spec.command, spec.cwd, spec.env.get("PATH"))
     for dep in spec.after:
         if state.dependency_state(dep.job_id) is None:
             raise NotFoundError(
@@ -162,11 +188,13 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
             )
     for pattern in (spec.output, spec.error):
         if pattern:
-            check_output_pattern(pattern, spec)
+            check_output_pattern(pattern, spec, probe=probe)
     if len(request.array) > MAX_ARRAY:
         raise UsageError(f"an array may have at most {MAX_ARRAY} tasks")
     if len(set(request.array)) != len(request.array) or any(i < 0 for i in request.array):
         raise UsageError("array indices must be distinct and non-negative")
+    if lab:
+        check_queue_limit(state, caller, len(request.array) or 1)
     initial = JobState.HELD if spec.hold else JobState.QUEUED
     reason = "held at submission" if spec.hold else "submitted"
     if request.array:
@@ -175,9 +203,7 @@ def handle(state: DaemonState, request: Submit) -> dict[str, Any]:
         ]
     else:
         new = [NewJob(spec, initial, reason)]
-    jobs, array_id = state.store.insert_jobs(
-        new, time.time(), request.token, array=bool(request.array)
-    )
+    jobs, array_id = state.store.insert_jobs(new, time.time(), token, array=bool(request.array))
     faults.crash_point("submit-committed")
     state.remember_ids(jobs[-1].id)
     for job in jobs:

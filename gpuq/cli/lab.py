@@ -1,0 +1,173 @@
+"""Lab mode's commands: `gpuq audit`, and `gpuq lab install` for the admin who sets it up."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuq.cli.common import ConfigOpt, JsonOpt, note, print_json, run
+from gpuq.config import LAB_SOCKET, load_config
+from gpuq.errors import PermissionDenied, UsageError
+
+lab_app = typer.Typer(
+    help="Set up the lab's system daemon: one gpuq daemon shared by every user of a server.",
+    no_args_is_help=True,
+)
+
+UNIT_PATH = Path("etc/systemd/system/gpuq.service")
+CONFIG_PATH = Path("etc/gpuq/config.toml")
+
+
+def audit(
+    user: Annotated[
+        str | None,
+        typer.Option("--user", "-u", help="Only this user's entries (admins only for others')."),
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only entries this recent (1h, 7d).")
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many, newest.")] = 100,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Show the lab daemon's audit log: who did what, when, and whether it was allowed.
+
+    Every request that changes something (submit, cancel, suspend, priority,
+    logs, clean, ...) is recorded with the caller's uid as the kernel gives
+    it, and every refused request too. Admins see everyone's entries; a user
+    sees their own. Only a lab daemon keeps one (exit 2 on a personal one).
+    """
+
+    def body() -> None:
+        from gpuq.cli.render import table
+        from gpuq.client import Client
+        from gpuq.units import parse_duration
+
+        cutoff = None if since is None else time.time() - parse_duration(since)
+        with Client.connect(load_config(config), autostart=False) as client:
+            note(client)
+            result = client.call("audit", user=user, since=cutoff, limit=limit)
+        if json_out:
+            print_json(result)
+            return
+        rows = [
+            [
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry["time"])),
+                f"{entry['user']}({entry['uid']})",
+                entry["action"],
+                entry["target"],
+                "ok" if entry["ok"] else "refused",
+                entry["message"],
+            ]
+            for entry in result["entries"]
+        ]
+        print(table(["TIME", "USER", "ACTION", "TARGET", "RESULT", "MESSAGE"], rows))
+
+    run(json_out, body)
+
+
+def unit_text(python: str, config_path: Path) -> str:
+    """The systemd unit of the lab daemon.
+
+    `KillMode=process`: stopping or restarting the daemon must not kill the
+    jobs (their shims keep them; the daemon adopts them when it is back).
+    """
+    return f"""[Unit]
+Description=gpuq lab daemon: the GPU job queue shared by this server's users
+After=network.target
+
+[Service]
+Type=simple
+ExecStart={python} -m gpuq.daemon --config {config_path}
+Restart=on-failure
+KillMode=process
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def config_text(admins: list[str]) -> str:
+    """The lab daemon's starting configuration (docs/configuration.md has every key)."""
+    listed = ", ".join(f'"{admin}"' for admin in admins)
+    return f"""# The gpuq lab daemon (gpuq lab install); every key: docs/configuration.md.
+[daemon]
+state_dir = "/var/lib/gpuq"
+runtime_dir = "/run/gpuq"
+
+[lab]
+enabled = true
+socket = "{LAB_SOCKET}"
+admins = [{listed}]
+# hide_others = true         # other users' job names and commands shown as "-"
+# max_gpus = 8               # per user; 0: no limit
+# max_running = 16
+# max_queued = 1000
+# half_life = "7d"           # fair share: how fast past usage is forgiven
+# [lab.shares]               # a user not named has share 1
+# alice = 2
+"""
+
+
+@lab_app.command("install")
+def install(
+    admins: Annotated[
+        list[str] | None,
+        typer.Option("--admin", help="A user or @group who may act on every job (repeatable)."),
+    ] = None,
+    root: Annotated[
+        Path,
+        typer.Option("--root", help="Write below this directory instead of / (for packaging)."),
+    ] = Path("/"),
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite an existing config file.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Install the lab daemon: a systemd unit and /etc/gpuq/config.toml.
+
+    The daemon runs as root, listens on /run/gpuq/gpuq.sock for every local
+    user, takes each caller's identity from the kernel, and runs each job as
+    the user who submitted it. Then: `systemctl daemon-reload && systemctl
+    enable --now gpuq`, and `gpuq doctor --config /etc/gpuq/config.toml`.
+    Users' commands then use it by themselves. Exit 9 when not root.
+    """
+
+    def body() -> None:
+        if root == Path("/") and os.geteuid() != 0:
+            raise PermissionDenied(
+                "installing the lab daemon needs root", "run it with sudo, or give --root DIR"
+            )
+        unit, conf = root / UNIT_PATH, root / CONFIG_PATH
+        written = [_write(unit, unit_text(sys.executable, Path("/") / CONFIG_PATH), force=True)]
+        written.append(_write(conf, config_text(admins or ["@gpuadmin"]), force=force))
+        if json_out:
+            print_json({"unit": str(unit), "config": str(conf), "written": written})
+            return
+        for path, done in zip((unit, conf), written, strict=True):
+            print(f"{'wrote' if done else 'kept'} {path}", file=sys.stderr)
+        print(
+            "next: systemctl daemon-reload && systemctl enable --now gpuq; "
+            f"then gpuq doctor --config {Path('/') / CONFIG_PATH}",
+            file=sys.stderr,
+        )
+
+    run(json_out, body)
+
+
+def _write(path: Path, text: str, *, force: bool) -> bool:
+    """Write `text` to `path` (mode 0644, parents made); False if it exists and not `force`."""
+    if path.exists() and not force:
+        return False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o644)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    return True

@@ -1,0 +1,338 @@
+"""Lab mode: one daemon shared by real users, each acting through the real CLI.
+
+A lab daemon (root, fake GPUs, a private socket path) serves gpuq-alice,
+gpuq-bob and gpuq-carol (an admin through the gpuq-admins group). Each
+abuse the issue lists is tried as a real user and must be refused with a
+clear message and an audit entry. Skips unless root (tests/lab_users.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq.errors import ExitCode
+from gpuq.protocol import PROTOCOL_VERSION
+from tests.daemon_harness import DaemonHarness
+from tests.lab_users import LabUser, as_user, lab_users, shared_dir
+
+MAX_QUEUED = 40
+
+
+class Lab:
+    """The lab daemon under test and its users."""
+
+    def __init__(self, daemon: DaemonHarness, users: dict[str, LabUser], socket: Path) -> None:
+        self.daemon = daemon
+        self.users = users
+        self.socket = socket
+
+    @property
+    def alice(self) -> LabUser:
+        return self.users["gpuq-alice"]
+
+    @property
+    def bob(self) -> LabUser:
+        return self.users["gpuq-bob"]
+
+    @property
+    def carol(self) -> LabUser:
+        return self.users["gpuq-carol"]
+
+    def gpuq(self, user: LabUser, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real `gpuq` command, run as `user` against the lab daemon."""
+        return as_user(
+            user,
+            [sys.executable, "-m", "gpuq.cli.entry", *args],
+            env={"GPUQ_LAB_SOCKET": str(self.socket)},
+        )
+
+    def submit_held(self, user: LabUser, name: str) -> int:
+        """A held job of `user`'s (it never starts), by the real CLI; its id."""
+        result = self.gpuq(user, "submit", "-q", "--hold", "--name", name, "--", "sleep", "60")
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout)
+
+    def audit(self, **match: Any) -> list[dict[str, Any]]:
+        """The audit entries (read as the admin) whose fields equal `match`."""
+        result = self.gpuq(self.carol, "audit", "--json", "--limit", "1000")
+        assert result.returncode == 0, result.stderr
+        entries: list[dict[str, Any]] = json.loads(result.stdout)["entries"]
+        return [e for e in entries if all(e.get(k) == v for k, v in match.items())]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    users = lab_users()
+    base = shared_dir("gpuq-lab-")
+    socket_path = base / "run" / "gpuq.sock"
+    daemon = DaemonHarness(
+        tmp_path_factory.mktemp("lab"),
+        extra_toml=(
+            f'[lab]\nenabled = true\nsocket = "{socket_path}"\nadmins = ["@gpuq-admins"]\n'
+            f"hide_others = true\nmax_queued = {MAX_QUEUED}\n"
+        ),
+    )
+    try:
+        daemon.start()
+        yield Lab(daemon, users, socket_path)
+    finally:
+        daemon.close()
+
+
+def test_the_lab_socket_is_open_to_every_user_and_its_directory_to_none(lab: Lab) -> None:
+    assert lab.socket.stat().st_mode & 0o777 == 0o666
+    assert lab.socket.parent.stat().st_mode & 0o777 == 0o755
+    assert lab.socket.parent.stat().st_uid == 0
+
+
+def test_a_job_belongs_to_the_user_the_kernel_names_whatever_the_request_says(lab: Lab) -> None:
+    forged = {
+        "command": ["sleep", "60"],
+        "cwd": lab.bob.home,
+        "hold": True,
+        "uid": lab.alice.uid,
+        "user": lab.alice.name,
+    }
+    reply = raw_request(lab, lab.bob, "submit", {"spec": forged})
+    job_id = reply["result"]["ids"][0]
+    job = json.loads(lab.gpuq(lab.bob, "show", "--json", str(job_id)).stdout)["job"]
+    assert (job["user"], job["spec"]["uid"]) == (lab.bob.name, lab.bob.uid)
+
+
+@pytest.mark.parametrize(
+    ("args", "verb"),
+    [
+        (("cancel",), "cancel"),
+        (("suspend",), "suspend"),
+        (("release",), "release"),
+        (("priority", "5"), "change the priority of"),
+        (("logs",), "read the logs of"),
+    ],
+)
+def test_a_user_may_not_act_on_another_users_job(
+    lab: Lab, args: tuple[str, ...], verb: str
+) -> None:
+    job_id = lab.submit_held(lab.alice, "alices-run")
+    result = lab.gpuq(lab.bob, *args, str(job_id))
+    assert result.returncode != 0
+    assert f"job {job_id} belongs to gpuq-alice: you (gpuq-bob) may not {verb} it" in (
+        result.stderr
+    )
+    action = "priority" if args[0] == "priority" else args[0]
+    refused = lab.audit(uid=lab.bob.uid, action=action, ok=False, target=str(job_id))
+    assert refused, f"no audit entry for bob's {action} of job {job_id}"
+    assert "belongs to gpuq-alice" in refused[-1]["message"]
+    job = json.loads(lab.gpuq(lab.alice, "show", "--json", str(job_id)).stdout)["job"]
+    assert job["state"] == "held"
+
+
+def test_the_owner_and_an_admin_may_act_on_a_job(lab: Lab) -> None:
+    mine = lab.submit_held(lab.alice, "mine")
+    theirs = lab.submit_held(lab.alice, "theirs")
+    assert lab.gpuq(lab.alice, "cancel", str(mine)).returncode == 0
+    assert lab.gpuq(lab.carol, "cancel", str(theirs)).returncode == 0
+    assert lab.audit(uid=lab.carol.uid, action="cancel", ok=True, target=str(theirs))
+
+
+def test_other_users_job_names_commands_and_environment_are_hidden(lab: Lab) -> None:
+    job_id = lab.submit_held(lab.alice, "secret-project")
+
+    def seen_by(user: LabUser) -> dict[str, Any]:
+        result = lab.gpuq(user, "ls", "--json")
+        assert result.returncode == 0, result.stderr
+        jobs = {job["id"]: job for job in json.loads(result.stdout)["jobs"]}
+        return jobs[job_id]
+
+    by_bob, by_alice, by_carol = seen_by(lab.bob), seen_by(lab.alice), seen_by(lab.carol)
+    assert (by_bob["name"], by_bob["spec"]["command"], by_bob["user"]) == (
+        "-",
+        ["-"],
+        "gpuq-alice",
+    )
+    assert "env" not in by_bob["spec"]
+    assert by_alice["name"] == by_carol["name"] == "secret-project"
+    assert by_alice["spec"]["command"] == ["sleep", "60"]
+    shown = lab.gpuq(lab.bob, "show", "--json", str(job_id))
+    assert json.loads(shown.stdout)["job"]["name"] == "-"
+
+
+def test_a_user_cannot_flood_the_queue_past_their_limit(lab: Lab) -> None:
+    user = lab.users["gpuq-bob"]
+    waiting = [
+        j
+        for j in json.loads(lab.gpuq(user, "ls", "--json").stdout)["jobs"]
+        if j["user"] == user.name and j["state"] in ("queued", "held")
+    ]
+    room = MAX_QUEUED - len(waiting)
+    filled = lab.gpuq(user, "submit", "-q", "--hold", "--array", f"0-{room - 1}", "--", "true")
+    assert filled.returncode == 0, filled.stderr
+    result = lab.gpuq(user, "submit", "--hold", "--", "sleep", "60")
+    assert result.returncode == ExitCode.PERMISSION
+    assert f"would pass the lab's limit of {MAX_QUEUED} (max_queued)" in result.stderr
+    assert lab.audit(uid=user.uid, action="submit", ok=False)
+    others = lab.gpuq(lab.alice, "submit", "-q", "--hold", "--", "sleep", "60")
+    assert others.returncode == 0, "one user's limit must not stop another"
+    cancelled = lab.gpuq(user, "cancel", *filled.stdout.split())
+    assert cancelled.returncode == 0, cancelled.stderr
+
+
+def test_only_admins_may_stop_or_reload_the_daemon(lab: Lab) -> None:
+    result = lab.gpuq(lab.alice, "daemon", "reload")
+    assert result.returncode == ExitCode.PERMISSION
+    assert "only the lab's admins may stop or reload the daemon" in result.stderr
+    assert lab.audit(uid=lab.alice.uid, action="reload", ok=False)
+    assert lab.gpuq(lab.carol, "daemon", "reload").returncode == 0
+
+
+def test_a_user_reads_their_own_audit_entries_and_an_admin_everyones(lab: Lab) -> None:
+    lab.submit_held(lab.alice, "audited")
+    lab.submit_held(lab.bob, "audited")
+    own = json.loads(lab.gpuq(lab.alice, "audit", "--json").stdout)["entries"]
+    assert own and {e["uid"] for e in own} == {lab.alice.uid}
+    other = lab.gpuq(lab.alice, "audit", "--user", "gpuq-bob")
+    assert other.returncode == ExitCode.PERMISSION
+    assert "only the lab's admins may read another user's audit entries" in other.stderr
+    bobs = json.loads(lab.gpuq(lab.carol, "audit", "--json", "--user", "gpuq-bob").stdout)
+    assert bobs["entries"] and {e["uid"] for e in bobs["entries"]} == {lab.bob.uid}
+
+
+def test_a_uid_without_an_account_is_refused(lab: Lab) -> None:
+    stranger = LabUser("stranger", 54321, 54321, "/")
+    result = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=54321",
+            "--regid=54321",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            _RAW_CLIENT,
+            str(lab.socket),
+            "status",
+            "{}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        cwd="/",
+    )
+    assert result.returncode == 0, result.stderr
+    reply = json.loads(result.stdout.splitlines()[0])
+    assert reply["error"]["code"] == "permission"
+    assert f"uid {stranger.uid} has no account on this server" in reply["error"]["message"]
+
+
+_RAW_CLIENT = """
+import json, socket, sys
+path, method, params = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(path)
+version = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+lines = [{"id": 0, "method": "hello", "params": {"version": version}},
+         {"id": 1, "method": method, "params": params}]
+try:
+    sock.sendall("".join(json.dumps(line) + "\\n" for line in lines).encode())
+except BrokenPipeError:  # refused at once: the reply is still there to read
+    pass
+for line in sock.makefile("rb"):
+    print(line.decode().strip())
+    reply = json.loads(line)
+    if reply.get("id") in (1, None) and "event" not in reply:
+        break
+"""
+
+
+def raw_request(lab: Lab, user: LabUser, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """One request written by hand on the lab socket as `user`; the reply to it."""
+    result = as_user(
+        user,
+        [
+            sys.executable,
+            "-c",
+            _RAW_CLIENT,
+            str(lab.socket),
+            method,
+            json.dumps(params),
+            str(PROTOCOL_VERSION),
+        ],
+    )
+    assert result.returncode == 0, result.stderr
+    replies = [json.loads(line) for line in result.stdout.splitlines()]
+    reply: dict[str, Any] = replies[-1]
+    assert reply.get("id") == 1, replies
+    return reply
+
+
+def test_the_personal_daemon_is_chosen_when_no_lab_socket_exists(tmp_path: Path) -> None:
+    from gpuq.client import choose_daemon
+    from gpuq.config import load_config
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'[daemon]\nruntime_dir = "{tmp_path}/run"\n[lab]\nsocket = "{tmp_path}/x"\n')
+    choice = choose_daemon(load_config(str(config), environ={}))
+    assert (choice.lab, choice.path, choice.notice) == (False, tmp_path / "run/gpuq.sock", None)
+
+
+def test_both_daemons_running_picks_the_lab_and_says_so(tmp_path: Path) -> None:
+    from gpuq.client import choose_daemon
+    from gpuq.config import load_config
+
+    (tmp_path / "run").mkdir()
+    listeners = []
+    for path in (tmp_path / "run/gpuq.sock", tmp_path / "lab.sock"):
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listeners.append(listener)
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'[daemon]\nruntime_dir = "{tmp_path}/run"\n[lab]\nsocket = "{tmp_path}/lab.sock"\n'
+    )
+    try:
+        auto = choose_daemon(load_config(str(config), environ={}))
+        personal = choose_daemon(load_config(str(config), environ={"GPUQ_DAEMON": "personal"}))
+    finally:
+        for listener in listeners:
+            listener.close()
+    assert (auto.lab, auto.path) == (True, tmp_path / "lab.sock")
+    assert auto.notice is not None
+    assert "your personal daemon" in auto.notice and "GPUQ_DAEMON=personal" in auto.notice
+    assert (personal.lab, personal.path, personal.notice) == (
+        False,
+        tmp_path / "run/gpuq.sock",
+        None,
+    )
+
+
+def test_a_lab_socket_in_a_directory_others_can_write_is_refused(tmp_path: Path) -> None:
+    from gpuq.client import open_lab_socket
+    from gpuq.errors import DaemonUnavailable
+
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    with pytest.raises(DaemonUnavailable, match="not a directory of root's that only root"):
+        open_lab_socket(loose / "gpuq.sock", 1.0)
+
+
+def test_env_uid_is_not_the_identity(lab: Lab) -> None:
+    """A user who sets USER/LOGNAME to someone else's name is still themselves."""
+    result = as_user(
+        lab.bob,
+        [sys.executable, "-m", "gpuq.cli.entry", "submit", "-q", "--hold", "--", "true"],
+        env={"GPUQ_LAB_SOCKET": str(lab.socket), "USER": "gpuq-alice", "LOGNAME": "gpuq-alice"},
+    )
+    assert result.returncode == 0, result.stderr
+    job = json.loads(lab.gpuq(lab.carol, "show", "--json", result.stdout.strip()).stdout)["job"]
+    assert job["user"] == "gpuq-bob"
+    assert os.getuid() == 0
