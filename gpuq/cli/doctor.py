@@ -66,9 +66,10 @@ def check_state_dir(config: Config) -> Check:
 
 def check_socket(config: Config) -> Check:
     """Check whether a daemon answers, its socket is stale, or none is there yet."""
-    from gpuq.client import Client, socket_path
+    from gpuq.client import Client, choose_daemon
 
-    path = socket_path(config)
+    choice = choose_daemon(config)
+    path = choice.path
     try:
         with Client.connect(config, autostart=False) as client:
             pid = client.hello.get("pid")
@@ -81,6 +82,8 @@ def check_socket(config: Config) -> Check:
                 f"stale socket {path}: {exc.message}",
                 "gpuq daemon start replaces it",
             )
+        if choice.lab:
+            return Check("daemon", "fail", exc.message, exc.hint or "")
         return Check("daemon", "ok", "not running; the first gpuq command starts it")
     except OSError as exc:
         return Check(
@@ -96,6 +99,8 @@ def check_socket(config: Config) -> Check:
             f"running (pid {pid}), but: " + "; ".join(warnings),
             "gpuq daemon status shows the daemon's state",
         )
+    if choice.lab:
+        return Check("daemon", "ok", f"the lab daemon (pid {pid}) on {path}")
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         return Check(
@@ -243,6 +248,41 @@ def check_policy(config: Config) -> Check:
     )
 
 
+def check_lab(config: Config) -> Check:
+    """Lab mode: the daemon's user, and the admins it names (a missing group is a typo)."""
+    import grp
+    import pwd
+
+    from gpuq.client import choose_daemon
+
+    if not config.lab.enabled:
+        choice = choose_daemon(config)
+        where = f"the lab daemon at {choice.path}" if choice.lab else "your own daemon"
+        return Check("lab", "ok", f"commands use {where}")
+    missing = []
+    for admin in config.lab.admins:
+        try:
+            grp.getgrnam(admin[1:]) if admin.startswith("@") else pwd.getpwnam(admin)
+        except KeyError:
+            missing.append(admin)
+    if missing:
+        return Check(
+            "lab",
+            "warn",
+            f"[lab] admins names {', '.join(missing)}, unknown on this server",
+            "create the group or user, or fix the name in [lab] admins",
+        )
+    if os.geteuid() != 0:
+        return Check(
+            "lab",
+            "warn",
+            f"a lab daemon runs jobs as their owners: it needs root (this is uid {os.geteuid()})",
+            "run it as root: gpuq lab install writes a systemd unit",
+        )
+    admins = ", ".join(config.lab.admins) or "root only"
+    return Check("lab", "ok", f"lab daemon on {config.lab.socket}; admins: {admins}")
+
+
 def run_checks(config_path: str | None) -> list[Check]:
     """Run every check; a broken config stops the ones that need it."""
     try:
@@ -255,6 +295,7 @@ def run_checks(config_path: str | None) -> list[Check]:
         lambda: check_state_dir(config),
         lambda: check_policy(config),
         lambda: check_socket(config),
+        lambda: check_lab(config),
         lambda: check_nvml(config),
         check_linger,
         check_ssh,
