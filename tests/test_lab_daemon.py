@@ -8,8 +8,10 @@ clear message and an audit entry. Skips unless root (tests/lab_users.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -69,16 +71,22 @@ class Lab:
         return [e for e in entries if all(e.get(k) == v for k, v in match.items())]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+@contextlib.contextmanager
+def running_lab(lab_toml: str) -> Iterator[Lab]:
+    """A lab daemon on a private socket with `lab_toml` added to its [lab] section.
+
+    Its directories are below one that every user may enter, as /var/lib is.
+    """
     users = lab_users()
     base = shared_dir("gpuq-lab-")
     socket_path = base / "run" / "gpuq.sock"
+    root = base / "daemon"
+    root.mkdir(mode=0o755)
     daemon = DaemonHarness(
-        tmp_path_factory.mktemp("lab"),
+        root,
         extra_toml=(
             f'[lab]\nenabled = true\nsocket = "{socket_path}"\nadmins = ["@gpuq-admins"]\n'
-            f"hide_others = true\nmax_queued = {MAX_QUEUED}\n"
+            f"{lab_toml}"
         ),
     )
     try:
@@ -86,6 +94,20 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield Lab(daemon, users, socket_path)
     finally:
         daemon.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[Lab]:
+    with running_lab(f"hide_others = true\nmax_queued = {MAX_QUEUED}\n") as lab:
+        yield lab
+
+
+@pytest.fixture
+def open_lab() -> Iterator[Lab]:
+    """A lab daemon without limits or hiding."""
+    with running_lab("") as lab:
+        yield lab
 
 
 def test_the_lab_socket_is_open_to_every_user_and_its_directory_to_none(lab: Lab) -> None:
@@ -336,3 +358,80 @@ def test_env_uid_is_not_the_identity(lab: Lab) -> None:
     job = json.loads(lab.gpuq(lab.carol, "show", "--json", result.stdout.strip()).stdout)["job"]
     assert job["user"] == "gpuq-bob"
     assert os.getuid() == 0
+
+
+def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab: Lab) -> None:
+    lab = open_lab
+    """Acceptance 1: uid, gid, groups and HOME checked from inside every job; logs private.
+
+    Every job runs exactly once: its output holds one line.
+    """
+    import grp
+    import threading
+
+    report = 'echo "$(id -u) $(id -g) $(id -G) $HOME $USER"'
+    batches = 4
+    per_batch = 25
+    submitted: dict[str, list[int]] = {name: [] for name in lab.users}
+    failures: list[str] = []
+
+    def submit(user: LabUser) -> None:
+        result = lab.gpuq(
+            user,
+            "submit",
+            "-q",
+            "--gpus",
+            "0",
+            "--array",
+            f"0-{per_batch - 1}",
+            "--",
+            "sh",
+            "-c",
+            report,
+        )
+        if result.returncode != 0:
+            failures.append(result.stderr)
+            return
+        submitted[user.name].extend(int(word) for word in result.stdout.split())
+
+    threads = [
+        threading.Thread(target=submit, args=(user,))
+        for _ in range(batches)
+        for user in lab.users.values()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    expected_total = batches * per_batch * len(lab.users)
+    assert sum(len(ids) for ids in submitted.values()) == expected_total
+    everything = [job_id for ids in submitted.values() for job_id in ids]
+    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "600", *map(str, everything))
+    jobs = {job["id"]: job for job in json.loads(done.stdout)["jobs"]}
+    failed = [
+        (j["id"], j["state"], j["reason"]) for j in jobs.values() if j["state"] != "succeeded"
+    ]
+    assert done.returncode == 0 and not failed, failed[:5]
+    assert len(jobs) == expected_total, "every job accounted for"
+    for name, ids in submitted.items():
+        user = lab.users[name]
+        groups = sorted(os.getgrouplist(name, user.gid))
+        for job_id in ids:
+            job = jobs[job_id]
+            assert job["state"] == "succeeded", job
+            path = Path(job["stdout"])
+            info = path.stat()
+            assert (info.st_uid, info.st_mode & 0o777) == (user.uid, 0o600), path
+            text = path.read_text()
+            if text.count("\n") != 1:  # a job run twice (the spawner once raced its reaper)
+                shown = json.loads(lab.gpuq(lab.carol, "show", "--json", str(job_id)).stdout)
+                raise AssertionError(f"job {job_id} wrote {text!r}; events {shown['events']}")
+            uid, gid, *rest = text.split()
+            home, login = rest[-2:]
+            assert (int(uid), int(gid)) == (user.uid, user.gid)
+            assert sorted(int(g) for g in rest[:-2]) == groups
+            assert (home, login) == (user.home, name)
+    other = lab.gpuq(lab.bob, "logs", str(submitted["gpuq-alice"][0]))
+    assert other.returncode == ExitCode.PERMISSION
+    assert grp.getgrnam("gpuq-admins").gr_gid in os.getgrouplist("gpuq-carol", lab.carol.gid)

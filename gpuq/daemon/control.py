@@ -7,6 +7,12 @@ The runner connects from a background thread and says `Hello`; the hub
 checks the peer's uid and the job id, answers `Welcome` and hands every
 later message to its listener (`gpuq.daemon.suspend.ChannelListener`).
 
+In lab mode a job runs as its owner (`owner_of` names them): the socket
+then belongs to that user (still 0600), in a directory others may pass
+through but not list (0711), and only root, the daemon's user and the
+job's owner may talk on it; another user's process can neither connect
+(the file's mode) nor be heard (the peer check).
+
 One runner connection per job: a new hello replaces the previous connection
 (a runner that reconnected). A malformed, oversized (`MAX_CONTROL_BYTES`),
 unknown or unexpected message is logged and closes that connection; the
@@ -78,6 +84,8 @@ class _Channel:
 
     listening: socket.socket
     path: Path
+    owner: int | None = None
+    """The uid the job runs as when not the daemon's (lab mode): the only other user heard."""
     writer: asyncio.StreamWriter | None = None
     hello: Hello | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -92,8 +100,11 @@ class ControlHub:
         self.directory = directory
         self._metrics_interval = metrics_interval
         self.listener: ControlListener | None = None
+        self.owner_of: Callable[[int], int | None] | None = None
+        """The uid a job runs as if not the daemon's (lab mode), else None; the daemon sets it."""
         self._channels: dict[int, _Channel] = {}
         self._directory_ready = False
+        self._directory_shared = False
 
     @property
     def metrics_interval(self) -> float:
@@ -113,28 +124,46 @@ class ControlHub:
         """
         self.close(job_id)
         path = self.path(job_id)
+        owner = self._owner(job_id)
         listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            if not self._directory_ready:
-                ensure_private_dir(self.directory)
-                self._directory_ready = True
+            self._prepare_directory(shared=owner is not None)
             path.unlink(missing_ok=True)
             old_umask = os.umask(0o177)
             try:
                 listening.bind(str(path))
             finally:
                 os.umask(old_umask)
+            if owner is not None:  # the directory is root's: nobody can swap the file meanwhile
+                os.chown(path, owner, -1, follow_symlinks=False)
             listening.listen(8)
             listening.setblocking(False)
         except (OSError, GpuqError) as exc:
             listening.close()
             log.warning("job %d: no control channel (%s): signals only", job_id, exc)
             return None
-        channel = _Channel(listening, path)
+        channel = _Channel(listening, path, owner)
         self._channels[job_id] = channel
         loop = asyncio.get_running_loop()
         loop.add_reader(listening.fileno(), self._accept, job_id, channel)
         return path
+
+    def _owner(self, job_id: int) -> int | None:
+        """The user the job runs as, when not the daemon's own (lab mode)."""
+        return None if self.owner_of is None else self.owner_of(job_id)
+
+    def _prepare_directory(self, *, shared: bool) -> None:
+        """Make the sockets' directory (0700), or let users pass through it (0711) when `shared`.
+
+        Users' jobs find their own socket by its name there, but cannot list
+        the directory or put anything in it.
+        """
+        if not self._directory_ready:
+            ensure_private_dir(self.directory)
+            self._directory_ready = True
+        if shared and not self._directory_shared:
+            os.chmod(self.directory, 0o711, follow_symlinks=False)
+            self._directory_shared = True
 
     def close(self, job_id: int) -> None:
         """Stop listening for the job, drop its runner and remove the socket file."""
@@ -188,7 +217,7 @@ class ControlHub:
     async def _serve(self, job_id: int, channel: _Channel, conn: socket.socket) -> None:
         reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_CONTROL_BYTES)
         try:
-            _check_peer(conn)
+            _check_peer(conn, channel.owner)
             hello = _expect_hello(job_id, await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT))
             if channel.writer is not None:
                 channel.writer.close()  # the runner reconnected: drop the old connection
@@ -225,12 +254,12 @@ class ControlHub:
                 self.listener.on_message(job_id, message)
 
 
-def _check_peer(conn: socket.socket) -> None:
-    """Only processes of the daemon's own user may use a job's channel (SO_PEERCRED)."""
+def _check_peer(conn: socket.socket, owner: int | None = None) -> None:
+    """Only root, the daemon's user and the job's `owner` may use its channel (SO_PEERCRED)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.getuid():
-        raise ProtocolError(f"uid {uid} may not talk to this daemon")
+    if uid not in (0, os.getuid(), owner):
+        raise ProtocolError(f"uid {uid} may not talk on this job's control channel")
 
 
 def _expect_hello(job_id: int, line: bytes) -> Hello:

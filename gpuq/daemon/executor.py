@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.daemon import jobfiles, proctree
+from gpuq.daemon.identity import Account
 from gpuq.daemon.spawner import Spawned, SpawnerClient
 
 log = logging.getLogger("gpuq.daemon")
@@ -91,7 +92,9 @@ class LaunchSpec:
 
     `create_below` maps an output path to the directory below which its
     missing directories may be created; `max_log_bytes` caps each output
-    file (None: no cap).
+    file (None: no cap). `run_as`: the account the job runs as, for a
+    daemon running as root (lab mode; None: the daemon's own user), see
+    `run_as_for`.
     """
 
     command: tuple[str, ...]
@@ -104,6 +107,7 @@ class LaunchSpec:
     kill_grace: float
     create_below: Mapping[str, str] = field(default_factory=dict)
     max_log_bytes: int | None = None
+    run_as: Account | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The launch record the shim reads, also how a head sends it to another server."""
@@ -118,6 +122,7 @@ class LaunchSpec:
             "time_limit": self.time_limit,
             "signal": None if self.signal is None else list(self.signal),
             "kill_grace": self.kill_grace,
+            "run_as": None if self.run_as is None else self.run_as.to_dict(),
         }
 
     @classmethod
@@ -164,6 +169,11 @@ class LaunchSpec:
             raise ValueError("max_log_bytes must be an integer or null")
         kill_grace = number("kill_grace", optional=False)
         assert kill_grace is not None
+        run_as = data.get("run_as")
+        if run_as is not None and (
+            not isinstance(run_as, dict) or not isinstance(run_as.get("groups", []), list)
+        ):
+            raise ValueError("run_as must be an account object (uid, gid, groups, name, home)")
         return cls(
             command=tuple(command),
             cwd=data["cwd"],
@@ -175,7 +185,26 @@ class LaunchSpec:
             kill_grace=kill_grace,
             create_below=strings("create_below"),
             max_log_bytes=max_bytes,
+            run_as=None if run_as is None else Account.from_dict(run_as),
         )
+
+
+def run_as_for(uid: int | None) -> Account | None:
+    """The account a job owned by `uid` runs as: its owner's, when the daemon is root.
+
+    Only a daemon running as root can (and in lab mode must) run a job as
+    another user; a job of root's, one without an owner (from before lab
+    mode) and every job of a personal daemon run as the daemon's own user
+    (None). Raises `identity.UnknownAccount` for a uid the system does not
+    know.
+    """
+    owner = lab_owner(uid)
+    return None if owner is None else Account.of_uid(owner)
+
+
+def lab_owner(uid: int | None) -> int | None:
+    """`uid` when a job it owns runs as that user rather than the daemon's (`run_as_for`)."""
+    return uid if uid is not None and uid != 0 and os.geteuid() == 0 else None
 
 
 OnSpawned = Callable[[Spawned], None]
@@ -209,6 +238,8 @@ class Executor:
         full disk) and RuntimeError if a shim still holds the lock.
         """
         job_dir = self.job_dir(job_id)
+        if spec.run_as is not None:
+            jobfiles.share_checkpoints(self.jobs_dir, job_dir, spec.run_as.uid, spec.run_as.gid)
         for stale in (jobfiles.EXIT, jobfiles.CHILD, jobfiles.SHIM):
             (job_dir / stale).unlink(missing_ok=True)
         jobfiles.write_json(job_dir / jobfiles.LAUNCH, spec.to_dict())

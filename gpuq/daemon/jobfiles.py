@@ -6,7 +6,9 @@
 - `launch.json`: what to run (written by the daemon before the shim starts);
 - `shim.json` / `child.json`: pid, start time and boot id of shim and job;
 - `exit.json`: how the job ended (written by the shim, atomically);
-- `checkpoints/`: kept across suspend and retry.
+- `checkpoints/`: kept across suspend and retry; in lab mode it belongs to
+  the job's user (mode 0700), who reaches it through the daemon's
+  directories by search permission only (`share_checkpoints`).
 
 Every JSON file is written to a temporary name and renamed, so a reader sees
 the old file or the new one, never half of one. The records a shim writes
@@ -83,12 +85,45 @@ def reserve(job_dir: Path, names: tuple[str, ...] = SHIM_RECORDS) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None if absent or unreadable."""
+    """The JSON object in `path`, or None if absent, unreadable or a symbolic link.
+
+    Links are never followed: in lab mode a job's user writes records of
+    their own (in `checkpoints/`) that the daemon, as root, reads.
+    """
     try:
-        data = json.loads(path.read_bytes())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def share_checkpoints(jobs_dir: Path, job_dir: Path, uid: int, gid: int) -> None:
+    """Hand the job's `checkpoints/` to its user (lab mode), private to them (0700).
+
+    The jobs directory and the job's own keep belonging to the daemon, and
+    others may only pass through them (0711): the user reaches their
+    checkpoints by path but can neither list nor change the daemon's
+    records. Each step below the jobs directory goes through a descriptor
+    opened without following links. Raises OSError.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for directory, nofollow in ((jobs_dir, 0), (job_dir, os.O_NOFOLLOW)):
+        fd = os.open(directory, flags & ~os.O_NOFOLLOW | nofollow)
+        try:
+            os.fchmod(fd, 0o711)
+        finally:
+            os.close(fd)
+    fd = os.open(job_dir / CHECKPOINTS, flags)
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def process_start_time(pid: int) -> int | None:

@@ -28,8 +28,10 @@ from pathlib import Path
 
 from gpuq import env as job_env
 from gpuq.daemon import faults, incoming, jobfiles, oom, suspend, transfer
-from gpuq.daemon.executor import LaunchSpec, Outcome
+from gpuq.daemon.executor import LaunchSpec, Outcome, lab_owner, run_as_for
+from gpuq.daemon.identity import Account, UnknownAccount
 from gpuq.daemon.node.gang import GangNode, Part, address_toward
+from gpuq.daemon.outputs import USERS_DIR, user_log_dir
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
@@ -63,13 +65,18 @@ def output_targets(
     Relative patterns are taken from the job's working directory, and
     directories are created only below it; gpuq's own log directory (on the
     node the job runs on, `node`: by default its last) is created as
-    needed; an absolute pattern's directory must exist.
+    needed; an absolute pattern's directory must exist. A job that runs as
+    its owner (lab mode) keeps its default logs here in that user's own
+    directory (`outputs.user_log_dir`).
     """
     spec = job.spec
     log_dir = state.config.daemon.log_dir
     remote = state.remotes.get(job.node if node is None else node)
+    owner = lab_owner(spec.uid)
     if remote is not None and remote.mirror is not None:
         log_dir = remote.log_dir
+    elif owner is not None:
+        log_dir = log_dir / USERS_DIR / str(owner)
     below: dict[str, str] = {}
 
     def expand(pattern: str) -> str:
@@ -269,6 +276,13 @@ def _launch(
     spec = job.spec
     attempt = job.attempts
     try:
+        run_as = run_as_for(spec.uid)
+    except UnknownAccount as exc:
+        state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
+        return
+    try:
+        if run_as is not None:
+            _make_user_log_dir(state, run_as, below)
         launch = LaunchSpec(
             command=spec.command,
             cwd=spec.cwd,
@@ -280,6 +294,7 @@ def _launch(
             kill_grace=state.config.daemon.kill_grace,
             create_below=below,
             max_log_bytes=state.config.logs.max_size or None,
+            run_as=run_as,
         )
         faults.crash_point("starting-committed")
         state.node_of(job.id).launch(
@@ -296,6 +311,13 @@ def _launch(
     except RuntimeError as exc:
         state.node_of(job.id).control.close(job.id)
         state.transition(job, JobState.FAILED, f"could not start: {exc}", end_time=time.time())
+
+
+def _make_user_log_dir(state: DaemonState, account: Account, below: dict[str, str]) -> None:
+    """Make the user's own log directory here if the job's default logs go there (OSError)."""
+    log_dir = state.config.daemon.log_dir
+    if str(log_dir / USERS_DIR / str(account.uid)) in below.values():
+        user_log_dir(log_dir, account.uid, account.gid)
 
 
 def _requeue_for_space(state: DaemonState, job: Job, exc: OSError) -> None:

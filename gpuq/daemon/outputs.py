@@ -2,11 +2,18 @@
 
 The shim opens each output file with `O_NOFOLLOW`, so a symbolic link
 planted at the path (in a shared directory, pointing at someone's file) is
-refused, not followed; it appends only to a regular file of its own user or
-to a character device such as /dev/null. Missing directories are created
+refused, not followed; it appends only to a regular file of the job's user
+or to a character device such as /dev/null. Missing directories are created
 only where the launch record allows it (`create_below`: gpuq's own log
 directory, or the job's working directory for a relative `--output`), one
 level at a time.
+
+In lab mode (the launch record's `run_as`) the shim opens the files at the
+job's user's effective ids, so the kernel checks that user's permissions
+on every directory and file; files it creates are private to the user
+(0600), and its default log directory is one of the user's own
+(`user_log_dir`). The daemon, as root, reads a job's output back only
+through `open_for_reading`, which refuses links and other users' files.
 
 `LogLimit` keeps each file under `[logs] max_size`: when one grows past it,
 the shim keeps its first eighth and its last quarter, and puts a marker line
@@ -21,8 +28,11 @@ import errno
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, BinaryIO, Final
 
+USERS_DIR: Final = "users"
+"""Subdirectory of the log directory holding each lab user's default logs (by uid)."""
 CHECK_INTERVAL: Final = 1.0
 """Seconds between two checks of the output files' sizes."""
 _CHUNK: Final = 1024 * 1024
@@ -54,28 +64,41 @@ class Outputs:
 
 
 def open_outputs(launch: dict[str, Any]) -> Outputs:
-    """Open the stdout and stderr files a launch record names."""
+    """Open the stdout and stderr files a launch record names.
+
+    With `run_as` (lab mode) they must belong to that user, and new ones
+    are made private to them (0600); the caller has switched to the user's
+    effective ids, so the kernel checks the user's permissions.
+    """
     below: dict[str, str] = launch.get("create_below") or {}
-    stdout = open_output(launch["stdout"], below.get(launch["stdout"]))
+    run_as = launch.get("run_as")
+    owner = None if run_as is None else int(run_as["uid"])
+    mode = 0o644 if run_as is None else 0o600
+    stdout = open_output(launch["stdout"], below.get(launch["stdout"]), owner=owner, mode=mode)
     if launch["stderr"] == launch["stdout"]:
         return Outputs(stdout, stdout)
     try:
-        return Outputs(stdout, open_output(launch["stderr"], below.get(launch["stderr"])))
+        stderr = open_output(launch["stderr"], below.get(launch["stderr"]), owner=owner, mode=mode)
     except OutputError:
         os.close(stdout)
         raise
+    return Outputs(stdout, stderr)
 
 
-def open_output(path: str, create_below: str | None) -> int:
+def open_output(
+    path: str, create_below: str | None, *, owner: int | None = None, mode: int = 0o644
+) -> int:
     """Open `path` for appending, never through a symbolic link; returns the descriptor.
 
     With `create_below`, missing directories between it and the file are
     created (mode 0755 less the umask); otherwise the directory must exist.
+    An existing regular file must belong to `owner` (None: this process's
+    effective user); a new one gets `mode` (less the umask).
     """
     parent, name = os.path.split(path)
     dir_fd = _open_directory(parent, create_below)
     try:
-        fd = os.open(name, _FLAGS, 0o644, dir_fd=dir_fd)
+        fd = os.open(name, _FLAGS, mode, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OutputError(
@@ -86,7 +109,7 @@ def open_output(path: str, create_below: str | None) -> int:
     finally:
         os.close(dir_fd)
     try:
-        _check_target(fd, path)
+        _check_target(fd, path, os.geteuid() if owner is None else owner)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -94,17 +117,17 @@ def open_output(path: str, create_below: str | None) -> int:
     return fd
 
 
-def _check_target(fd: int, path: str) -> None:
-    """Accept a regular file of this user's, or a character device (/dev/null)."""
+def _check_target(fd: int, path: str, owner: int) -> None:
+    """Accept a regular file of the job's user (`owner`), or a character device (/dev/null)."""
     info = os.fstat(fd)
     if stat.S_ISCHR(info.st_mode):
         return
     if not stat.S_ISREG(info.st_mode):
         raise OutputError(f"refusing to write the job's output to {path}: not a regular file")
-    if info.st_uid != os.geteuid():
+    if info.st_uid != owner:
         raise OutputError(
             f"refusing to append the job's output to {path}: it belongs to uid {info.st_uid}, "
-            f"not to the job's user (uid {os.geteuid()})"
+            f"not to the job's user (uid {owner})"
         )
 
 
@@ -191,22 +214,117 @@ class LogLimit:
             os.close(rw)
 
 
-def tail_offset(path: str, lines: int) -> int:
-    """Byte offset where the last `lines` lines of the file start."""
+def user_log_dir(log_dir: Path, uid: int, gid: int) -> Path:
+    """`<log_dir>/users/<uid>/`, made if missing: where a lab job's default logs go.
+
+    The daemon (root) makes it, owned by the user and private to them
+    (0700), so the shim, at the user's ids, can create the job's log there
+    and nobody else can read it; `users/` itself stays root's, and others
+    may only pass through it (0711). Each level is opened without following
+    links and fixed through its descriptor. Raises OSError.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    log_dir.mkdir(parents=True, exist_ok=True)
+    base = os.open(log_dir, flags & ~os.O_NOFOLLOW)  # the configured directory, as named
+    try:
+        users = _make_dir_at(base, USERS_DIR, flags)
+    finally:
+        os.close(base)
+    try:
+        _check_daemon_owns(users, log_dir / USERS_DIR)
+        os.fchmod(users, 0o711)
+        mine = _make_dir_at(users, str(uid), flags)
+    finally:
+        os.close(users)
+    try:
+        os.fchown(mine, uid, gid)
+        os.fchmod(mine, 0o700)
+    finally:
+        os.close(mine)
+    return log_dir / USERS_DIR / str(uid)
+
+
+def _check_daemon_owns(fd: int, path: Path) -> None:
+    """Raise OSError (EPERM) unless the daemon's user owns the directory `fd` (at `path`)."""
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        raise OSError(errno.EPERM, f"it belongs to uid {owner}, not to the daemon", str(path))
+
+
+def _make_dir_at(dir_fd: int, name: str, flags: int) -> int:
+    """A descriptor of directory `name` in `dir_fd`, made (0700) if missing; never a link."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=dir_fd)
+    return os.open(name, flags, dir_fd=dir_fd)
+
+
+def open_for_reading(path: str, owner: int | None) -> BinaryIO | None:
+    """Open a job's output file for the daemon to read back (`gpuq logs`).
+
+    None when there is nothing to read: no such file, or a character device
+    such as /dev/null. A symbolic link, anything but a regular file, or
+    (with `owner`, the job's uid in lab mode) a file of another user is
+    refused with `OutputError`: the daemon reads as root, and must not show
+    one user a file that user could not read themselves.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OutputError(f"refusing to read {path}: it is a symbolic link") from None
+        raise OutputError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        readable = _check_readable(fd, path, owner)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not readable:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def _check_readable(fd: int, path: str, owner: int | None) -> bool:
+    """True for a regular file of `owner`'s (None: anyone's), False for a character device."""
+    info = os.fstat(fd)
+    if stat.S_ISCHR(info.st_mode):
+        return False
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(f"refusing to read {path}: not a regular file")
+    if owner is not None and info.st_uid != owner:
+        raise OutputError(
+            f"refusing to read {path}: it belongs to uid {info.st_uid}, "
+            f"not to the job's user (uid {owner})"
+        )
+    return True
+
+
+def tail_offset(path: str | BinaryIO, lines: int) -> int:
+    """Byte offset where the last `lines` lines of the file (a path or an open file) start."""
+    if not isinstance(path, str):
+        return _tail_offset(path, lines)
     with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        end = pos = handle.tell()
-        if lines <= 0:
-            return end
-        found = 0
-        while pos > 0 and found <= lines:
-            step = min(8192, pos)
-            pos -= step
-            handle.seek(pos)
-            block = handle.read(step)
-            for i in range(len(block) - 1, -1, -1):
-                if block[i] == 10 and pos + i != end - 1:
-                    found += 1
-                    if found == lines:
-                        return pos + i + 1
+        return _tail_offset(handle, lines)
+
+
+def _tail_offset(handle: BinaryIO, lines: int) -> int:
+    """`tail_offset` of an open file; leaves its position anywhere."""
+    handle.seek(0, os.SEEK_END)
+    end = pos = handle.tell()
+    if lines <= 0:
+        return end
+    found = 0
+    while pos > 0 and found <= lines:
+        step = min(8192, pos)
+        pos -= step
+        handle.seek(pos)
+        block = handle.read(step)
+        for i in range(len(block) - 1, -1, -1):
+            if block[i] == 10 and pos + i != end - 1:
+                found += 1
+                if found == lines:
+                    return pos + i + 1
     return 0

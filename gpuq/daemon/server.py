@@ -28,7 +28,7 @@ from gpuq.config import Config
 from gpuq.daemon import lifecycle, monitor, recovery, remotes, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
 from gpuq.daemon.control import CONTROL_DIR, ControlHub, report_interval
-from gpuq.daemon.executor import Executor
+from gpuq.daemon.executor import Executor, lab_owner
 from gpuq.daemon.hosted import Hosted
 from gpuq.daemon.node.local import LocalNode
 from gpuq.daemon.scheduler import memory, tick
@@ -63,6 +63,20 @@ FAKE_GPU_DIR = "fake-gpus"
 def socket_path(config: Config) -> Path:
     """Where the daemon of this configuration listens (a lab daemon: `[lab] socket`)."""
     return config.lab.socket if config.lab.enabled else config.daemon.runtime_dir / SOCKET_NAME
+
+
+def open_lab_dirs(config: Config) -> None:
+    """Let users reach, by name only (0711), what is theirs below the daemon's directories.
+
+    Their jobs create output files in `<log_dir>/users/<uid>`, write
+    checkpoints in `<state_dir>/jobs/<id>/checkpoints` and reach their
+    control sockets in `<runtime_dir>/ctl`; every file the daemon itself
+    makes there stays 0600 (the umask). The socket's directory is 0755.
+    """
+    cfg = config.daemon
+    for directory in (cfg.state_dir, cfg.runtime_dir, cfg.log_dir):
+        os.chmod(directory, 0o711)
+    prepare_lab_socket_dir(socket_path(config).parent)
 
 
 def prepare_lab_socket_dir(directory: Path) -> None:
@@ -139,13 +153,14 @@ class Server:
     async def startup(self) -> None:
         """Prepare everything and start serving; raises GpuqError on failure."""
         cfg = self.config.daemon
+        lab = self.config.lab.enabled
+        if lab:  # what the daemon makes is root's alone unless opened up on purpose below
+            os.umask(0o077)
         for directory in (cfg.state_dir, cfg.runtime_dir):
             ensure_private_dir(directory)
-        lab = self.config.lab.enabled
-        if lab:  # users' runners reach their jobs' control sockets below it, by name only
-            os.chmod(cfg.runtime_dir, 0o711)
-            prepare_lab_socket_dir(socket_path(self.config).parent)
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        if lab:
+            open_lab_dirs(self.config)
         check_state_dir(self.config)
         self._take_lock()
         path = socket_path(self.config)
@@ -153,6 +168,10 @@ class Server:
         jobs_dir = cfg.state_dir / "jobs"
         database = cfg.state_dir / "gpuq.db"
         store = Store.open(database, statedir.id_floor(cfg.runtime_dir, jobs_dir), time.time())
+        if lab:  # the database holds every job's environment: root's eyes only
+            for name in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(name, 0o600)
         self._store = store
         backend = make_backend(self.config.gpus)
         self._spawner = SpawnerClient()
@@ -173,6 +192,8 @@ class Server:
             device_env,
         )
         state = DaemonState(self.config, store, node, get_policy(self.config.scheduler.policy))
+        if lab:
+            node.control.owner_of = lambda job_id: job_owner(state, job_id)
         state.state_dir_watch = statedir.StateDirWatch(cfg.state_dir, database)
         state.hosted = Hosted(
             cfg.state_dir / "hosted",
@@ -330,6 +351,12 @@ class Server:
                 socket_path(self.config).unlink()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
+
+
+def job_owner(state: DaemonState, job_id: int) -> int | None:
+    """The uid a lab job runs as, for its control socket (None: the daemon's own)."""
+    job = state.active.get(job_id)
+    return None if job is None else lab_owner(job.spec.uid)
 
 
 def _reload_on_hangup(state: DaemonState) -> None:

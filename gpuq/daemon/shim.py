@@ -16,6 +16,14 @@ limit, and when the command ends kills whatever is left of the job's tree
 and writes `exit.json` into the space the daemon reserved for it, retrying
 while the disk is full. It imports only the standard library and
 `gpuq.daemon` modules that do too, so it starts fast.
+
+In lab mode the shim runs as root and the launch record names the job's
+user (`run_as`). The shim then opens the output files and starts the
+command at that user's effective ids (`user_ids`), so the kernel checks the
+user's permissions on the output paths and the working directory, never
+root's; the command itself gets the user's real, effective and saved ids
+and groups, and therefore no capabilities. The shim returns to root's ids
+for the rest of its work (its records, the limits, killing the job's tree).
 """
 
 from __future__ import annotations
@@ -28,14 +36,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
 from gpuq.daemon import jobfiles, proctree
-from gpuq.daemon.outputs import LogLimit, OutputError, open_outputs
+from gpuq.daemon.identity import Account
+from gpuq.daemon.outputs import LogLimit, OutputError, Outputs, open_outputs
 
 PR_SET_CHILD_SUBREAPER: Final = 36
+JOB_UMASK: Final = 0o022
+"""A lab job's umask, a login's usual one (the lab daemon's own, 077, is not the user's)."""
 MAX_REASON: Final = 2000
 """Longest reason text in exit.json (it must fit the reserved record)."""
 EXIT_RETRY_MAX: Final = 5.0
@@ -65,12 +77,17 @@ SHIM_AUTOGROUP_NICE = 10
 """Nice value of a shim's session (autogroup); see `defer_to_the_daemon`."""
 
 
-def describe_start_error(command: list[str], cwd: str, exc: OSError) -> str:
+def describe_start_error(
+    command: list[str], cwd: str, exc: OSError, run_as: Account | None = None
+) -> str:
     """Why the command could not be executed, in the OS's words plus what it means."""
     program = command[0]
     what = exc.strerror or str(exc)
     if exc.errno == errno.ENOENT and exc.filename == cwd:
         return f"cannot start {program!r}: working directory {cwd!r} no longer exists"
+    if exc.filename == cwd:
+        text = f"cannot start {program!r}: cannot enter the working directory {cwd!r}: {what}"
+        return text + ("" if run_as is None else f" ({_as_whom(run_as)})")
     text = f"cannot execute {program!r}: {what} (errno {exc.errno})"
     if exc.errno == errno.ENOENT and (
         os.path.exists(program) or os.path.exists(Path(cwd, program))
@@ -88,25 +105,10 @@ def supervise(job_dir: Path) -> dict[str, Any]:
     launch = jobfiles.read_json(job_dir / jobfiles.LAUNCH)
     if launch is None:
         return {"returncode": None, "error": "launch.json is missing or unreadable"}
-    try:
-        outputs = open_outputs(launch)
-    except OutputError as exc:
-        return {"returncode": None, "error": str(exc), "start_failed": True}
-    command = [str(arg) for arg in launch["command"]]
-    try:
-        child = subprocess.Popen(  # noqa: S603 - running the user's command is the point
-            command,
-            cwd=launch["cwd"],
-            env=launch["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=outputs.stdout,
-            stderr=outputs.stderr,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        outputs.close()
-        error = describe_start_error(command, launch["cwd"], exc)
-        return {"returncode": None, "error": error, "start_failed": True}
+    started = _start(launch)
+    if isinstance(started, str):
+        return {"returncode": None, "error": started, "start_failed": True}
+    child, outputs = started
     jobfiles.write_json(
         job_dir / jobfiles.CHILD,
         {"pid": child.pid, "pgid": child.pid, "starttime": jobfiles.process_start_time(child.pid)},
@@ -132,6 +134,81 @@ def supervise(job_dir: Path) -> dict[str, Any]:
     if returncode is not None and returncode < 0:
         result["signal"] = signal.Signals(-returncode).name
     return result
+
+
+def _start(launch: dict[str, Any]) -> tuple[subprocess.Popen[bytes], Outputs] | str:
+    """Open the outputs and start the command, as the job's user; the child, or why not."""
+    try:
+        run_as = None if launch.get("run_as") is None else Account.from_dict(launch["run_as"])
+    except ValueError as exc:
+        return f"the launch record's account is invalid: {exc}"
+    command = [str(arg) for arg in launch["command"]]
+    env = dict(launch["env"])
+    if run_as is not None:
+        env.update({"HOME": run_as.home, "USER": run_as.name, "LOGNAME": run_as.name})
+    try:
+        with user_ids(run_as):
+            try:
+                outputs = open_outputs(launch)
+            except OutputError as exc:
+                return str(exc) + ("" if run_as is None else f" ({_as_whom(run_as)})")
+            try:
+                child = subprocess.Popen(  # noqa: S603 - running the user's command is the point
+                    command,
+                    cwd=launch["cwd"],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=outputs.stdout,
+                    stderr=outputs.stderr,
+                    start_new_session=True,
+                    user=None if run_as is None else run_as.uid,
+                    group=None if run_as is None else run_as.gid,
+                    umask=-1 if run_as is None else JOB_UMASK,
+                )
+            except OSError as exc:
+                outputs.close()
+                return describe_start_error(command, launch["cwd"], exc, run_as)
+    except PermissionError as exc:  # only taking on the user's ids raises it
+        assert run_as is not None
+        return f"cannot run the job {_as_whom(run_as)}: {exc.strerror} (the shim is not root)"
+    return child, outputs
+
+
+def _as_whom(account: Account) -> str:
+    """`as user alice (uid 1001)`, for messages."""
+    return f"as user {account.name} (uid {account.uid})"
+
+
+@contextlib.contextmanager
+def user_ids(account: Account | None) -> Iterator[None]:
+    """Take on `account`'s groups and effective ids for the block, then return to ours.
+
+    The groups go first and the user id last: changing groups and the group
+    id needs root's powers, which an effective uid other than 0 no longer
+    has. Real and saved ids stay root's, so the shim can take its own ids
+    back (and no process of the user's may signal or trace it meanwhile); a
+    child started in the block inherits the groups, and `Popen(user=,
+    group=)` makes its every uid and gid the user's before it runs the
+    command, which drops all capabilities. Nothing to do for None or for the
+    user this process already is.
+    """
+    if account is None or (os.geteuid() == account.uid != 0 and os.getegid() == account.gid):
+        yield
+        return
+    groups, gid, uid = os.getgroups(), os.getegid(), os.geteuid()
+    os.setgroups(list(account.groups))
+    try:
+        os.setegid(account.gid)
+        try:
+            os.seteuid(account.uid)
+            try:
+                yield
+            finally:
+                os.seteuid(uid)
+        finally:
+            os.setegid(gid)
+    finally:
+        os.setgroups(groups)
 
 
 def _wait(

@@ -74,13 +74,27 @@ def _reap(signum: int, frame: FrameType | None) -> None:
             pass
 
 
-def _fork_shim(sock: socket.socket, job_dir: str, lock_fd: int) -> int:
-    """Fork a shim for `job_dir` holding `lock_fd`; returns its pid (in the parent)."""
-    pid = os.fork()
+def _fork_shim(sock: socket.socket, job_dir: str, lock_fd: int) -> tuple[int, int]:
+    """Fork a shim for `job_dir` holding `lock_fd`; returns its pid and pidfd (in the parent).
+
+    SIGCHLD is blocked from the fork until the pidfd is open: a shim whose
+    job ends at once must not be reaped before then, or the pidfd could not
+    be opened and the daemon would run a job that already ran a second time.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        pid = os.fork()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        raise
     if pid:
-        return pid
+        try:
+            return pid, os.pidfd_open(pid)  # at worst a zombie: not reaped while blocked
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     code = 70
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sock.close()
@@ -116,8 +130,7 @@ def serve(sock: socket.socket) -> None:
         pidfd = None
         try:
             if len(fds) == 1:
-                pid = _fork_shim(sock, message.decode(), fds[0])
-                pidfd = os.pidfd_open(pid)
+                pid, pidfd = _fork_shim(sock, message.decode(), fds[0])
                 reply = {"pid": pid}
             else:
                 reply = {"error": f"expected one lock descriptor, got {len(fds)}"}

@@ -27,7 +27,7 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
     for job in doomed:
         for name in {job.stdout_path, job.stderr_path}:
             # Only logs gpuq placed in its own log directory are gpuq's to delete.
-            if name and Path(name).parent == log_dir and Path(name).exists():
+            if name and _in_log_dir(Path(name), log_dir) and Path(name).exists():
                 files.append(Path(name))
     freed = sum(f.stat().st_size for f in files)
     if not request.dry_run:
@@ -42,3 +42,10 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
         "bytes": freed,
         "dry_run": request.dry_run,
     }
+
+
+def _in_log_dir(path: Path, log_dir: Path) -> bool:
+    """A file gpuq placed: in its log directory, or a lab user's directory of it (users/UID)."""
+    return path.parent == log_dir or (
+        path.parent.parent == log_dir / "users" and path.parent.name.isdigit()
+    )

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
 
 from gpuq.daemon.access import require_owner
+from gpuq.daemon.executor import lab_owner
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.lifecycle import output_paths
 from gpuq.daemon.node.gang import part_path
 from gpuq.daemon.node.remote import RemoteNode
-from gpuq.daemon.outputs import tail_offset
+from gpuq.daemon.outputs import OutputError, open_for_reading, tail_offset
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import PermissionDenied, UsageError
 from gpuq.models import Job
@@ -46,12 +46,14 @@ async def handle(
         (job.stdout_path, job.stderr_path) if job.stdout_path else output_paths(state, job)
     )
     path = part_path(stdout if request.stream == "stdout" else stderr, rank)
+    owner = lab_owner(job.spec.uid) if state.config.lab.enabled else None
     offset = 0
-    if request.tail is not None and os.path.exists(path):
-        offset = tail_offset(path, request.tail)
+    if request.tail is not None and (first := _open_log(path, owner)) is not None:
+        with first:
+            offset = tail_offset(first, request.tail)
     while True:
-        if os.path.exists(path):
-            with _open_log(state, job, path) as handle:
+        if (handle := _open_log(path, owner)) is not None:
+            with handle:
                 handle.seek(offset)
                 while data := handle.read(CHUNK):
                     offset += len(data)
@@ -103,27 +105,14 @@ async def _remote(
     return {"path": path, "offset": offset, "state": job.state.value, "node": remote.name}
 
 
-def _open_log(state: DaemonState, job: Job, path: str) -> BinaryIO:
-    """Open a job's output for reading, never through a link, and on a lab daemon only the owner's.
+def _open_log(path: str, owner: int | None) -> BinaryIO | None:
+    """A job's output opened for reading (`outputs.open_for_reading`); None: nothing to read.
 
-    A lab daemon reads as root: a user whose `--output` names a link to, or
-    a hard link of, someone else's file must not get that file's contents.
+    The daemon may read as root: a link, a FIFO, or (on a lab daemon) a file
+    not of the job's user is refused, so nobody reads through a job's
+    `--output` what they could not read themselves.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        _check_log(state, job, path, os.fstat(fd))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _check_log(state: DaemonState, job: Job, path: str, info: os.stat_result) -> None:
-    """On a lab daemon, refuse anything but a regular file of the job's owner."""
-    owner = job.spec.uid if job.spec.uid is not None else os.geteuid()
-    if state.config.lab.enabled and (not stat.S_ISREG(info.st_mode) or info.st_uid != owner):
-        raise PermissionDenied(
-            f"{path} is not a regular file of the job's user: not shown",
-            "a job's output is read only from its own files",
-        )
+        return open_for_reading(path, owner)
+    except OutputError as exc:
+        raise PermissionDenied(str(exc), "a job's output is read only from its own files") from None
