@@ -167,6 +167,8 @@ class LabConfig:
     max_queued: int = 0
     half_life: float = 7 * 86400.0
     shares: tuple[tuple[str, float], ...] = ()
+    aging: float = 86400.0
+    """Seconds of waiting that add 1 to a job's fair-share priority, so nothing starves."""
     audit_keep: float = 90 * 86400.0
     """Seconds an audit entry is kept."""
 
@@ -222,6 +224,8 @@ _EXPECTED: dict[str, str] = {
     "lab.half_life": 'seconds, more than 0, or a duration such as "7d"',
     "lab.shares": "a table of user names to shares (numbers more than 0), such as "
     "{ alice = 2, bob = 1 }",
+    "lab.aging": 'seconds, more than 0, or a duration such as "1d" (waiting this long adds 1 '
+    "to a job's fair-share priority)",
     "lab.audit_keep": 'seconds, more than 0, or a duration such as "90d"',
     "client.daemon": '"auto" (the lab daemon where one runs), "lab" or "personal"',
     "client.timeout": "seconds of silence from the daemon before a command gives up, more than 2 "
@@ -617,6 +621,7 @@ def _lab(
         half_life=table.get("half_life", d.half_life, _positive_duration),
         shares=table.get("shares", d.shares, _shares),
         audit_keep=table.get("audit_keep", d.audit_keep, _positive_duration),
+        aging=table.get("aging", d.aging, _positive_duration),
     )
 
 

@@ -229,6 +229,11 @@ class Audit:
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """Each user's fair share on a lab daemon: share, decayed usage, factor, jobs and GPUs."""
+
+
+@dataclass(frozen=True, slots=True)
 class Subscribe:
     """Turn the connection into a stream of job and GPU events."""
 
@@ -367,6 +372,7 @@ Request = (
     | Reload
     | Clean
     | Audit
+    | Share
     | Subscribe
     | Migrate
     | NodeLaunch
@@ -400,6 +406,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "reload": Reload,
     "clean": Clean,
     "audit": Audit,
+    "share": Share,
     "subscribe": Subscribe,
     "migrate": Migrate,
     "node.launch": NodeLaunch,

@@ -189,3 +189,37 @@ def test_a_mixed_cluster_runs_each_job_on_its_types_tables(tiny: str) -> None:
         "3x8 RTX2080Ti + 2x8 A100 + 1x4 RTX6000 (44 GPUs, sia tables)"
     )
     assert document["results"]["sia"]["jobs"] == 3
+
+
+def test_user_copies_give_each_user_a_row_of_jobs_jct_and_gpu_time(tiny: str) -> None:
+    result = sim(
+        "-p", "fifo", "-w", tiny, "--nodes", "1", "--gpus-per-node", "2",
+        "--user-copies", "heavy=3,light=1", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    users = json.loads(result.stdout)["results"]["fifo"]["users"]
+    assert {name: row["jobs"] for name, row in users.items()} == {"heavy": 9, "light": 3}
+    assert sum(row["gpu_share"] for row in users.values()) == pytest.approx(1.0)
+    table = sim(
+        "-p", "fifo", "-w", tiny, "--nodes", "1", "--gpus-per-node", "2",
+        "--user-copies", "heavy=3,light=1",
+    )  # fmt: skip
+    assert table.exit_code == 0, table.output
+    assert ["POLICY", "USER", "JOBS", "AVG", "JCT", "GPU", "TIME"] in [
+        line.split() for line in table.stdout.splitlines()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--users", "a=1", "--user-copies", "a=1"], "use one"),
+        (["--user-copies", "a=1.5"], "whole numbers"),
+        (["--shares", "a=0"], "more than 0"),
+        (["--max-gpus-per-user", "-1"], "0 (no limit) or more"),
+    ],
+)
+def test_bad_lab_options_exit_2_with_the_reason(tiny: str, args: list[str], message: str) -> None:
+    result = sim("-p", "fifo", "-w", tiny, "--nodes", "1", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr

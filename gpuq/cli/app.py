@@ -39,6 +39,7 @@ app.add_typer(cluster.cluster_app, name="cluster")
 app.command("migrate")(migrate.migrate)
 app.add_typer(lab.lab_app, name="lab")
 app.command("audit")(lab.audit)
+app.command("share")(lab.share)
 
 
 def _print_version(value: bool) -> None:

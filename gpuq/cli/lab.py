@@ -71,6 +71,52 @@ def audit(
     run(json_out, body)
 
 
+def share(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
+    """Show each user's fair share on the lab daemon: share, usage, factor, jobs and GPUs.
+
+    USAGE is GPU time, decayed by [lab] half_life (as Slurm's fair share);
+    FACTOR is 2^-(usage/share), both normalized over the users: 1 for a user
+    who used nothing, 0.5 for one who used exactly their share. Within a
+    priority class, jobs start in order of their user's factor plus the time
+    they waited over [lab] aging (PRIORITY: the user's longest-waiting job).
+    Only a lab daemon has one (exit 2 on a personal one).
+    """
+
+    def body() -> None:
+        from gpuq.cli.render import table
+        from gpuq.client import Client
+        from gpuq.units import format_duration
+
+        with Client.connect(load_config(config), autostart=False) as client:
+            note(client)
+            result = client.call("share")
+        if json_out:
+            print_json(result)
+            return
+        rows = [
+            [
+                row["user"],
+                f"{row['share']:g} ({row['share_norm']:.0%})",
+                f"{float(row['usage']) / 3600:.2f} GPU-h ({row['usage_norm']:.0%})",
+                f"{row['factor']:.3f}",
+                "-" if row["priority"] is None else f"{row['priority']:.3f}",
+                str(row["running"]),
+                str(row["gpus"]),
+                str(row["waiting"]),
+            ]
+            for row in result["users"]
+        ]
+        header = ["USER", "SHARE", "USAGE", "FACTOR", "PRIORITY", "RUNNING", "GPUS", "WAITING"]
+        print(table(header, rows))
+        print(
+            f"usage half-life {format_duration(result['half_life'])}; "
+            f"waiting {format_duration(result['aging'])} adds 1 to a job's priority",
+            file=sys.stderr,
+        )
+
+    run(json_out, body)
+
+
 def unit_text(python: str, config_path: Path) -> str:
     """The systemd unit of the lab daemon.
 

@@ -139,6 +139,10 @@ EXAMPLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("What happened in the last hour, on a lab daemon.", "gpuq audit --since 1h"),
         ("An admin reads one user's entries, for a script.", "gpuq audit --json --user alice"),
     ),
+    "share": (
+        ("Who has used how much, and whose jobs go next.", "gpuq share"),
+        ("The factors, for a script.", "gpuq share --json | jq '.users[] | {user, factor}'"),
+    ),
     "lab": (("Set up the lab daemon on a server.", "sudo gpuq lab install --admin @gpuadmin"),),
     "lab install": (
         (
@@ -316,6 +320,7 @@ RELATED: dict[str, tuple[str, ...]] = {
     "resume": ("suspend",),
     "migrate": ("suspend", "show", "cluster"),
     "audit": ("lab",),
+    "share": ("lab", "ls"),
     "lab": ("audit", "doctor"),
 }
 """Further pages for SEE ALSO, beyond gpuq(1) and the enclosing group."""

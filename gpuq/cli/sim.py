@@ -32,6 +32,7 @@ Output
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -49,6 +50,8 @@ from gpuq.textsafe import visible
 
 if TYPE_CHECKING:
     from gpuq.sim.cluster import SimCluster
+    from gpuq.sim.run import SimSettings
+    from gpuq.sim.workload import WorkloadJob
 
 
 class Progress:
@@ -112,6 +115,24 @@ def results_table(results: Mapping[str, Mapping[str, Any]]) -> str:
     return table(header, rows)
 
 
+def users_table(results: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """Per policy and user: jobs, average JCT and share of the GPU time (None: no users)."""
+    rows = [
+        [
+            name,
+            user,
+            str(row["jobs"]),
+            _cell(row.get("avg_jct"), "s"),
+            f"{row['gpu_share']:.1%}",
+        ]
+        for name, summary in results.items()
+        for user, row in sorted((summary.get("users") or {}).items())
+    ]
+    if not rows:
+        return None
+    return table(["POLICY", "USER", "JOBS", "AVG JCT", "GPU TIME"], rows)
+
+
 def _cluster(spec: str | None, nodes: int | None, gpus_per_node: int | None) -> SimCluster:
     """The cluster of `--cluster`, or of `--nodes` and `--gpus-per-node`, never both."""
     from gpuq.sim.cluster import load_cluster, uniform_cluster
@@ -126,6 +147,46 @@ def _cluster(spec: str | None, nodes: int | None, gpus_per_node: int | None) -> 
             hint="drop --nodes/--gpus-per-node, or describe the nodes in the cluster file",
         )
     return load_cluster(spec)
+
+
+def _with_users(
+    jobs: tuple[WorkloadJob, ...],
+    settings: SimSettings,
+    users: str | None,
+    user_copies: str | None,
+    shares: str | None,
+    half_life: str,
+    max_gpus: int,
+) -> tuple[tuple[WorkloadJob, ...], SimSettings]:
+    """The workload with owners and the settings with fair share, as the lab options say."""
+    from gpuq.sim.fair import SimLab
+    from gpuq.sim.run import parse_users
+    from gpuq.sim.workload import assign_users, copies_for_users
+    from gpuq.units import parse_duration
+
+    if users and user_copies:
+        raise UsageError("--users and --user-copies both give jobs owners: use one")
+    if users:
+        jobs = assign_users(jobs, parse_users(users), settings.seed)
+    elif user_copies:
+        counts = parse_users(user_copies)
+        if any(count != int(count) for count in counts.values()):
+            raise UsageError("--user-copies takes whole numbers of copies (alice=10,bob=1)")
+        jobs = copies_for_users(jobs, {name: int(count) for name, count in counts.items()})
+    if max_gpus < 0:
+        raise UsageError("--max-gpus-per-user must be 0 (no limit) or more")
+    lab = SimLab(
+        shares=parse_users(shares) if shares else {},
+        half_life=parse_duration(half_life),
+        max_gpus=max_gpus,
+    )
+    if lab.half_life <= 0:
+        raise UsageError("--half-life must be more than 0")
+    if any(share <= 0 for share in lab.shares.values()):
+        raise UsageError("--shares must be more than 0 (alice=2,bob=1)")
+    if not (users or user_copies or shares or max_gpus):
+        return jobs, settings
+    return jobs, dataclasses.replace(settings, lab=lab)
 
 
 def sim_command(
@@ -184,6 +245,34 @@ def sim_command(
         int | None,
         typer.Option("--jobs", "-j", help="Worker processes for --compare (default: CPUs)."),
     ] = None,
+    users: Annotated[
+        str | None,
+        typer.Option(
+            "--users",
+            metavar="NAME=W,...",
+            help="Give each job an owner, drawn with these odds (alice=10,bob=1).",
+        ),
+    ] = None,
+    user_copies: Annotated[
+        str | None,
+        typer.Option(
+            "--user-copies",
+            metavar="NAME=N,...",
+            help="Each user submits N copies of every job (alice=10,bob=1).",
+        ),
+    ] = None,
+    shares: Annotated[
+        str | None,
+        typer.Option(
+            "--shares", metavar="NAME=S,...", help="Fair shares of users (default 1 each)."
+        ),
+    ] = None,
+    half_life: Annotated[
+        str, typer.Option("--half-life", help="Fair share: half-life of past usage (7d).")
+    ] = "7d",
+    max_gpus_per_user: Annotated[
+        int, typer.Option("--max-gpus-per-user", help="Most GPUs one user holds (0: no limit).")
+    ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
     """Simulate a workload under one or more scheduling policies and compare them.
@@ -209,6 +298,13 @@ def sim_command(
     Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, sia,
     gandiva, ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
     (scheduler.policy), the others only here so far; gpuq is its default.
+
+    Lab mode: --users draws an owner for each job, or --user-copies has each
+    user submit copies of the workload (one user 10x the other's work:
+    --user-copies heavy=10,light=1); the policies then share the GPUs by
+    --shares (fair share with usage decayed by --half-life; fifo and gpuq
+    enforce it, with --max-gpus-per-user), and the results give each user's
+    jobs, average JCT and share of the GPU time.
     """
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
@@ -229,6 +325,9 @@ def sim_command(
         if workers < 1:
             raise UsageError("--jobs must be at least 1")
         jobs_list = resolve_workload(workload, shape.total_gpus, settings.gpus_per_node)
+        jobs_list, settings = _with_users(
+            jobs_list, settings, users, user_copies, shares, half_life, max_gpus_per_user
+        )
         progress = Progress(enabled=not json_out and sys.stderr.isatty())
         try:
             results = run_policies(names, jobs_list, settings, workers, progress.show)
@@ -246,3 +345,6 @@ def sim_command(
         print(json.dumps(document, indent=2))
     else:
         print(results_table(results))
+        if (per_user := users_table(results)) is not None:
+            print()
+            print(per_user)

@@ -18,6 +18,7 @@ from gpuq.daemon.handlers import (
     migrate,
     node,
     reload,
+    share,
     show,
     shutdown,
     status,
@@ -53,6 +54,7 @@ from gpuq.protocol import (
     Resume,
     Retry,
     SetPriority,
+    Share,
     Show,
     Shutdown,
     Submit,
@@ -117,6 +119,8 @@ async def dispatch(
             return clean.handle(state, request, caller)
         case Audit():
             return audit.handle(state, request, caller)
+        case Share():
+            return share.handle(state, request)
         case Subscribe():
             return await subscribe.handle(state, request, emit, caller)
         case Migrate():

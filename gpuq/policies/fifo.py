@@ -6,6 +6,13 @@ Order
     Pending jobs are considered by priority (highest first), then submit time
     (oldest first), then id (lowest first).
 
+Fair share (`ClusterState.fair`, lab mode; `gpuq.policies.fairness`)
+    Within a priority, jobs of several users go by effective priority (the
+    owner's fair-share factor plus aging) before submit time. A job whose
+    owner is at a per-user limit (`max_gpus`, `max_running`), counting the
+    jobs running and those this pass starts, waits with that reason ("user
+    alice at max_gpus 8 (holds 8)") and takes no reservation.
+
 Capacity (see `gpuq.policies.placement`)
     A GPU held by a whole-GPU or exclusive job is fully taken. A shared GPU
     offers `memory_total * (1 - memory_margin) - memory_foreign - shares`.
@@ -92,12 +99,13 @@ Cost
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from gpuq.policies import consolidate
 from gpuq.policies.confine import node_names
+from gpuq.policies.fairness import UserBook, ranks
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, GpuView, JobView
 from gpuq.policies.placement import Capacity, Hardware, Hold
 
@@ -113,11 +121,19 @@ class Reservation:
     gpus: frozenset[int]
 
 
-def queue_order(pending: Sequence[JobView]) -> list[JobView]:
-    """Pending jobs in scheduling order: priority desc, submit time asc, id asc."""
+def queue_order(
+    pending: Sequence[JobView], ranks: Mapping[int, float] | None = None
+) -> list[JobView]:
+    """Pending jobs in scheduling order: priority desc, submit time asc, id asc.
+
+    With `ranks` (fair share: `gpuq.policies.fairness.ranks`), a job's rank
+    (highest first) comes between its priority and its submit time.
+    """
     # Three stable single-key sorts are about three times faster than one tuple key.
     ordered = sorted(pending, key=attrgetter("id"))
     ordered.sort(key=attrgetter("submit_time"))
+    if ranks:
+        ordered.sort(key=lambda job: ranks.get(job.id, 0.0), reverse=True)
     ordered.sort(key=attrgetter("priority"), reverse=True)
     return ordered
 
@@ -227,6 +243,8 @@ class _Pass:
         # Both caches rely on capacity only shrinking between placements.
         self.reasons: dict[tuple[_Shape, bool], str] = {}
         self.thresholds: dict[tuple[int, bool, bool, frozenset[str] | None], tuple[int, int]] = {}
+        self.ranks = ranks(state, now)
+        self.users = UserBook.of(state)
 
     def allocation(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """GPUs per node of a set of GPU indices."""
@@ -250,9 +268,14 @@ class _Pass:
                 bindings[job.id] = job.gpu_uuids
             else:
                 pending.append(job)
-        for job in queue_order(pending):
+        users = self.users
+        for job in queue_order(pending, self.ranks):
             if job.gpus_requested <= 0:
                 waiting[job.id] = "asks for no GPU: the caller starts it"
+                continue
+            limited = None if users is None else users.reason(job, job.gpus_requested)
+            if limited is not None:
+                waiting[job.id] = limited
                 continue
             never = self.hardware.on(job.nodes).impossible_reason(
                 job.gpus_requested, job.gpu_mem, job.spread
@@ -274,6 +297,8 @@ class _Pass:
                 if not isinstance(outcome, str):
                     allocations[job.id] = self.allocation(outcome)
                     bindings[job.id] = tuple(uuids[i] for i in outcome)
+                    if users is not None:
+                        users.hold(job.user, len(outcome))
                     continue
                 reason = self.reasons[key] = outcome
             waiting[job.id] = reason

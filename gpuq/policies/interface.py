@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from gpuq.fairshare import Fairness
+
 if TYPE_CHECKING:
     from gpuq.goodput import GoodputFunction
 
@@ -164,6 +166,9 @@ class JobView:
     shape, as the simulator's distributed jobs); the daemon sets 1 for a
     job that is one process, N for a multi-node job (`--nodes N`), and
     never starts a job on another shape (`gpuq.daemon.scheduler.binding`).
+
+    `user` names the job's owner (empty: unknown, or one user); policies
+    that share the cluster across users read it with `ClusterState.fair`.
     """
 
     id: int
@@ -206,6 +211,7 @@ class JobView:
     per_type: Mapping[str, TypeModel] = field(default_factory=dict)
     gpu_type: str = ""
     restart_penalty: float | None = None
+    user: str = ""
 
     def may_run_on(self, node: str) -> bool:
         """True if the job may hold GPUs on `node` (its placement constraint allows it)."""
@@ -236,6 +242,11 @@ class ClusterState:
     fraction of each GPU's memory never handed out as shares (a margin
     against allocator overshoot); `foreign_tolerance` is how many bytes of
     other users' memory a GPU may hold and still count as free.
+
+    `fair` is the users' fair share (`gpuq.fairshare.Fairness`: shares,
+    decayed usage, factors, per-user limits) where the caller shares the
+    cluster across users (lab mode, or a simulated workload with users);
+    None: no such sharing, and every policy decides as it always did.
     """
 
     nodes: tuple[NodeView, ...]
@@ -246,6 +257,7 @@ class ClusterState:
     gpus: tuple[GpuView, ...] = ()
     memory_margin: float = 0.05
     foreign_tolerance: int = 512 * 1024**2
+    fair: Fairness | None = None
 
     @property
     def total_gpus(self) -> int:

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 from gpuq.sim.apps import APPLICATION_NAMES, APPLICATIONS, Application, get_application
 from gpuq.sim.engine import SimProgress, SimulationError, Simulator
+from gpuq.sim.fair import SimLab
 from gpuq.sim.metrics import JobRecord, SimResult
 from gpuq.sim.workload import (
     BUNDLED_WORKLOADS,
     WorkloadJob,
+    assign_users,
     bundled_workload,
+    copies_for_users,
     generate_workload,
     load_workload,
     write_workload,
@@ -39,12 +42,15 @@ __all__ = [
     "BUNDLED_WORKLOADS",
     "Application",
     "JobRecord",
+    "SimLab",
     "SimProgress",
     "SimResult",
     "SimulationError",
     "Simulator",
     "WorkloadJob",
+    "assign_users",
     "bundled_workload",
+    "copies_for_users",
     "generate_workload",
     "get_application",
     "load_workload",

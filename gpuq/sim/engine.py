@@ -55,6 +55,14 @@ restart costs its application's delay where the tables set one (Sia's),
 else `restart_penalty`; finish-time fairness's isolated JCT is the mean of
 the isolated JCTs on each type, weighted by the type's share of the GPUs.
 
+Users (`gpuq.sim.fair`): where the workload's jobs name users, or a `lab`
+is given, each `JobView` carries its user and the state the users' fair
+share (`ClusterState.fair`), from the same accounting the daemon keeps in
+lab mode: each tick charges every user the GPU-seconds its jobs held
+(`JobRecord.gpu_time`'s increments), decayed with the lab's half-life.
+`SimResult.user_ticks` records, per tick, each user's GPUs held and jobs
+waiting. A workload without users runs exactly as before.
+
 `seed` drives the optional `grad_noise`: the gradient variance the agent
 and the policy see is multiplied by lognormal noise of that sigma, drawn
 per job and epoch (progress always uses the true value).
@@ -72,9 +80,11 @@ from typing import Any
 import numpy as np
 
 from gpuq.errors import GpuqError
+from gpuq.fairshare import FairShare
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy, TypeModel
 from gpuq.sim.apps import Application, get_application
 from gpuq.sim.cluster import SimCluster, uniform_cluster
+from gpuq.sim.fair import SimLab, UserTick
 from gpuq.sim.jobs import FitMemo, SimJob, gpu_limit, noise_factors
 from gpuq.sim.metrics import JobRecord, SimResult, isolated_jct
 from gpuq.sim.workload import WorkloadJob
@@ -114,6 +124,7 @@ class Simulator:
         progress_every: int = 60,
         stall_limit: float = 30 * 86400.0,
         cluster: SimCluster | None = None,
+        lab: SimLab | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1 or interval <= 0 or restart_penalty < 0:
             raise ValueError("need nodes, gpus_per_node >= 1, interval > 0, restart_penalty >= 0")
@@ -158,6 +169,11 @@ class Simulator:
             for job in self.jobs
         ]
         self._requested = [min(job.spec.num_replicas, total) for job in self.jobs]
+        if lab is None and any(job.user for job in workload):
+            lab = SimLab()
+        self.lab = lab
+        self.account: FairShare | None = None if lab is None else lab.accounting()
+        self.user_ticks: list[UserTick] = []
 
     def _applications(self, name: str) -> dict[str, Application]:
         """The application's tables on each GPU type of the cluster, in node order."""
@@ -197,7 +213,10 @@ class Simulator:
                 decision = self.policy.decide(state, now)
                 decision_times.append(time.perf_counter() - started)
                 reallocations += self._apply(decision, active)
+                served = [job.attained_service for job in active]
                 self._advance(decision, active, now)
+                if self.account is not None:
+                    self._charge(self.account, active, served, now)
                 if any(job.finish_time is not None for job in active):
                     last_event = now
                 elif now - last_event > self.stall_limit:
@@ -241,15 +260,36 @@ class Simulator:
                     epoch=job.epoch,
                     goodput=job.goodput(),
                     remaining_iterations=job.remaining_iterations(),
+                    user=job.spec.user,
                     **self._typed(job),
                 )
             )
+        fair = None
+        if self.lab is not None and self.account is not None:
+            fair = self.lab.snapshot(self.account, {job.spec.user for job in active})
         return ClusterState(
             nodes=self.nodes,
             jobs=tuple(views),
             interval=self.interval,
             restart_penalty=self.restart_penalty,
+            fair=fair,
         )
+
+    def _charge(
+        self, account: FairShare, active: list[SimJob], served: list[float], now: float
+    ) -> None:
+        """Charge each user the GPU-seconds its jobs held this tick; record the tick."""
+        held: dict[str, float] = {}
+        waiting: dict[str, int] = {}
+        count: dict[str, int] = {}
+        for job, before in zip(active, served, strict=True):
+            user = job.spec.user
+            held[user] = held.get(user, 0.0) + (job.attained_service - before) / self.interval
+            count[user] = count.get(user, 0) + 1
+            if not job.placement:
+                waiting[user] = waiting.get(user, 0) + 1
+        account.record_all(held, self.interval, now + self.interval)
+        self.user_ticks.append(UserTick(now, held, waiting, count))
 
     def _typed(self, job: SimJob) -> dict[str, Any]:
         """A job's per-type fields of `JobView`, on a cluster of several GPU types."""
@@ -322,6 +362,7 @@ class Simulator:
                     finish=finish,
                     gpu_time=job.attained_service,
                     restarts=job.num_restarts,
+                    user=job.spec.user,
                     isolated_jct=sum(
                         gpus
                         / total_gpus
@@ -344,6 +385,7 @@ class Simulator:
             total_gpus=total_gpus,
             reallocations=reallocations,
             decision_times=tuple(decision_times),
+            user_ticks=tuple(self.user_ticks),
         )
 
 

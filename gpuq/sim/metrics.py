@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from gpuq.sim.apps import Application
+from gpuq.sim.fair import UserTick
 from gpuq.sim.workload import packed_placement
 
 
@@ -84,6 +85,7 @@ class JobRecord:
     gpu_time: float
     restarts: int
     isolated_jct: float
+    user: str = ""
 
     @property
     def jct(self) -> float:
@@ -105,6 +107,8 @@ class SimResult:
     total_gpus: int
     reallocations: int
     decision_times: tuple[float, ...]
+    user_ticks: tuple[UserTick, ...] = ()
+    """Per tick, each user's GPUs held and jobs waiting (workloads with users only)."""
 
     def _jcts(self) -> np.ndarray:
         return np.array([job.jct for job in self.jobs], dtype=np.float64)
@@ -174,10 +178,33 @@ class SimResult:
             "decision_time_max": self.decision_time_max,
         }
 
+    def users(self) -> dict[str, dict[str, float | int]]:
+        """Per user (where jobs have users; else empty): jobs, average JCT, GPU-time, its share."""
+        if not any(job.user for job in self.jobs):
+            return {}
+        total = sum(job.gpu_time for job in self.jobs)
+        figures: dict[str, dict[str, float | int]] = {}
+        for user in sorted({job.user for job in self.jobs}):
+            mine = [job for job in self.jobs if job.user == user]
+            gpu_time = sum(job.gpu_time for job in mine)
+            figures[user] = {
+                "jobs": len(mine),
+                "avg_jct": float(np.mean([job.jct for job in mine])),
+                "gpu_time": gpu_time,
+                "gpu_share": gpu_time / total if total > 0 else 0.0,
+            }
+        return figures
+
     def to_dict(self) -> dict[str, Any]:
-        """Summary plus one entry per job, for `--json` output."""
-        jobs = [asdict(job) | {"jct": job.jct, "rho": job.rho} for job in self.jobs]
-        return self.summary() | {"job_records": jobs}
+        """Summary plus one entry per job (and per user, where jobs have users), for `--json`."""
+        jobs = []
+        for job in self.jobs:
+            record = asdict(job) | {"jct": job.jct, "rho": job.rho}
+            if not job.user:
+                del record["user"]
+            jobs.append(record)
+        users = self.users()
+        return self.summary() | {"job_records": jobs} | ({"users": users} if users else {})
 
 
 @dataclass(frozen=True, slots=True)

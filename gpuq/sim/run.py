@@ -44,6 +44,7 @@ from gpuq.errors import UsageError
 if TYPE_CHECKING:
     from gpuq.sim.cluster import SimCluster
     from gpuq.sim.engine import SimProgress
+    from gpuq.sim.fair import SimLab
     from gpuq.sim.workload import WorkloadJob
 
 
@@ -69,6 +70,8 @@ class SimSettings:
     seed: int = 0
     cluster: SimCluster | None = None
     """Nodes with GPU types (`gpuq.sim.cluster`); None: `nodes` x `gpus_per_node` T4."""
+    lab: SimLab | None = None
+    """Fair-share settings (`gpuq.sim.fair`); None: the defaults where jobs have users."""
 
     def check(self) -> None:
         """Raise UsageError for settings the simulator cannot run."""
@@ -154,10 +157,37 @@ def run_policy(
         interference=settings.interference,
         seed=settings.seed,
         cluster=settings.cluster,
+        lab=settings.lab,
     )
-    summary: dict[str, Any] = simulator.run(progress=progress).summary()
+    result = simulator.run(progress=progress)
+    summary: dict[str, Any] = result.summary()
     summary.pop("policy", None)
+    users = result.users()
+    if users:
+        summary["users"] = users
     return summary
+
+
+def parse_users(text: str) -> dict[str, float]:
+    """`NAME=NUMBER,...` (`alice=10,bob=1`) as a mapping; UsageError if malformed.
+
+    For the options that name users with a number each: the weights of
+    `assign_users`, the copies of `copies_for_users`, the shares of `SimLab`.
+    """
+    parsed: dict[str, float] = {}
+    for part in text.split(","):
+        name, equals, value = part.strip().partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not equals or not name or number < 0 or name in parsed:
+            raise UsageError(
+                f"bad user entry {part.strip()!r} in {text!r}",
+                hint="write NAME=NUMBER pairs separated by commas, such as alice=10,bob=1",
+            )
+        parsed[name] = number
+    return parsed
 
 
 def run_policies(

@@ -2,7 +2,14 @@
 
 A workload is a tuple of `WorkloadJob`s sorted by submission time. The CSV
 format is the artifacts': `name,time,application,num_replicas,batch_size`,
-read by the header's names.
+read by the header's names, with an optional `user` column (the job's
+owner, for fair share: `gpuq.sim.fair`), written only where a job has one.
+
+Users. `assign_users` gives each job of a workload an owner drawn at random
+with the given weights (seeded), and `copies_for_users` makes each user
+submit its own copies of every job at the same instant (user `heavy` with
+10 copies submits exactly ten times the work of user `light` with 1, the
+same mix of jobs): the workloads of the fair-share benchmark and tests.
 
 Bundled traces (`BUNDLED_WORKLOADS`): the Pollux artifact's `workload-1` ...
 `workload-4` (160 jobs over 8 hours) and `workload-0.5-1` ...
@@ -63,7 +70,8 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -114,6 +122,8 @@ class WorkloadJob:
     application: str
     num_replicas: int
     batch_size: int
+    user: str = ""
+    """The job's owner (empty: none; a workload whose jobs have owners runs with fair share)."""
 
 
 def _parse(text: str, source: str) -> tuple[WorkloadJob, ...]:
@@ -133,6 +143,7 @@ def _parse(text: str, source: str) -> tuple[WorkloadJob, ...]:
                 application=row["application"],
                 num_replicas=int(row["num_replicas"]),
                 batch_size=int(row["batch_size"]),
+                user=(row.get("user") or "").strip(),
             )
         except ValueError as error:
             raise UsageError(f"{source}, line {line}: {error}") from None
@@ -173,11 +184,47 @@ def write_workload(jobs: tuple[WorkloadJob, ...]) -> str:
     """The CSV text of a workload, in the format `load_workload` reads."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(_COLUMNS)
+    users = any(job.user for job in jobs)
+    writer.writerow((*_COLUMNS, "user") if users else _COLUMNS)
     for job in jobs:
         time = int(job.time) if float(job.time).is_integer() else job.time
-        writer.writerow((job.name, time, job.application, job.num_replicas, job.batch_size))
+        row = (job.name, time, job.application, job.num_replicas, job.batch_size)
+        writer.writerow((*row, job.user) if users else row)
     return out.getvalue()
+
+
+def assign_users(
+    jobs: tuple[WorkloadJob, ...], weights: Mapping[str, float], seed: int = 0
+) -> tuple[WorkloadJob, ...]:
+    """The workload with each job's owner drawn from `weights` (relative odds), seeded."""
+    names = sorted(weights)
+    odds = np.array([max(float(weights[name]), 0.0) for name in names])
+    if not names or odds.sum() <= 0:
+        raise UsageError("assign_users needs at least one user with a positive weight")
+    rng = np.random.default_rng(seed)
+    drawn = rng.choice(len(names), size=len(jobs), p=odds / odds.sum())
+    return tuple(
+        replace(job, user=names[int(index)]) for job, index in zip(jobs, drawn, strict=True)
+    )
+
+
+def copies_for_users(
+    jobs: tuple[WorkloadJob, ...], copies: Mapping[str, int]
+) -> tuple[WorkloadJob, ...]:
+    """Each user submits `copies[user]` copies of every job, at its time (module docstring).
+
+    Copies are named `NAME-USER-K`; the result is sorted by time, users in
+    name order within an instant.
+    """
+    if any(count < 0 for count in copies.values()) or not any(copies.values()):
+        raise UsageError("copies_for_users needs counts of 0 or more, one of them positive")
+    made = [
+        replace(job, name=f"{job.name}-{user}-{k}", user=user)
+        for job in jobs
+        for user in sorted(copies)
+        for k in range(copies[user])
+    ]
+    return tuple(sorted(made, key=lambda job: job.time))
 
 
 # ---- the TunedJobs rule -------------------------------------------------------------

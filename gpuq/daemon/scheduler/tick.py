@@ -6,7 +6,8 @@ decide which pending jobs are ready (`readiness`), cancel those whose
 dependencies can never be met, hold back those none of whose nodes is up
 (`constraints`: placement constraints), build the policy's state (`view`,
 with each job's nodes, each moving job on its new GPUs and what the daemon
-measured: `introspect`),
+measured: `introspect`; in lab mode each job's owner and the users' fair
+share, usage charged up to now: `usage`),
 call the policy in a worker thread with a
 deadline (`DECIDE_DEADLINE`), share the GPUs it over-subscribes in turns
 (`slicer`, time-slicing policies only), carry out its packs and unpacks
@@ -30,7 +31,7 @@ import time
 from dataclasses import replace
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing
+from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing, usage
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.constraints import Constraints, known_nodes
 from gpuq.daemon.scheduler.readiness import readiness
@@ -183,7 +184,10 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         state.profiled_gpus,
         state.view_cache,
         constraints.nodes_of,
+        users=state.config.lab.enabled,
     )
+    if state.config.lab.enabled:
+        cluster = usage.fair_view(state, cluster, now)
     cluster = moves.present(book, state, cluster)
     state.introspection.observe(state.active.values(), state.latest_samples, now)
     cluster = introspect.enrich(cluster, state.introspection, state.packs)

@@ -16,6 +16,8 @@ last reported (`measured`) adds its model: the fitted throughput model
 with its gradient noise and batch limits as a `GoodputFunction` (numpy is
 imported only then), its batch size, epoch, memory peak and the most GPUs
 it was measured on (each sample is stored with the GPUs the job held).
+In lab mode (`users`) each view names the job's owner (`JobView.user`),
+for fair share (`gpuq.daemon.scheduler.usage`).
 A job's placement constraint becomes its `nodes` (`nodes_of`: the nodes
 it may use, `gpuq.daemon.scheduler.constraints`); a running job may also
 keep the nodes it holds (a reload may have changed the labels since it
@@ -133,11 +135,13 @@ def build_state(
     profiled: Mapping[int, int] | None = None,
     cache: ViewCache | None = None,
     nodes_of: Callable[[JobSpec], frozenset[str] | None] = lambda spec: None,
+    users: bool = False,
 ) -> ClusterState:
     """The policy's state of this server: its GPUs, and its ready and running GPU jobs.
 
     With a `cache`, a waiting job's view is reused while its inputs are the
     same objects (module docstring), and the cache then holds this pass's.
+    With `users` (lab mode), each job's view names its owner (`JobView.user`).
     """
     named = view_nodes(gpus.devices)
     kinds = {name: (g.node, kind) for g in gpus.devices for name, kind in (named[g.uuid],)}
@@ -201,6 +205,7 @@ def build_state(
             num_restarts=max(0, job.attempts - 1),
             nodes=allowed,
             spread=spec.node_count,
+            user=spec.user if users else "",
             **measurements(sample, seen),
         )
         views.append(view)
@@ -236,6 +241,7 @@ def build_state(
                     suspended=job.state is JobState.SUSPENDED,
                     nodes=allowed,
                     spread=job.spec.node_count,
+                    user=job.spec.user if users else "",
                     **reported(job.id),
                 )
             )

@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from gpuq.fairshare import Fairness
 from gpuq.policies.confine import node_names
+from gpuq.policies.fairness import UserBook, held_gpus, ranks
 from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
 from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
@@ -123,11 +125,42 @@ class _Class:
         moving = {job.id for job in self.movable}
         self.fixed = [job for job in held if job.id not in moving]
         waits = [job for job in live if job.id not in board.holds and job.id not in board.riders]
-        self.queue = queue_order(waits)
+        self.queue = queue_order(waits, ranks(board.state, now))
         self.waiting: dict[int, str] = {}
+        self.limited = self._limits()
+        if self.limited:
+            self.queue = [job for job in self.queue if job.id not in self.limited]
+
+    def _limits(self) -> dict[int, str]:
+        """The waiting jobs held back by their owner's limits, with why (`UserBook`).
+
+        What each user holds: its running jobs (those preempted by this
+        decision included) and the jobs classes above started. Then, in queue
+        order, each job that may start books its minimum (its shares), so a
+        user's jobs past the limit wait even where the ones before them do
+        not start in the end: never over, sometimes under.
+        """
+        fair = self.board.state.fair
+        if fair is None or not fair.limited:
+            return {}
+        holders = [job for job in self.board.given.values() if held_gpus(job) > 0]
+        book = UserBook(fair, holders)
+        for job_id, allocation in self.out.allocations.items():  # started by a class above
+            if job_id not in self.board.given or not held_gpus(self.board.given[job_id]):
+                book.hold(self.board.jobs[job_id].user, sum(allocation))
+        limited = {}
+        for job in self.queue:
+            gpus = job.gpus_requested if job.gpu_mem is not None else max(job.min_gpus, 1)
+            reason = book.reason(job, gpus)
+            if reason is None:
+                book.hold(job.user, gpus)
+            else:
+                limited[job.id] = reason
+        return limited
 
     def run(self) -> None:
         """Admit, size, pack, slice, and say why the rest wait."""
+        self.out.notes.update(self.limited)
         for job in self.fixed:
             self._keep(job, self.board.jobs[job.id].allocation)
         gated = [job for job in self.queue if job.gpu_mem is not None or job.min_gpus >= 1]
@@ -294,7 +327,9 @@ class _Class:
             for node, count in zip(board.state.nodes, counts, strict=True)
         )
         views = sorted((board.jobs[job.id] for job in members), key=lambda job: job.id)
-        state = replace(board.state, nodes=nodes, jobs=tuple(views), gpus=())
+        state = replace(
+            board.state, nodes=nodes, jobs=tuple(views), gpus=(), fair=self._fair(views)
+        )
         answer = self.search(self.priority, state)
         sized = _typed_sizes(answer, views) if isinstance(answer, Decision) else _sizes(answer)
         free = set(usable)
@@ -337,6 +372,22 @@ class _Class:
             for job in members
             if job.id not in before and job.id not in self.out.allocations
         )
+
+    def _fair(self, members: Sequence[JobView]) -> Fairness | None:
+        """The fair share for sizing `members`: with what each user holds outside them."""
+        fair = self.board.state.fair
+        if fair is None or fair.max_gpus <= 0:
+            return fair
+        inside = {job.id for job in members}
+        held: dict[str, int] = dict(fair.held)
+        for job_id, hold in self.board.holds.items():
+            if job_id not in inside:
+                user = self.board.jobs[job_id].user
+                held[user] = held.get(user, 0) + len(hold.gpus)
+        for rider in self.board.riders:
+            user = self.board.given[rider].user
+            held[user] = held.get(user, 0) + held_gpus(self.board.given[rider])
+        return replace(fair, held=held)
 
     # ---- step 3: packing -----------------------------------------------------------------
 

@@ -124,6 +124,20 @@ Time-slicing (`timeslice`, `gpuq.policies.gpuq.timeslice`)
     guests), so it starts for real as soon as its minimum fits (its turns
     then end), and a node being time-sliced is full to the search, which
     neither grows its jobs nor places other jobs there.
+Fair share across users (`ClusterState.fair`: lab mode, or a simulated workload with users)
+    Where a class's jobs belong to several users (`JobView.user`): its
+    queue goes by effective priority (the owner's fair-share factor from
+    decayed usage, plus aging: `gpuq.policies.fairness`) before submit
+    time, so admission serves the user furthest below its share first and
+    no job starves; a job whose owner is at `max_gpus` or `max_running`
+    waits ("user alice at max_gpus 8 (holds 8)") and is neither packed nor
+    time-sliced; and the goodput search runs within a budget of GPUs per
+    user, max-min fair by the configured shares (`gpuq.policies.gpuq.shares`:
+    a user gets all its jobs can use up to its share, the rest is split by
+    share, and no budget holds back GPUs that nobody else wants). With one
+    user, or without `fair`, every decision is exactly as before. On GPUs
+    of several types (Sia's sizing) only the queue order and the limits
+    apply, not the budgets.
 Placement constraints (`JobView.nodes`: `gpuq submit --node`, `--label`)
     A constrained job is admitted, moved for, preempted for, sized by the
     search, packed and time-sliced on its nodes only, by the rules above;
@@ -182,6 +196,7 @@ from gpuq.policies.gpuq.classes import Steps, decide_classes
 from gpuq.policies.gpuq.estimates import remaining_time
 from gpuq.policies.gpuq.moves import Moving
 from gpuq.policies.gpuq.packing import Packer
+from gpuq.policies.gpuq.shares import with_budgets
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
 from gpuq.policies.pollux.policy import (
@@ -301,6 +316,14 @@ class GpuqPolicy(PolluxPolicy):
         return solution
 
     def problem(self, state: ClusterState, now: float) -> tuple[list[JobView], SearchProblem]:
+        """Pollux's search problem for this instant, with gpuq's restart charges and budgets.
+
+        Budgets per user where the jobs have several (`gpuq.policies.gpuq.shares`).
+        """
+        jobs, problem = self._charged(state, now)
+        return jobs, with_budgets(jobs, problem, state.fair)
+
+    def _charged(self, state: ClusterState, now: float) -> tuple[list[JobView], SearchProblem]:
         """Pollux's search problem for this instant, with gpuq's restart charges (module)."""
         jobs, problem = super().problem(state, now)
         idle = int(problem.base.sum()) < int(problem.node_gpus.sum())

@@ -13,8 +13,8 @@ Counts
     GPUs, times REALLOC_FACTOR unless c is its current count (then its current
     placement, unpenalized). Starting from nothing, the greedy repeatedly
     gives some job the step up (to any count within its cap, at least its
-    minimum, and the GPUs left) with the best gain per GPU, until no step
-    gains.
+    minimum, and the GPUs left, and its user's budget where the problem has
+    user budgets) with the best gain per GPU, until no step gains.
 Placement
     Jobs that keep their count keep their current GPUs. The others, largest
     first, go best-fit on one node when they fit on one, else on the nodes
@@ -69,16 +69,23 @@ def greedy_counts(problem: SearchProblem) -> NDArray[np.intp]:
 
     chosen = np.zeros(jobs, dtype=np.intp)
     left = int(problem.node_gpus.sum())
+    users = problem.users
+    user_left = None if problem.user_caps is None else problem.user_caps.astype(np.intp)
     while left > 0:
         step = counts[None, :] - chosen[:, None]
         now = value[rows, chosen][:, None]
+        fits = (step > 0) & (step <= left)
+        if user_left is not None and users is not None:
+            fits &= step <= user_left[users][:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
-            gain = np.where((step > 0) & (step <= left), (value - now) / step, -np.inf)
+            gain = np.where(fits, (value - now) / step, -np.inf)
         best = int(np.argmax(gain))
         job, count = divmod(best, width)
         if not gain[job, count] > 0:
             break
         left -= count - int(chosen[job])
+        if user_left is not None and users is not None:
+            user_left[users[job]] -= count - int(chosen[job])
         chosen[job] = count
     return chosen
 

@@ -42,7 +42,10 @@ Repair, in order
        jobs listed after two distributed ones on that node; we clear only the
        distributed job, which is what the rule asks for.)
     2. caps: a job over its GPU cap or over `max_nodes` nodes keeps its GPUs on
-       nodes taken in a random order until it is within both;
+       nodes taken in a random order until it is within both; then, where the
+       problem has user budgets (`user_caps`: the `gpuq` policy's fair share),
+       a user's jobs beyond its budget, later jobs in repair order first, keep
+       GPUs on nodes in a random order until the user is within it;
     3. capacity: each node serves jobs in repair order, so later jobs lose
        GPUs first;
     4. minimum: a job left with fewer GPUs than its minimum (`min_gpus`,
@@ -99,6 +102,20 @@ class SearchProblem:
     """Power-mean exponent of FITNESS_p."""
     allowed: NDArray[np.bool_] | None = None
     """The nodes each job may use, `[nodes, jobs]` (placement constraints); None: all."""
+    users: NDArray[np.intp] | None = None
+    """Each job's user, an index into `user_caps`, `[jobs]`; None: no user budgets."""
+    user_caps: Limits | None = None
+    """Most GPUs each user's jobs may hold together, `[users]`; None: no user budgets."""
+
+    def user_gpus(self, states: Allocations) -> NDArray[np.int64]:
+        """GPUs each user holds in each individual, `[size, users]` (user budgets only)."""
+        if self.users is None or self.user_caps is None:
+            raise ValueError("the problem has no user budgets")
+        gpus = states.sum(axis=1, dtype=np.int64)
+        held = np.zeros((states.shape[0], len(self.user_caps)), dtype=np.int64)
+        for user in range(len(self.user_caps)):
+            held[:, user] = gpus[:, self.users == user].sum(axis=1)
+        return held
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,16 +253,9 @@ def repair(problem: SearchProblem, states: Allocations, rng: np.random.Generator
     gpus = states.sum(axis=1, dtype=np.int16)
     over_p, over_j = np.nonzero((gpus > problem.max_gpus) | (nodes > problem.max_nodes))
     if over_p.size:
-        rows = states[over_p, :, over_j]
-        order = np.argsort(rng.random(rows.shape), axis=1)
-        shuffled = np.take_along_axis(rows, order, axis=1)
-        caps = problem.max_gpus[over_j][:, None]
-        within = np.minimum(np.cumsum(shuffled, axis=1, dtype=np.int16), caps)
-        shuffled = np.diff(within, axis=1, prepend=np.int16(0))
-        spans = np.minimum(np.cumsum(shuffled > 0, axis=1, dtype=np.int16), problem.max_nodes)
-        shuffled[np.diff(spans, axis=1, prepend=np.int16(0)) == 0] = 0
-        np.put_along_axis(rows, order, shuffled, axis=1)
-        states[over_p, :, over_j] = rows
+        _keep_within(states, over_p, over_j, problem.max_gpus[over_j], problem.max_nodes, rng)
+    if problem.user_caps is not None:
+        _keep_user_budgets(problem, states, rng)
 
     full_p, full_n = np.nonzero(states.sum(axis=2, dtype=np.int16) > problem.node_gpus)
     if full_p.size:
@@ -258,6 +268,51 @@ def repair(problem: SearchProblem, states: Allocations, rng: np.random.Generator
     if short_p.size:
         states[short_p, :, short_j] = 0
     return states
+
+
+def _keep_within(
+    states: Allocations,
+    over_p: NDArray[np.intp],
+    over_j: NDArray[np.intp],
+    caps: NDArray[np.int16],
+    max_nodes: int,
+    rng: np.random.Generator,
+) -> None:
+    """In place: each (individual, job) given keeps GPUs on nodes in a random order up to its cap.
+
+    Also within `max_nodes` nodes.
+    """
+    rows = states[over_p, :, over_j]
+    order = np.argsort(rng.random(rows.shape), axis=1)
+    shuffled = np.take_along_axis(rows, order, axis=1)
+    within = np.minimum(np.cumsum(shuffled, axis=1, dtype=np.int16), caps[:, None])
+    shuffled = np.diff(within, axis=1, prepend=np.int16(0))
+    spans = np.minimum(np.cumsum(shuffled > 0, axis=1, dtype=np.int16), max_nodes)
+    shuffled[np.diff(spans, axis=1, prepend=np.int16(0)) == 0] = 0
+    np.put_along_axis(rows, order, shuffled, axis=1)
+    states[over_p, :, over_j] = rows
+
+
+def _keep_user_budgets(
+    problem: SearchProblem, states: Allocations, rng: np.random.Generator
+) -> None:
+    """In place: each user's jobs within its budget, later jobs in repair order losing first."""
+    users, user_caps = problem.users, problem.user_caps
+    if users is None or user_caps is None:
+        return
+    gpus = states.sum(axis=1, dtype=np.int16)
+    allowed = gpus.copy()
+    for user, cap in enumerate(user_caps):
+        columns = np.flatnonzero(users == user)
+        if not columns.size:
+            continue
+        mine = gpus[:, columns]
+        before = np.cumsum(mine, axis=1, dtype=np.int16) - mine
+        allowed[:, columns] = np.clip(np.int16(cap) - before, 0, mine)
+    over_p, over_j = np.nonzero(allowed < gpus)
+    if over_p.size:
+        caps = allowed[over_p, over_j].astype(np.int16)
+        _keep_within(states, over_p, over_j, caps, problem.max_nodes, rng)
 
 
 def _rank(
@@ -343,4 +398,6 @@ def feasible(problem: SearchProblem, states: Allocations) -> NDArray[np.bool_]:
     )
     if problem.allowed is not None:
         ok &= ~((states > 0) & ~problem.allowed).any(axis=(1, 2))
+    if problem.user_caps is not None:
+        ok &= (problem.user_gpus(states) <= problem.user_caps).all(axis=1)
     return ok

@@ -1,0 +1,154 @@
+"""Fair share in the policies: queue order by effective priority, per-user limits, budgets.
+
+The caller puts the users' standing in `ClusterState.fair`
+(`gpuq.fairshare.Fairness`: shares, decayed usage, Slurm's factor, limits);
+without it, or with a single user, nothing here changes a decision.
+
+Queue order (`ranks`, used by `gpuq.policies.fifo.queue_order`)
+    Within a priority class, pending jobs go by effective priority, highest
+    first: the owner's fair-share factor plus the job's aging
+    (`gpuq.fairshare.effective_priority`), then submit time and id. So the
+    user furthest below its share goes first, and a job that waits long
+    enough goes first whoever owns it. Computed only where the jobs have at
+    least two owners: with one, the order is first come, first served, as
+    it always was.
+Per-user limits (`UserBook`)
+    What each user holds (GPUs and running jobs, plus `Fairness.held`)
+    and books in one pass; a job that would take its owner over
+    `max_gpus` or `max_running` waits with `limit_reason`'s reason ("user
+    alice at max_gpus 8 (holds 8)").
+Budgets (`budgets`, for the `gpuq` policy's goodput sizing)
+    The GPUs a class sizes are split across its users max-min fair by
+    their configured shares: a user gets what its jobs can use (`demands`)
+    up to its weighted share of what the others leave, and every GPU the
+    others leave over goes to the users who want more, in proportion to
+    their shares. Whole GPUs: the remainders go to the users with the
+    largest fractions, ties to the higher fair-share factor (the less
+    usage), then the name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from gpuq.fairshare import Fairness, effective_priority, limit_reason
+from gpuq.policies.interface import ClusterState, JobView
+
+
+def owners(jobs: Sequence[JobView]) -> set[str]:
+    """The users owning `jobs`."""
+    return {job.user for job in jobs}
+
+
+def ranks(state: ClusterState, now: float) -> dict[int, float]:
+    """Each job's effective priority in its class, by id; empty without fair share or one user."""
+    fair = state.fair
+    if fair is None or len(owners(state.jobs)) < 2:
+        return {}
+    return {
+        job.id: effective_priority(fair.of(job.user).factor, now - job.submit_time, fair.aging)
+        for job in state.jobs
+    }
+
+
+def held_gpus(job: JobView) -> int:
+    """GPUs a job holds: the GPUs it names (a memory share counts its GPUs), else its allocation."""
+    return len(job.gpu_uuids) if job.gpu_uuids else sum(job.allocation)
+
+
+class UserBook:
+    """What each user holds and books in one pass, against the per-user limits."""
+
+    def __init__(self, fair: Fairness, holders: Sequence[JobView] = ()) -> None:
+        self.fair = fair
+        self.gpus: dict[str, int] = dict(fair.held)
+        self.running: dict[str, int] = {}
+        for job in holders:
+            self.hold(job.user, held_gpus(job))
+
+    @classmethod
+    def of(cls, state: ClusterState) -> UserBook | None:
+        """The book of `state`'s running jobs, or None where no limit applies."""
+        fair = state.fair
+        if fair is None or not fair.limited:
+            return None
+        return cls(fair, [job for job in state.jobs if held_gpus(job) > 0])
+
+    def hold(self, user: str, gpus: int) -> None:
+        """Count a job of `user` holding `gpus` GPUs (a running job, or one the pass starts)."""
+        self.gpus[user] = self.gpus.get(user, 0) + gpus
+        self.running[user] = self.running.get(user, 0) + 1
+
+    def reason(self, job: JobView, gpus: int | None = None) -> str | None:
+        """Why `job` may not start on `gpus` GPUs (default: its minimum), or None."""
+        fair = self.fair
+        asked = max(job.min_gpus, 1) if gpus is None else gpus
+        user = job.user
+        return limit_reason(
+            user,
+            self.gpus.get(user, 0),
+            self.running.get(user, 0),
+            asked,
+            fair.max_gpus,
+            fair.max_running,
+        )
+
+    def room(self, user: str) -> int | None:
+        """GPUs `user` may still take under `max_gpus` (None: no such limit)."""
+        if self.fair.max_gpus <= 0:
+            return None
+        return max(self.fair.max_gpus - self.gpus.get(user, 0), 0)
+
+
+def budgets(
+    demands: Mapping[str, int],
+    weights: Mapping[str, float],
+    total: int,
+    tie_break: Mapping[str, float] | None = None,
+) -> dict[str, int]:
+    """Whole GPUs per user: max-min fair by `weights`, each within its demand (module docstring).
+
+    A user with no weight gets what the others leave. `tie_break` (higher
+    first: the fair-share factor) decides which users get the remainders
+    of equal fractions. The budgets add up to `min(total, sum of demands)`.
+    """
+    wanted = {user: max(int(demand), 0) for user, demand in demands.items()}
+    left = max(int(total), 0)
+    if sum(wanted.values()) <= left:
+        return dict(wanted)
+    given = dict.fromkeys(wanted, 0)
+    open_users = {user for user, demand in wanted.items() if demand > 0}
+    while left > 0 and open_users:
+        weight = {user: max(weights.get(user, 1.0), 0.0) for user in open_users}
+        total_weight = sum(weight.values())
+        if total_weight <= 0:
+            weight = dict.fromkeys(open_users, 1.0)
+            total_weight = float(len(open_users))
+        level = left / total_weight
+        sated = {u for u in open_users if wanted[u] - given[u] <= level * weight[u] + 1e-9}
+        if sated:
+            for user in sated:
+                left -= wanted[user] - given[user]
+                given[user] = wanted[user]
+            open_users -= sated
+            continue
+        exact = {user: level * weight[user] for user in open_users}
+        for user in open_users:
+            given[user] += math.floor(exact[user] + 1e-9)
+        left = max(int(total), 0) - sum(given.values())
+        order = sorted(
+            open_users,
+            key=lambda u: (
+                -(exact[u] - math.floor(exact[u] + 1e-9)),
+                -(tie_break or {}).get(u, 0.0),
+                u,
+            ),
+        )
+        for user in order[:left]:
+            given[user] += 1
+        break
+    return given
+
+
+__all__ = ["UserBook", "budgets", "held_gpus", "owners", "ranks"]
