@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import pytest
 
 from gpuq.errors import ExitCode
 from gpuq.protocol import PROTOCOL_VERSION
-from tests.daemon_harness import DaemonHarness
+from tests.daemon_harness import FAKE_TWO_GPUS, DaemonHarness
 from tests.lab_users import LabUser, as_user, lab_users, shared_dir
 
 MAX_QUEUED = 40
@@ -72,7 +73,7 @@ class Lab:
 
 
 @contextlib.contextmanager
-def running_lab(lab_toml: str) -> Iterator[Lab]:
+def running_lab(lab_toml: str, gpus_toml: str = FAKE_TWO_GPUS) -> Iterator[Lab]:
     """A lab daemon on a private socket with `lab_toml` added to its [lab] section.
 
     Its directories are below one that every user may enter, as /var/lib is.
@@ -84,6 +85,7 @@ def running_lab(lab_toml: str) -> Iterator[Lab]:
     root.mkdir(mode=0o755)
     daemon = DaemonHarness(
         root,
+        gpus_toml=gpus_toml,
         extra_toml=(
             f'[lab]\nenabled = true\nsocket = "{socket_path}"\nadmins = ["@gpuq-admins"]\n'
             f"{lab_toml}"
@@ -435,3 +437,29 @@ def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab
     other = lab.gpuq(lab.bob, "logs", str(submitted["gpuq-alice"][0]))
     assert other.returncode == ExitCode.PERMISSION
     assert grp.getgrnam("gpuq-admins").gr_gid in os.getgrouplist("gpuq-carol", lab.carol.gid)
+
+
+def test_path_and_ld_preload_games_reach_only_the_users_own_job(lab: Lab) -> None:
+    """A planted `sleep` first on PATH, and LD_PRELOAD, act in bob's job as bob, nowhere else."""
+    trap = Path(tempfile.mkdtemp(prefix="gpuq-trap-", dir=lab.bob.home))
+    os.chown(trap, lab.bob.uid, lab.bob.gid)
+    evidence = trap / "ran-as"
+    fake = trap / "sleep"
+    fake.write_text(f"#!/bin/sh\nid -u >> {evidence}\n")
+    fake.chmod(0o755)
+    os.chown(fake, lab.bob.uid, lab.bob.gid)
+    result = as_user(
+        lab.bob,
+        [sys.executable, "-m", "gpuq.cli.entry", "submit", "-q", "--gpus", "0", "--", "sleep", "1"],
+        env={
+            "GPUQ_LAB_SOCKET": str(lab.socket),
+            "PATH": f"{trap}:/usr/bin:/bin",
+            "LD_PRELOAD": str(trap / "missing.so"),
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    done = json.loads(lab.gpuq(lab.bob, "wait", "--json", job_id).stdout)["jobs"][0]
+    assert done["state"] == "succeeded", done
+    assert evidence.read_text().split() == [str(lab.bob.uid)]
+    assert lab.gpuq(lab.alice, "ls", "--json").returncode == 0, "the daemon serves on"

@@ -5,13 +5,19 @@ The caller puts the users' standing in `ClusterState.fair`
 without it, or with a single user, nothing here changes a decision.
 
 Queue order (`ranks`, used by `gpuq.policies.fifo.queue_order`)
-    Within a priority class, pending jobs go by effective priority, highest
-    first: the owner's fair-share factor plus the job's aging
-    (`gpuq.fairshare.effective_priority`), then submit time and id. So the
-    user furthest below its share goes first, and a job that waits long
-    enough goes first whoever owns it. Computed only where the jobs have at
-    least two owners: with one, the order is first come, first served, as
-    it always was.
+    Within a priority class the users' waiting jobs are interleaved as a
+    weighted fair queue: the next job is the one whose owner would then
+    hold the fewest GPUs for its weight, counting the GPUs its jobs hold
+    now and those of its jobs already put ahead in this order. A user's
+    weight is its configured share times the effective priority of its
+    next job (`gpuq.fairshare.effective_priority`: the fair-share factor of
+    its decayed usage, plus the job's wait over `aging`). So GPUs that free
+    up together are split by share rather than all going to one user, a
+    user with less past usage gets more until the usage evens out, and a
+    job that waits long enough goes first whoever owns it. A user's own
+    jobs keep their order (submit time, id). Computed only where the jobs
+    have at least two owners: with one, the order is first come, first
+    served, as it always was.
 Per-user limits (`UserBook`)
     What each user holds (GPUs and running jobs, plus `Fairness.held`)
     and books in one pass; a job that would take its owner over
@@ -29,6 +35,7 @@ Budgets (`budgets`, for the `gpuq` policy's goodput sizing)
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
 
@@ -42,14 +49,57 @@ def owners(jobs: Sequence[JobView]) -> set[str]:
 
 
 def ranks(state: ClusterState, now: float) -> dict[int, float]:
-    """Each job's effective priority in its class, by id; empty without fair share or one user."""
+    """Each waiting job's rank in its class (higher first), by id; empty without fair share.
+
+    The rank is minus the job's place in its class's weighted fair queue
+    (module docstring); running jobs count as what their owners hold.
+    """
     fair = state.fair
     if fair is None or len(owners(state.jobs)) < 2:
         return {}
-    return {
-        job.id: effective_priority(fair.of(job.user).factor, now - job.submit_time, fair.aging)
-        for job in state.jobs
-    }
+    held: dict[str, float] = {user: float(gpus) for user, gpus in fair.held.items()}
+    classes: dict[int, list[JobView]] = {}
+    for job in state.jobs:
+        if (gpus := held_gpus(job)) > 0:
+            held[job.user] = held.get(job.user, 0.0) + gpus
+        else:
+            classes.setdefault(job.priority, []).append(job)
+    ranked: dict[int, float] = {}
+    for waiting in classes.values():
+        for place, job in enumerate(_fair_queue(waiting, fair, dict(held), now)):
+            ranked[job.id] = -float(place)
+    return ranked
+
+
+def _fair_queue(
+    jobs: Sequence[JobView], fair: Fairness, held: dict[str, float], now: float
+) -> list[JobView]:
+    """`jobs` of one class interleaved by weighted fair queueing (module docstring)."""
+    queues: dict[str, list[JobView]] = {}
+    for job in sorted(jobs, key=lambda j: (j.submit_time, j.id), reverse=True):
+        queues.setdefault(job.user, []).append(job)  # each user's next job last
+
+    def finish(user: str) -> tuple[float, float, float, int]:
+        head = queues[user][-1]
+        standing = fair.of(user)
+        weight = standing.share * effective_priority(
+            standing.factor, now - head.submit_time, fair.aging
+        )
+        need = max(head.min_gpus, 1)
+        after = (held.get(user, 0.0) + need) / max(weight, 1e-12)
+        return after, -standing.factor, head.submit_time, head.id
+
+    heap = [(finish(user), user) for user in queues]
+    heapq.heapify(heap)
+    order: list[JobView] = []
+    while heap:  # only the user just served changes its key
+        _, user = heapq.heappop(heap)
+        job = queues[user].pop()
+        held[user] = held.get(user, 0.0) + max(job.min_gpus, 1)
+        order.append(job)
+        if queues[user]:
+            heapq.heappush(heap, (finish(user), user))
+    return order
 
 
 def held_gpus(job: JobView) -> int:

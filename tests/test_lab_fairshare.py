@@ -1,0 +1,117 @@
+"""Fair share live: two real users on one lab daemon with fake GPUs (acceptance 3, live half).
+
+The simulator's half is tests/test_sim_fairshare.py; the criteria are the same:
+
+1. A light user who submits a tenth of a heavy user's work gets an average
+   JCT within 1.5x of what it gets alone on half the cluster (measured on a
+   daemon with half the GPUs), although the heavy user's jobs came first.
+2. While both users have jobs waiting, each one's share of the GPU time is
+   within 10% of its configured share (shares 3:1), from the jobs' own start
+   and end times as the daemon recorded them.
+
+Jobs are `sleep`s of one GPU each, run as their owners. Skips unless root.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from tests.lab_users import LabUser
+from tests.test_lab_daemon import Lab, running_lab
+
+SECONDS = 2
+"""Each job's length."""
+
+
+def fake_gpus(count: int) -> str:
+    return f'[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = {count}\n'
+
+
+@pytest.fixture
+def lab_of(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Start lab daemons on demand: `lab_of(gpus, lab_toml)`; all stopped at the end."""
+    stack: list[Any] = []
+
+    def start(gpus: int, lab_toml: str = "") -> Lab:
+        context = running_lab(lab_toml, gpus_toml=fake_gpus(gpus))
+        lab = context.__enter__()
+        stack.append(context)
+        return lab
+
+    yield start
+    for context in reversed(stack):
+        context.__exit__(None, None, None)
+
+
+def submit_array(lab: Lab, user: LabUser, count: int, seconds: float = SECONDS) -> list[int]:
+    result = lab.gpuq(
+        user, "submit", "-q", "--gpus", "1", "--array", f"0-{count - 1}", "--",
+        "sleep", str(seconds),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return [int(word) for word in result.stdout.split()]
+
+
+def finished(lab: Lab, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """Wait for the jobs (as the admin) and return them, each checked to have succeeded."""
+    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "900", *map(str, ids))
+    jobs: list[dict[str, Any]] = json.loads(done.stdout)["jobs"]
+    assert done.returncode == 0, [(j["id"], j["state"], j["reason"]) for j in jobs][:5]
+    return jobs
+
+
+def average_jct(jobs: Sequence[dict[str, Any]]) -> float:
+    return sum(job["end_time"] - job["submit_time"] for job in jobs) / len(jobs)
+
+
+def test_a_light_user_waits_about_as_long_as_alone_on_half_the_cluster(lab_of: Any) -> None:
+    shared = lab_of(4)
+    heavy = submit_array(shared, shared.alice, 40)
+    time.sleep(1.0)  # the heavy user's jobs hold every GPU before the light user submits
+    light = submit_array(shared, shared.bob, 4)
+    jobs = {job["id"]: job for job in finished(shared, heavy + light)}
+    together = average_jct([jobs[i] for i in light])
+
+    alone_lab = lab_of(2)
+    alone = average_jct(finished(alone_lab, submit_array(alone_lab, alone_lab.bob, 4)))
+
+    heavy_end = max(jobs[i]["end_time"] for i in heavy)
+    assert together <= 1.5 * alone, (together, alone)
+    assert together < (heavy_end - min(jobs[i]["submit_time"] for i in heavy)) / 4, (
+        "the light user's jobs did not wait behind the heavy user's queue"
+    )
+
+
+def gpu_time_shares(jobs: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float]:
+    """Each user's share of the GPU time while every user has a job waiting; the window's length.
+
+    A user has a job waiting from its first submission to its last job's
+    start; the window is where those spans overlap.
+    """
+    users = {job["user"] for job in jobs}
+    begin = max(min(j["submit_time"] for j in jobs if j["user"] == u) for u in users)
+    end = min(max(j["start_time"] for j in jobs if j["user"] == u) for u in users)
+    used = {user: 0.0 for user in users}
+    for job in jobs:
+        overlap = min(job["end_time"], end) - max(job["start_time"], begin)
+        used[job["user"]] += max(0.0, overlap) * job["gpus"]
+    total = sum(used.values())
+    return {user: value / total for user, value in used.items()}, end - begin
+
+
+def test_while_both_wait_each_user_gets_its_configured_share_of_gpu_time(lab_of: Any) -> None:
+    lab = lab_of(4, "shares = { gpuq-alice = 3, gpuq-bob = 1 }\n")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once, as in the simulator
+        batches = pool.map(lambda user: submit_array(lab, user, 48), [lab.alice, lab.bob])
+        ids = [job_id for batch in batches for job_id in batch]
+    jobs = finished(lab, ids)
+    shares, window = gpu_time_shares(jobs)
+    assert window > 10 * SECONDS, f"a window of {window:.0f} s is too short to judge"
+    assert shares["gpuq-alice"] == pytest.approx(0.75, rel=0.10), shares
+    assert shares["gpuq-bob"] == pytest.approx(0.25, rel=0.10), shares
