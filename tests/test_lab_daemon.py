@@ -9,6 +9,7 @@ clear message and an audit entry. Skips unless root (tests/lab_users.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -130,6 +131,8 @@ def test_a_job_belongs_to_the_user_the_kernel_names_whatever_the_request_says(la
     job_id = reply["result"]["ids"][0]
     job = json.loads(lab.gpuq(lab.bob, "show", "--json", str(job_id)).stdout)["job"]
     assert (job["user"], job["spec"]["uid"]) == (lab.bob.name, lab.bob.uid)
+    entry = lab.audit(action="submit", message=f"ids {job_id}")
+    assert [(e["uid"], e["user"]) for e in entry] == [(lab.bob.uid, lab.bob.name)]
 
 
 @pytest.mark.parametrize(
@@ -463,3 +466,75 @@ def test_path_and_ld_preload_games_reach_only_the_users_own_job(lab: Lab) -> Non
     assert done["state"] == "succeeded", done
     assert evidence.read_text().split() == [str(lab.bob.uid)]
     assert lab.gpuq(lab.alice, "ls", "--json").returncode == 0, "the daemon serves on"
+
+
+@pytest.mark.parametrize("kind", ["link to root's file", "root's directory"])
+def test_an_output_the_user_may_not_write_fails_the_job_and_spares_the_target(
+    lab: Lab, kind: str
+) -> None:
+    secret = Path(tempfile.mkdtemp(prefix="gpuq-root-")) / "secret"
+    secret.write_text("root's\n")
+    if kind == "root's directory":
+        output, expected = secret.parent / "out.log", "(as user gpuq-bob"
+    else:
+        trap = Path(tempfile.mkdtemp(prefix="gpuq-trap-", dir=lab.bob.home))
+        os.chown(trap, lab.bob.uid, lab.bob.gid)
+        output, expected = trap / "out.log", "it is a symbolic link"
+        output.symlink_to(secret)
+        os.lchown(output, lab.bob.uid, lab.bob.gid)
+    result = lab.gpuq(
+        lab.bob, "submit", "-q", "--gpus", "0", "--output", str(output), "--", "echo", "pwned"
+    )
+    assert result.returncode == 0, result.stderr
+    job = json.loads(lab.gpuq(lab.bob, "wait", "--json", result.stdout.strip()).stdout)["jobs"][0]
+    assert job["state"] == "failed"
+    assert expected in job["reason"] and str(output.parent) in job["reason"], job["reason"]
+    assert secret.read_text() == "root's\n"
+    assert not (secret.parent / "out.log").exists()
+
+
+def test_both_daemons_running_the_command_uses_the_lab_and_says_so(lab: Lab) -> None:
+    own = {
+        "GPUQ_STATE_DIR": f"{lab.bob.home}/gq-state",
+        "GPUQ_RUNTIME_DIR": f"{lab.bob.home}/gq-run",
+    }
+    started = as_user(
+        lab.bob,
+        [sys.executable, "-m", "gpuq.cli.entry", "daemon", "start"],
+        env={**own, "GPUQ_DAEMON": "personal"},
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        listed = as_user(
+            lab.bob,
+            [sys.executable, "-m", "gpuq.cli.entry", "ls"],
+            env={**own, "GPUQ_LAB_SOCKET": str(lab.socket)},
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert f"gpuq: using the lab daemon ({lab.socket})" in listed.stderr
+        assert "GPUQ_DAEMON=personal" in listed.stderr
+    finally:
+        as_user(
+            lab.bob,
+            [sys.executable, "-m", "gpuq.cli.entry", "daemon", "stop"],
+            env={**own, "GPUQ_DAEMON": "personal"},
+        )
+
+
+def test_a_root_daemon_never_runs_another_server_s_job_as_root_for_a_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpuq.daemon.executor import LaunchSpec
+    from gpuq.daemon.handlers.node import hosted_as
+    from gpuq.daemon.identity import Account, Caller
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    service = Caller(Account(1500, 1500, (1500,), "gpuq-svc", "/home/gpuq-svc"), admin=True)
+    alice = Account(1001, 1002, (1002,), "gpuq-alice", "/home/gpuq-alice")
+    root = Account(0, 0, (0,), "root", "/root")
+    spec = LaunchSpec(("true",), "/", {}, "/dev/null", "/dev/null", None, None, 10.0)
+    assert hosted_as(spec, service).run_as == service.account
+    assert hosted_as(dataclasses.replace(spec, run_as=root), service).run_as == service.account
+    assert hosted_as(dataclasses.replace(spec, run_as=alice), service).run_as == alice
+    by_root = Caller(root, admin=True)
+    assert hosted_as(spec, by_root).run_as is None

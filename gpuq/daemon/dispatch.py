@@ -126,7 +126,7 @@ async def dispatch(
         case Migrate():
             return migrate.handle(state, request, caller)
         case NodeLaunch():
-            return await node.launch(state, request)
+            return await node.launch(state, request, caller)
         case NodeSignal():
             return await node.signal(state, request)
         case NodeSync():

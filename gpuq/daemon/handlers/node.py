@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from gpuq import ckptfile
 from gpuq.control import parse_message
 from gpuq.daemon import incoming, jobfiles
 from gpuq.daemon.executor import LaunchSpec
+from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, UsageError
 from gpuq.protocol import (
@@ -35,10 +37,10 @@ SIGNAL_SETTLE = 5.0
 """Seconds a signal waits for a just-started attempt's command to have a process group."""
 
 
-async def launch(state: DaemonState, request: NodeLaunch) -> dict[str, Any]:
+async def launch(state: DaemonState, request: NodeLaunch, caller: Caller) -> dict[str, Any]:
     """Start the attempt; the reply carries its shim's pid."""
     try:
-        spec = LaunchSpec.from_dict(request.launch)
+        spec = hosted_as(LaunchSpec.from_dict(request.launch), caller)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"invalid launch of job {request.job}: {exc}") from None
     known = {gpu.uuid for gpu in state.gpus.devices}
@@ -51,6 +53,20 @@ async def launch(state: DaemonState, request: NodeLaunch) -> dict[str, Any]:
     pid = await state.hosted.launch(request.head, request.job, request.attempt, spec, request.gpus)
     state.wake.set()  # its GPUs are lent now: this daemon's own jobs go elsewhere
     return {"pid": pid, "version": state.hosted.version}
+
+
+def hosted_as(spec: LaunchSpec, caller: Caller) -> LaunchSpec:
+    """The launch as a root daemon may run it for another server: never as root for a user.
+
+    The head names the job's owner (`run_as`); one it does not name, or
+    root named by a caller who is not root, becomes the caller: the account
+    the other server's bridge logged in as.
+    """
+    if os.geteuid() != 0 or caller.uid == 0:
+        return spec
+    if spec.run_as is None or spec.run_as.uid == 0:
+        return dataclasses.replace(spec, run_as=caller.account)
+    return spec
 
 
 async def signal(state: DaemonState, request: NodeSignal) -> dict[str, Any]:
