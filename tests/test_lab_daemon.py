@@ -538,3 +538,34 @@ def test_a_root_daemon_never_runs_another_server_s_job_as_root_for_a_user(
     assert hosted_as(dataclasses.replace(spec, run_as=alice), service).run_as == alice
     by_root = Caller(root, admin=True)
     assert hosted_as(spec, by_root).run_as is None
+
+
+def test_a_gpu_held_outside_gpuq_is_avoided_and_its_user_named() -> None:
+    users = lab_users()
+    bob = users["gpuq-bob"]
+    holder = subprocess.Popen(
+        ["setpriv", f"--reuid={bob.uid}", f"--regid={bob.gid}", "--init-groups", "sleep", "600"]
+    )
+    gpus = (
+        '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 1\n'
+        f'foreign_memory = "30G"\nforeign_pid = {holder.pid}\n'
+        '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 1\n'
+    )
+    try:
+        with running_lab("", gpus_toml=gpus) as lab:
+            result = lab.gpuq(lab.alice, "submit", "-q", "--", "sleep", "30")
+            assert result.returncode == 0, result.stderr
+            job = lab.daemon.wait_state(int(result.stdout), "running")
+            listing = json.loads(lab.gpuq(lab.alice, "gpus", "--json").stdout)["gpus"]
+            held = next(gpu for gpu in listing if gpu["memory_foreign"])
+            assert job["gpu_uuids"] == [
+                next(gpu["uuid"] for gpu in listing if not gpu["memory_foreign"])
+            ]
+            assert {"pid": holder.pid, "user": "gpuq-bob", "foreign": True}.items() <= (
+                held["processes"][0].items()
+            )
+            text = lab.gpuq(lab.alice, "gpus").stdout
+            assert f"GPU 0: also used outside gpuq by gpuq-bob (pid {holder.pid}, 30G)" in text
+    finally:
+        holder.kill()
+        holder.wait()

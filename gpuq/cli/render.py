@@ -409,7 +409,27 @@ def gpus_text(result: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     gpus, servers = result["gpus"], result.get("servers") or []
     parts = [gpus_table(gpus, servers) if gpus else "No GPUs (CPU-only jobs run with --gpus 0)."]
+    others = foreign_lines(gpus)
+    if others:
+        parts.append("\n".join(visible(line) for line in others))
     down = server_lines(gpus, servers, now)
     if down:
         parts.append("\n".join(visible(line) for line in down))
     return "\n\n".join(parts)
+
+
+def foreign_lines(gpus: list[dict[str, Any]]) -> list[str]:
+    """One line per GPU held by processes gpuq did not start, naming their users where known."""
+    lines = []
+    several = len({gpu.get("node") for gpu in gpus}) > 1
+    for gpu in gpus:
+        named = [
+            f"{p['user']} (pid {p['pid']}"
+            + (f", {format_size(p['used_memory'])})" if p.get("used_memory") else ")")
+            for p in gpu.get("processes") or ()
+            if p.get("user") and p.get("foreign")
+        ]
+        if named and gpu.get("memory_foreign"):
+            where = f"{gpu['node']}:{gpu['index']}" if several else str(gpu["index"])
+            lines.append(f"GPU {where}: also used outside gpuq by {', '.join(named)}")
+    return lines

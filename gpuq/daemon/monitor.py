@@ -85,6 +85,7 @@ def split_memory(
     for gpu in devices:
         gpuq = foreign = 0
         jobs: list[int] = []
+        outside: set[int] = set()
         for proc in gpu.processes:
             used = proc.used_memory or 0
             job_id = None
@@ -92,12 +93,14 @@ def split_memory(
                 job_id = pgid_to_job.get(os.getpgid(proc.pid))
             if job_id is None:
                 foreign += used
+                outside.add(proc.pid)
             else:
                 gpuq += used
                 jobs.append(job_id)
                 per_job[job_id] = max(per_job.get(job_id, 0), used)
         snap.gpuq_memory[gpu.uuid] = gpuq
         snap.foreign_memory[gpu.uuid] = foreign
+        snap.foreign_pids[gpu.uuid] = frozenset(outside)
         snap.jobs_on_gpu[gpu.uuid] = sorted(set(jobs))
     return snap, per_job
 

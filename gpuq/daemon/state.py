@@ -49,6 +49,8 @@ class GpuSnapshot:
     gpuq_memory: dict[str, int] = field(default_factory=dict)
     foreign_memory: dict[str, int] = field(default_factory=dict)
     jobs_on_gpu: dict[str, list[int]] = field(default_factory=dict)
+    foreign_pids: dict[str, frozenset[int]] = field(default_factory=dict)
+    """Per GPU, the processes on it that are not gpuq jobs'."""
     time: float = 0.0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 from typing import Any
 
 from gpuq.daemon.state import DaemonState
@@ -34,6 +36,16 @@ def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
             for j in state.active.values()
             if j.state.is_active and gpu.uuid in j.gpu_uuids
         )
+        if gpu.node in ("", state.config.daemon.node_name):
+            outside = snap.foreign_pids.get(gpu.uuid, frozenset())
+            data["processes"] = [
+                {
+                    **process,
+                    "user": process_owner(int(process["pid"])),
+                    "foreign": process["pid"] in outside,
+                }
+                for process in data["processes"]
+            ]
         data.update(
             {
                 "memory_gpuq": used_gpuq,
@@ -51,3 +63,19 @@ def handle(state: DaemonState, request: Gpus) -> dict[str, Any]:
         "sampled_at": snap.time,
         "servers": state.server_health(),
     }
+
+
+def process_owner(pid: int) -> str | None:
+    """The user running process `pid` on this server (its uid where it has no name), or None.
+
+    So `gpuq gpus` says whose process outside gpuq holds a GPU.
+    """
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
