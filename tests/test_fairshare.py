@@ -423,3 +423,59 @@ def test_the_daemon_charges_holders_persists_and_shows_the_policy() -> None:
     bob = rows[1]
     assert bob["factor"] == 1.0 and bob["priority"] == pytest.approx(1.0 + (DAY + 60.0) / DAY)
     assert rows[0]["priority"] is None
+
+
+# ---- preemption for fair share -----------------------------------------------------------
+
+
+def holding(job_id: int, user: str, gpu: int, started: float, **fields: Any) -> JobView:
+    """A running one-GPU runner job of `user` on GPU `gpu`, started at `started`."""
+    return job(
+        job_id,
+        user,
+        started,
+        gpu_uuids=(f"GPU-{gpu}",),
+        allocation=(1,),
+        start_time=started,
+        preemptible=True,
+        **fields,
+    )
+
+
+def test_a_user_under_its_share_preempts_the_newest_runner_job_of_one_over_it() -> None:
+    heavy = [holding(i, "heavy", i - 1, NOW - 1000.0 + i) for i in range(1, 5)]
+    state = lab(*heavy, job(5, "light", NOW - 5.0), count=4, standing=fair(heavy=0.5, light=0.5))
+    decision = GpuqPolicy(timeslice="off").decide(state, NOW)
+    assert 4 not in decision.allocations  # the most recently started: the least work to redo
+    assert decision.notes[4] == (
+        "preempted for job 5 (fair share: light holds 0 of 1 GPUs, heavy 4 of 3)"
+    )
+    assert all(decision.allocations.get(i) == (1,) for i in (1, 2, 3))
+
+
+def test_fair_share_preempts_only_after_the_grace_period_and_only_runner_jobs() -> None:
+    fresh = [holding(i, "heavy", i - 1, NOW - 100.0) for i in range(1, 5)]
+    state = lab(*fresh, job(5, "light", NOW - 5.0), count=4, standing=fair(heavy=0.5, light=0.5))
+    assert sorted(GpuqPolicy(timeslice="off").decide(state, NOW).allocations) == [1, 2, 3, 4]
+    later = GpuqPolicy(timeslice="off", fair_grace=60.0).decide(state, NOW)
+    assert sorted(later.allocations) == [1, 2, 3, 5]
+    assert later.notes[4].startswith("preempted for job 5 (fair share")
+    plain = [replace(job, preemptible=False) for job in fresh]
+    state = lab(*plain, job(5, "light", NOW - 5.0), count=4, standing=fair(heavy=0.5, light=0.5))
+    assert sorted(GpuqPolicy(fair_grace=0.0, timeslice="off").decide(state, NOW).allocations) == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+def test_a_user_at_its_share_preempts_nobody() -> None:
+    heavy = [holding(i, "heavy", i - 1, NOW - 1000.0) for i in (1, 2)]
+    light = [holding(i, "light", i - 1, NOW - 1000.0) for i in (3, 4)]
+    state = lab(
+        *heavy, *light, job(5, "light", NOW - 5.0), job(6, "heavy", NOW - 5.0),
+        count=4, standing=fair(heavy=0.5, light=0.5),
+    )  # fmt: skip
+    decision = GpuqPolicy(timeslice="off").decide(state, NOW)
+    assert sorted(decision.allocations) == [1, 2, 3, 4]

@@ -23,6 +23,14 @@ Per-user limits (`UserBook`)
     and books in one pass; a job that would take its owner over
     `max_gpus` or `max_running` waits with `limit_reason`'s reason ("user
     alice at max_gpus 8 (holds 8)").
+Preemption for fair share (`fair_victims`, for the `gpuq` policy's admission)
+    Within a priority class whose GPUs are all held, a user holding less
+    than its budget (max-min fair by share over what the class holds and
+    the users' waiting jobs ask) may take GPUs from users holding more:
+    their gpuq.runner jobs that have run at least `grace` seconds, the most
+    recently started first, never so many that the user falls below its
+    budget, and for no more of the waiting user's jobs than its budget
+    leaves room for. The victims checkpoint, so no work is lost.
 Budgets (`budgets`, for the `gpuq` policy's goodput sizing)
     The GPUs a class sizes are split across its users max-min fair by
     their configured shares: a user gets what its jobs can use (`demands`)
@@ -37,7 +45,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from gpuq.fairshare import Fairness, effective_priority, limit_reason
 from gpuq.policies.interface import ClusterState, JobView
@@ -201,4 +210,70 @@ def budgets(
     return given
 
 
-__all__ = ["UserBook", "budgets", "held_gpus", "owners", "ranks"]
+@dataclass(frozen=True, slots=True)
+class FairVictims:
+    """Whom fair share lets preempt whom in a class: the victims and the asks they yield to."""
+
+    victims: frozenset[int]
+    asks: tuple[JobView, ...]
+    budgets: Mapping[str, int]
+    held: Mapping[str, int]
+
+
+def fair_victims(
+    holders: Sequence[JobView],
+    asks: Sequence[JobView],
+    fair: Fairness,
+    now: float,
+    grace: float,
+    gpus_of: Callable[[JobView], int] = held_gpus,
+) -> FairVictims | None:
+    """The class's runner jobs that fair share lets its waiting asks take (module docstring).
+
+    `holders` are the class's whole-GPU jobs holding GPUs (`gpus_of`
+    each; a victim must be `preemptible`); `asks` its waiting whole-GPU
+    jobs in queue order. None
+    where no user is under its budget with a job waiting, or none over it
+    with a job it may give up.
+    """
+    held: dict[str, int] = {}
+    for job in holders:
+        held[job.user] = held.get(job.user, 0) + gpus_of(job)
+    need: dict[str, int] = {}
+    for job in asks:
+        need[job.user] = need.get(job.user, 0) + max(job.min_gpus, 1)
+    users = set(held) | set(need)
+    if len(users) < 2 or not need:
+        return None
+    demand = {user: held.get(user, 0) + need.get(user, 0) for user in users}
+    shares = {user: fair.of(user).share for user in users}
+    factors = {user: fair.of(user).factor for user in users}
+    budget = budgets(demand, shares, sum(held.values()), factors)
+    room = {user: budget[user] - held.get(user, 0) for user in users}
+    chosen: list[JobView] = []
+    for job in asks:
+        wanted = max(job.min_gpus, 1)
+        if room[job.user] >= wanted:
+            chosen.append(job)
+            room[job.user] -= wanted
+    spare = {user: held.get(user, 0) - budget[user] for user in users}
+    victims: set[int] = set()
+    candidates = sorted(
+        (
+            job
+            for job in holders
+            if job.preemptible and not job.suspended and now - job.start_time >= grace
+        ),
+        key=lambda job: (-job.start_time, -job.id),
+    )
+    for job in candidates:
+        gpus = gpus_of(job)
+        if 0 < gpus <= spare[job.user]:
+            victims.add(job.id)
+            spare[job.user] -= gpus
+    if not chosen or not victims:
+        return None
+    return FairVictims(frozenset(victims), tuple(chosen), budget, held)
+
+
+__all__ = ["FairVictims", "UserBook", "budgets", "fair_victims", "held_gpus", "owners", "ranks"]

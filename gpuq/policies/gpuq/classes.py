@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from gpuq.fairshare import Fairness
 from gpuq.policies.confine import node_names
-from gpuq.policies.fairness import UserBook, held_gpus, ranks
+from gpuq.policies.fairness import UserBook, fair_victims, held_gpus, ranks
 from gpuq.policies.fifo import queue_order
 from gpuq.policies.gpuq.board import Board
 from gpuq.policies.gpuq.moves import Moving, admission, pinned, take_moves
@@ -78,6 +78,8 @@ class Steps:
     slicing: Slicing | None = None
     moving: Moving | None = None
     packer: Packer | None = None
+    fair_grace: float | None = None
+    """Fair share's preemption within a class: how long a victim must have run (None: never)."""
 
 
 def decide_classes(board: Board, search: Search, now: float, steps: Steps) -> Decision:
@@ -112,6 +114,7 @@ class _Class:
         self.slicing = steps.slicing
         self.moving = steps.moving
         self.packer = steps.packer
+        self.fair_grace = steps.fair_grace
         self.original = {job.id: job for job in board.state.jobs}
         jobs = [job for job in board.state.jobs if job.priority == priority]
         for job in jobs:
@@ -267,6 +270,8 @@ class _Class:
             state, decision = self._fifo(asks, True, placed)
         if len(placed) < len(asks) and self._preempt(state, asks, placed):
             state, decision = self._fifo(asks, True, placed)
+        if len(placed) < len(asks) and self._fair_preempt(state, asks, placed):
+            state, decision = self._fifo(asks, True, placed)
         admitted: dict[int, tuple[int, ...]] = {}
         for job in asks:
             uuids = placed.get(job.id)
@@ -298,6 +303,56 @@ class _Class:
             else:
                 self.victims[victim_id] = f"preempted {why}"
                 board.release(victim_id)
+        return list(changed)
+
+    def _fair_preempt(
+        self, state: ClusterState, asks: list[JobView], placed: dict[int, tuple[str, ...]]
+    ) -> list[int]:
+        """Preempt the class's runner jobs of users over their fair share for users under it.
+
+        `gpuq.policies.fairness.fair_victims` says whom; `make_room` how few.
+        """
+        board, fair = self.board, self.board.state.fair
+        if fair is None or self.fair_grace is None:
+            return []
+        holders = [
+            board.jobs[job_id]
+            for job_id, hold in board.holds.items()
+            if board.jobs[job_id].priority == self.priority
+            and board.jobs[job_id].gpu_mem is None
+            and hold.gpus
+            and job_id not in self.victims
+            and job_id not in board.started
+            and job_id not in board.moved
+        ]
+        waiting = [job for job in asks if job.id not in placed and job.gpu_mem is None]
+        plan = fair_victims(
+            holders,
+            waiting,
+            fair,
+            self.now,
+            self.fair_grace,
+            lambda job: len(board.holds[job.id].gpus),
+        )
+        if plan is None:
+            return []
+        changed = make_room(board, self.priority, state, list(plan.asks), placed, plan.victims)
+        for victim_id, (keep, ask) in changed.items():
+            victim, asker = board.jobs[victim_id], board.jobs[ask].user
+            why = (
+                f"for job {ask} (fair share: {asker} holds {plan.held.get(asker, 0)} of "
+                f"{plan.budgets[asker]} GPUs, {victim.user} "
+                f"{plan.held[victim.user]} of {plan.budgets[victim.user]})"
+            )
+            if keep:
+                self.shrunk[victim_id] = f"shrunk {why}"
+                board.hold(Hold(victim_id, board.holds[victim_id].gpus[:keep]))
+            else:
+                self.victims[victim_id] = f"preempted {why}"
+                self.out.notes[victim_id] = self.victims[victim_id]
+                board.release(victim_id)
+        self.movable = [job for job in self.movable if job.id not in self.victims]
+        self.fixed = [job for job in self.fixed if job.id not in self.victims]
         return list(changed)
 
     # ---- step 2: sizes from the goodput search --------------------------------------------

@@ -25,6 +25,14 @@ Preemption for priority (`gpuq.policies.gpuq.preempt`)
     (priority 5 over 0)", "resized 2 -> 1 GPUs: shrunk for job 12 ...").
     Within a priority, a job leaves its GPUs only for the goodput search
     below or for another's turn (time-slicing).
+Fair share (lab mode: `ClusterState.fair`; `gpuq.policies.fairness`)
+    Within a class the users' waiting jobs are ordered as a weighted fair
+    queue, the goodput search gives each user a budget, and a waiting job
+    of a user under its budget that fits no other way preempts runner jobs
+    of users over theirs that have run `fair_grace` seconds (300), through
+    their checkpoint, never taking a user below its own budget ("preempted
+    for job 12 (fair share: bob holds 0 of 2 GPUs, alice 8 of 6)"). With one
+    user, or without `fair`, nothing of this applies.
 Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
     Memory-share jobs (`--gpu-mem`, exclusive or not) and the minimum of
     every whole-GPU job that needs one (`min_gpus` >= 1: every daemon job)
@@ -219,6 +227,10 @@ TIMESLICE = ("blocked", "all", "off")
 """Which waiting jobs take turns (module docstring)."""
 
 
+DEFAULT_FAIR_GRACE = 300.0
+"""Seconds a runner job of a user over its fair share runs before one under it may preempt it."""
+
+
 class GpuqPolicy(PolluxPolicy):
     """gpuq's default policy: classes, admission, moves, goodput, packing, turns (see module)."""
 
@@ -243,6 +255,7 @@ class GpuqPolicy(PolluxPolicy):
         generations: int = 100,
         types: str = "aware",
         typed_p: float = -0.5,
+        fair_grace: float = DEFAULT_FAIR_GRACE,
     ) -> None:
         super().__init__(
             seed=seed,
@@ -258,6 +271,9 @@ class GpuqPolicy(PolluxPolicy):
             raise ValueError(f"quantum must be positive, got {quantum}")
         if oversubscription < 1:
             raise ValueError(f"oversubscription must be at least 1, got {oversubscription}")
+        if not fair_grace >= 0:
+            raise ValueError(f"fair_grace must be 0 or more seconds, got {fair_grace}")
+        self.fair_grace = float(fair_grace)
         if types not in TYPES:
             raise ValueError(f"types must be one of {', '.join(TYPES)}, not {types!r}")
         self.starts = starts
@@ -294,7 +310,12 @@ class GpuqPolicy(PolluxPolicy):
             self.packer.observe(state, now)
             riders = self.packer.riders(state)
         board = Board.build(state, riders)
-        steps = Steps(slicing=self.slicing, moving=self.moving, packer=self.packer)
+        steps = Steps(
+            slicing=self.slicing,
+            moving=self.moving,
+            packer=self.packer,
+            fair_grace=self.fair_grace,
+        )
         return decide_classes(board, lambda c, s: self._search(c, s, now), now, steps)
 
     def _search(self, priority: int, state: ClusterState, now: float) -> Solution | Decision:

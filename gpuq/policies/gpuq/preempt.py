@@ -29,13 +29,16 @@ def make_room(
     state: ClusterState,
     asks: list[JobView],
     placed: Mapping[int, tuple[str, ...]],
+    among: frozenset[int] | None = None,
 ) -> dict[int, tuple[int, int]]:
     """Lower-priority jobs to shrink or preempt so that waiting asks fit (module docstring).
 
     `state` is the class's last fifo state (holders, asks placed by an
     earlier pass among them, and asks) and `placed` every ask placed so
-    far. Returns, per job changed, the GPUs it keeps (0: preempted) and the
-    ask it yields to; the board is not changed.
+    far. `among` names the only jobs that may yield instead of the lower
+    classes' (fair share's victims, `gpuq.policies.fairness.fair_victims`).
+    Returns, per job changed, the GPUs it keeps (0: preempted) and the ask
+    it yields to; the board is not changed.
     """
     views = {job.id: job for job in state.jobs}
     victims = sorted(
@@ -43,7 +46,7 @@ def make_room(
             views[job_id]
             for job_id in board.holds
             if job_id in views
-            and board.jobs[job_id].priority < priority
+            and (board.jobs[job_id].priority < priority if among is None else job_id in among)
             and board.jobs[job_id].preemptible
             and not board.jobs[job_id].suspended
             and job_id not in board.started
