@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.daemon_harness import wait_for
 from tests.lab_users import LabUser
+from tests.test_control_runner import JOB
 from tests.test_lab_daemon import Lab, running_lab
 
 SECONDS = 2
@@ -115,3 +119,39 @@ def test_while_both_wait_each_user_gets_its_configured_share_of_gpu_time(lab_of:
     assert window > 10 * SECONDS, f"a window of {window:.0f} s is too short to judge"
     assert shares["gpuq-alice"] == pytest.approx(0.75, rel=0.10), shares
     assert shares["gpuq-bob"] == pytest.approx(0.25, rel=0.10), shares
+
+
+@pytest.mark.torch
+def test_a_user_under_its_share_preempts_a_runner_job_which_resumes(lab_of: Any) -> None:
+    """One GPU: alice's long runner job yields through its checkpoint to bob's job."""
+    lab = lab_of(1, '[scheduler]\npolicy = "gpuq:timeslice=off:fair_grace=2"\n')
+    out = Path(lab.alice.home) / "long.pt"
+    long = lab.gpuq(
+        lab.alice, "submit", "-q", "--", sys.executable, str(JOB),
+        "--epochs", "6", "--step-delay", "0.05", "--out", str(out),
+    )  # fmt: skip
+    assert long.returncode == 0, long.stderr
+    long_id = int(long.stdout)
+    wait_for(
+        lambda: (job := lab.daemon.job(long_id))["state"] == "running" and job["run_time"] > 3,
+        timeout=120,
+        what="alice's job past the grace period",
+    )
+    short = lab.gpuq(lab.bob, "submit", "-q", "--", "sleep", "1")
+    assert short.returncode == 0, short.stderr
+    short_id = int(short.stdout)
+    done = finished(lab, [short_id, long_id])
+    assert [job["state"] for job in done] == ["succeeded", "succeeded"]
+    events = [e["reason"] for e in lab.daemon.call("show", id=long_id)["events"]]
+    assert any(
+        f"preempted for job {short_id} (fair share: gpuq-bob holds 0 of 1 GPUs, "
+        "gpuq-alice 1 of 0)" in reason
+        for reason in events
+    ), events
+    assert done[1]["attempts"] >= 2
+    short_events = lab.daemon.call("show", id=short_id)["events"]
+    long_events = lab.daemon.call("show", id=long_id)["events"]
+    assert done[0]["end_time"] < done[1]["end_time"], "\n".join(
+        f"{e['time'] - short_events[0]['time']:.1f} {e['state']} {e['reason']}"
+        for e in sorted([*short_events, *long_events], key=lambda e: e["time"])
+    )

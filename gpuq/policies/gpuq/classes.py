@@ -311,9 +311,12 @@ class _Class:
         """Preempt the class's runner jobs of users over their fair share for users under it.
 
         `gpuq.policies.fairness.fair_victims` says whom; `make_room` how few.
+        Not where the class takes turns (time-slicing): there a waiting job
+        gets turns on the GPUs instead, and a job preempted for it would
+        take them back at once.
         """
         board, fair = self.board, self.board.state.fair
-        if fair is None or self.fair_grace is None:
+        if fair is None or self.fair_grace is None or self.slicing is not None:
             return []
         holders = [
             board.jobs[job_id]

@@ -31,8 +31,10 @@ Fair share (lab mode: `ClusterState.fair`; `gpuq.policies.fairness`)
     of a user under its budget that fits no other way preempts runner jobs
     of users over theirs that have run `fair_grace` seconds (300), through
     their checkpoint, never taking a user below its own budget ("preempted
-    for job 12 (fair share: bob holds 0 of 2 GPUs, alice 8 of 6)"). With one
-    user, or without `fair`, nothing of this applies.
+    for job 12 (fair share: bob holds 0 of 2 GPUs, alice 8 of 6)"), where
+    the class does not take turns (`timeslice=off`; with turns, the waiting
+    job gets its turns instead). With one user, or without `fair`, nothing
+    of this applies.
 Admission in queue order (fifo's rules, `gpuq.policies.fifo`, reused)
     Memory-share jobs (`--gpu-mem`, exclusive or not) and the minimum of
     every whole-GPU job that needs one (`min_gpus` >= 1: every daemon job)
