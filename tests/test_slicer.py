@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from gpuq.daemon.scheduler.slicer import PARK_RESIDENT_BYTES, Slicer, Waiting
+from gpuq.fairshare import Fairness, UserShare
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
 
 GIB = 1024**3
@@ -34,6 +35,7 @@ class Server:
     progress: dict[int, float] = field(default_factory=dict)
     computed: dict[int, float] = field(default_factory=dict)
     blocked_until: dict[int, float] = field(default_factory=dict)
+    fair: Fairness | None = None
     moves: int = 0
     parks: int = 0
     moved: dict[int, int] = field(default_factory=dict)
@@ -50,7 +52,10 @@ class Server:
     def state(self) -> ClusterState:
         gpus = tuple(GpuView(f"g{i}", "n", self.memory) for i in range(self.gpus))
         cluster = ClusterState(
-            nodes=(NodeView("n", self.gpus),), jobs=tuple(self.jobs.values()), gpus=gpus
+            nodes=(NodeView("n", self.gpus),),
+            jobs=tuple(self.jobs.values()),
+            gpus=gpus,
+            fair=self.fair,
         )
         return self.slicer.present(cluster)
 
@@ -354,3 +359,27 @@ def test_a_job_with_known_memory_the_decision_does_not_bind_takes_turns() -> Non
     assert server.slicer.needed(server.state(), decision)
     out = server.slicer.slice(server.state(), decision, server.waiting, 0.0)
     assert set(out.sliced) == {1, 2}
+
+
+@pytest.mark.parametrize(("shares", "bob"), [((1.0, 1.0), 1.0), ((5.0, 1.0), 4 / 6)])
+def test_in_lab_mode_turns_follow_the_users_shares_not_their_job_counts(
+    shares: tuple[float, float], bob: float
+) -> None:
+    """Turns are weighted by the owners' shares over what their jobs ask.
+
+    Alice's five jobs and bob's one share four GPUs: with equal shares bob's job
+    computes all the time (its half is two GPUs, more than one job can use) and
+    alice's five share the other three; with alice's share five times bob's, as
+    if every job were alike (4/6 each).
+    """
+    server = Server.of(4, 6)
+    server.jobs = {
+        i: replace(job, user="bob" if i == 6 else "alice") for i, job in server.jobs.items()
+    }
+    alice, bobs = shares
+    server.fair = Fairness({"alice": UserShare(share=alice), "bob": UserShare(share=bobs)})
+    hours = 2 * 3600.0
+    server.run(hours)
+    computed = {i: server.computed[i] / hours for i in server.jobs}
+    assert computed[6] == pytest.approx(bob, rel=0.05)
+    assert [computed[i] for i in range(1, 6)] == pytest.approx([(4 - bob) / 5] * 5, rel=0.05)

@@ -11,6 +11,10 @@ on which GPUs, and how the others wait. Pure: unit-tested without a daemon.
   jobs ask for together) and pays `dt` while it computes; at a turn's end
   the jobs owed most compute next. Over a long window each job computes
   for G / D of it, whatever its GPU count.
+- **Shares** (lab mode, `ClusterState.fair`, jobs of several users on the
+  node): each job's part of the node's time is weighted by its owner's
+  share over the GPUs that owner's jobs ask for there, so each user's jobs
+  together compute for their share of the node (`turn_rates`).
 - **Quanta**: a job that begins a turn keeps its GPUs for `quantum`
   seconds (the policy's, `Capabilities.quantum`); the pass at the end of
   the earliest turn is the next one the caller must make (`Slices.wake`).
@@ -69,6 +73,7 @@ from gpuq.daemon.scheduler.room import (
     sharing,
     wait_mode,
 )
+from gpuq.fairshare import Fairness
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy
 
 __all__ = ["PARK_RESIDENT_BYTES", "REBALANCE_QUANTA", "Slicer", "Slices", "Waiting", "slicer_for"]
@@ -159,10 +164,9 @@ class Slicer:
         notes = dict(decision.notes)
         ends: list[float] = []
         for node in nodes:
-            demand = sum(node.size.values())
+            self.rate.update(turn_rates(node, state.fair))
             for job in node.members:
                 self.credit.setdefault(job.id, 0.0)
-                self.rate[job.id] = min(1.0, len(node.gpus) / demand)
             runs = self._turns(node, waiting, now, notes)
             for job_id, uuids in runs.items():
                 allocations[job_id] = decision.allocations[job_id]
@@ -468,6 +472,27 @@ class Slicer:
             self.last = None if last is None else float(last)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"damaged slicer memory: {exc}") from exc
+
+
+def turn_rates(node: SlicedNode, fair: Fairness | None) -> dict[int, float]:
+    """Each member's owed part of the node's time (at most 1): G / D, or weighted by shares.
+
+    With fair share and members of several users, a job's weight is its
+    owner's share over the GPUs the owner's members ask for, so a user's
+    members together are owed the user's share of the node's GPU time.
+    """
+    gpus = len(node.gpus)
+    sizes = {job.id: node.size[job.id] for job in node.members}
+    users = {job.user for job in node.members}
+    if fair is None or len(users) < 2:
+        demand = sum(sizes.values())
+        return {job_id: min(1.0, gpus / demand) for job_id in sizes}
+    asked = {user: 0 for user in users}
+    for job in node.members:
+        asked[job.user] += sizes[job.id]
+    weight = {job.id: fair.of(job.user).share / asked[job.user] for job in node.members}
+    total = sum(weight[job_id] * size for job_id, size in sizes.items())
+    return {job_id: min(1.0, gpus * weight[job_id] / total) for job_id in sizes}
 
 
 def slicer_for(policy: Policy) -> Slicer | None:

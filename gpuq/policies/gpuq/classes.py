@@ -193,7 +193,7 @@ class _Class:
         if self.slicing is not None:
             turns = left if self.slicing.everyone else blocked
             turns = [job for job in turns if job.id not in self.out.allocations]
-            turns = queue_order([*turns, *packed.unpacked])
+            turns = queue_order([*turns, *packed.unpacked], ranks(self.board.state, self.now))
             self.out.notes.update(
                 self.slicing.place(self.board, self.out.allocations, turns, self.now)
             )
