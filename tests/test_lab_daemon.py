@@ -176,7 +176,9 @@ def test_other_users_job_names_commands_and_environment_are_hidden(lab: Lab) -> 
     def seen_by(user: LabUser) -> dict[str, Any]:
         result = lab.gpuq(user, "ls", "--json")
         assert result.returncode == 0, result.stderr
-        jobs = {job["id"]: job for job in json.loads(result.stdout)["jobs"]}
+        jobs: dict[int, dict[str, Any]] = {
+            job["id"]: job for job in json.loads(result.stdout)["jobs"]
+        }
         return jobs[job_id]
 
     by_bob, by_alice, by_carol = seen_by(lab.bob), seen_by(lab.alice), seen_by(lab.carol)

@@ -71,7 +71,7 @@ def finished(lab: Lab, ids: Sequence[int]) -> list[dict[str, Any]]:
 
 
 def average_jct(jobs: Sequence[dict[str, Any]]) -> float:
-    return sum(job["end_time"] - job["submit_time"] for job in jobs) / len(jobs)
+    return sum(float(job["end_time"]) - float(job["submit_time"]) for job in jobs) / len(jobs)
 
 
 def test_a_light_user_waits_about_as_long_as_alone_on_half_the_cluster(lab_of: Any) -> None:

@@ -78,4 +78,3 @@ def process_owner(pid: int) -> str | None:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
