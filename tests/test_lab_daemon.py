@@ -364,7 +364,6 @@ def test_env_uid_is_not_the_identity(lab: Lab) -> None:
     assert result.returncode == 0, result.stderr
     job = json.loads(lab.gpuq(lab.carol, "show", "--json", result.stdout.strip()).stdout)["job"]
     assert job["user"] == "gpuq-bob"
-    assert os.getuid() == 0
 
 
 def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab: Lab) -> None:
