@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,11 +302,32 @@ def open_socket(path: Path, timeout: float) -> socket.socket:
     """
     if path.parent.exists() or path.parent.is_symlink():
         check_private_dir(path.parent)
+    return _connect(
+        path,
+        timeout,
+        _check_listener,
+        "the gpuq daemon",
+        "is it running? gpuq daemon status; gpuq doctor checks the set-up",
+    )
+
+
+def _connect(
+    path: Path,
+    timeout: float,
+    check: Callable[[socket.socket, Path], None],
+    what: str,
+    hint: str,
+) -> socket.socket:
+    """Connect to `path` and `check` its listener; nothing sent.
+
+    FileNotFoundError and ConnectionRefusedError pass through ("no daemon");
+    another failure to connect is a DaemonUnavailable naming `what`, with `hint`.
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(str(path))
-        _check_listener(sock, path)
+        check(sock, path)
     except (FileNotFoundError, ConnectionRefusedError):
         sock.close()
         raise
@@ -316,8 +337,7 @@ def open_socket(path: Path, timeout: float) -> socket.socket:
     except OSError as exc:
         sock.close()
         raise DaemonUnavailable(
-            f"cannot talk to the gpuq daemon on {path}: {exc.strerror or exc}",
-            "is it running? gpuq daemon status; gpuq doctor checks the set-up",
+            f"cannot talk to {what} on {path}: {exc.strerror or exc}", hint
         ) from None
     except BaseException:
         sock.close()
@@ -333,31 +353,20 @@ def open_lab_socket(path: Path, timeout: float) -> socket.socket:
     so nobody can stand in for the lab daemon. It is never started here.
     """
     _check_lab_dir(path.parent)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
     try:
-        sock.connect(str(path))
-        _check_lab_listener(sock, path)
+        return _connect(
+            path,
+            timeout,
+            _check_lab_listener,
+            "the lab daemon",
+            "ask the lab's admin; gpuq doctor checks the set-up",
+        )
     except (FileNotFoundError, ConnectionRefusedError):
-        sock.close()
         raise DaemonUnavailable(
             f"the lab daemon is not running ({path})",
             "ask the lab's admin (systemctl status gpuq); GPUQ_DAEMON=personal uses your own "
             "daemon instead",
         ) from None
-    except TimeoutError:
-        sock.close()
-        raise _timed_out(path, timeout) from None
-    except OSError as exc:
-        sock.close()
-        raise DaemonUnavailable(
-            f"cannot talk to the lab daemon on {path}: {exc.strerror or exc}",
-            "ask the lab's admin; gpuq doctor checks the set-up",
-        ) from None
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _check_lab_listener(sock: socket.socket, path: Path) -> None:

@@ -396,6 +396,7 @@ class _Daemon:
         self.config = _Config(LabConfig(enabled=True, half_life=DAY, shares=(("bob", 3.0),)))
         self.store = store
         self.active = {j.id: j for j in jobs}
+        self.fair_ledger: usage.Ledger | None = None
 
 
 def test_the_daemon_charges_holders_persists_and_shows_the_policy() -> None:

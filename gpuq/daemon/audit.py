@@ -44,14 +44,16 @@ def target(request: Request) -> str:
     if isinstance(request, Submit):
         command = request.spec.get("command")
         words = [str(w) for w in command] if isinstance(command, list) else []
-        text = " ".join(words)
-        return text if len(text) <= _MAX_TARGET else text[: _MAX_TARGET - 3] + "..."
+        return _clip(" ".join(words))
     ids = getattr(request, "ids", None)
     if isinstance(ids, tuple):
-        text = ",".join(str(i) for i in ids)
-        return text if len(text) <= _MAX_TARGET else text[: _MAX_TARGET - 3] + "..."
+        return _clip(",".join(str(i) for i in ids))
     job_id = getattr(request, "id", None)
     return str(job_id) if isinstance(job_id, int) else ""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_TARGET else text[: _MAX_TARGET - 3] + "..."
 
 
 def outcome(result: dict[str, Any]) -> tuple[bool, str]:

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuq.config import Config
 from gpuq.daemon import notify, reload, servers
@@ -39,6 +39,9 @@ from gpuq.errors import ConflictError, NotFoundError, StateError
 from gpuq.models import GpuInfo, Job, JobState
 from gpuq.policies.interface import Decision, Policy
 from gpuq.policies.registry import get_policy
+
+if TYPE_CHECKING:
+    from gpuq.daemon.scheduler.usage import Ledger
 
 
 @dataclass
@@ -106,6 +109,8 @@ class DaemonState:
         """What the daemon measured of each job for packing (`scheduler.introspect`)."""
         self.packs = PackBook()
         """The packs carried out, and what they taught (`scheduler.packs`, `scheduler.packing`)."""
+        self.fair_ledger: Ledger | None = None
+        """Lab mode's fair-share accounting, loaded on the first pass (`scheduler.usage`)."""
         self.packs_saved: str | None = None
         self.policy_saved: str | None = None
         """The policy's memory as last kept in the store (`scheduler.memory`)."""

@@ -8,7 +8,7 @@ from typing import Any
 from gpuq.daemon.scheduler.usage import HOLDING, share_rows
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import UsageError
-from gpuq.models import JobState
+from gpuq.models import Job, JobState
 from gpuq.protocol import Share
 
 
@@ -20,8 +20,11 @@ def handle(state: DaemonState, request: Share) -> dict[str, Any]:
             "fair share is a lab daemon's ([lab] enabled = true)",
         )
     rows = share_rows(state, time.time())
+    by_user: dict[str, list[Job]] = {}
+    for job in state.active.values():
+        by_user.setdefault(job.spec.user, []).append(job)
     for row in rows:
-        jobs = [j for j in state.active.values() if j.spec.user == row["user"]]
+        jobs = by_user.get(str(row["user"]), [])
         row["running"] = sum(1 for j in jobs if j.state in HOLDING)
         row["gpus"] = sum(len(j.gpu_uuids) for j in jobs if j.state in HOLDING)
         row["waiting"] = sum(1 for j in jobs if j.state in (JobState.QUEUED, JobState.HELD))

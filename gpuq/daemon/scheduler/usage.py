@@ -17,7 +17,6 @@ Without `lab.enabled` none of this runs and the policy's state has no
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -42,17 +41,13 @@ class Ledger:
     saved: float
 
 
-_LEDGERS: weakref.WeakKeyDictionary[DaemonState, Ledger] = weakref.WeakKeyDictionary()
-"""Each daemon state's ledger (one daemon per process; tests run several)."""
-
-
 def ledger(state: DaemonState, now: float) -> Ledger:
     """The state's ledger, loaded from the store on first use; half-life as configured now."""
     half_life = state.config.lab.half_life
-    kept = _LEDGERS.get(state)
+    kept = state.fair_ledger
     if kept is None:
         account = FairShare.from_records(state.store.user_usage(), now, half_life)
-        kept = _LEDGERS[state] = Ledger(account, now)
+        kept = state.fair_ledger = Ledger(account, now)
     elif kept.account.half_life != half_life:  # a reload changed it: same usage, new decay
         old = kept.account
         kept.account = FairShare(half_life, dict(old.usage), old.updated)
