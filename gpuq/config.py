@@ -171,6 +171,20 @@ class LabConfig:
     """Seconds of waiting that add 1 to a job's fair-share priority, so nothing starves."""
     audit_keep: float = 90 * 86400.0
     """Seconds an audit entry is kept."""
+    service_account: str = ""
+    """The account the lab daemons of other servers log in as over ssh ("": none).
+
+    Only it (and root) may send node requests, and only it may act for
+    another user (a member forwarding that user's request).
+    """
+    head: str = ""
+    """The ssh destination of the server that keeps the lab's one queue ("": this one).
+
+    Set on every other server (a member): users' requests there go to the
+    head, as the service account, with the caller's identity attached.
+    """
+    head_command: str = "gpuq"
+    """The gpuq command on the head (a path where gpuq is not on ssh's PATH there)."""
 
     def share_of(self, user: str) -> float:
         """The user's configured share (1 for a user the table does not name)."""
@@ -227,6 +241,9 @@ _EXPECTED: dict[str, str] = {
     "lab.aging": 'seconds, more than 0, or a duration such as "1d" (waiting this long adds 1 '
     "to a job's fair-share priority)",
     "lab.audit_keep": 'seconds, more than 0, or a duration such as "90d"',
+    "lab.service_account": 'a user name, such as "gpuq"',
+    "lab.head": 'the head server\'s ssh destination, such as "gpuq@gpu1"',
+    "lab.head_command": 'a command or path, such as "/opt/gpuq/bin/gpuq"',
     "client.daemon": '"auto" (the lab daemon where one runs), "lab" or "personal"',
     "client.timeout": "seconds of silence from the daemon before a command gives up, more than 2 "
     '(a number or a duration such as "30s")',
@@ -622,7 +639,19 @@ def _lab(
         shares=table.get("shares", d.shares, _shares),
         audit_keep=table.get("audit_keep", d.audit_keep, _positive_duration),
         aging=table.get("aging", d.aging, _positive_duration),
+        service_account=table.get(
+            "service_account", d.service_account, _instance(str, _account_name)
+        ),
+        head=table.get("head", d.head, _instance(str, _HOST_RE.fullmatch)),
+        head_command=table.get(
+            "head_command", d.head_command, _instance(str, _COMMAND_RE.fullmatch)
+        ),
     )
+
+
+def _account_name(value: str) -> bool:
+    """An account name ("" for none): what `[lab] admins` accepts, without '@'."""
+    return not value or (not value.startswith("@") and bool(_USER_RE.fullmatch(value)))
 
 
 _HOST_RE = re.compile(HOST_PATTERN)

@@ -303,7 +303,59 @@ def run_checks(config_path: str | None) -> list[Check]:
     ]
     checks.extend(step() for step in steps)
     checks.extend(check_servers(config))
+    checks.extend(check_lab_servers(config))
     return checks
+
+
+def check_lab_servers(config: Config) -> list[Check]:
+    """A lab of several servers: the service account exists, and a member reaches its head."""
+    import pwd
+
+    from gpuq.cluster.probe import check
+    from gpuq.config import ServerDecl
+
+    lab = config.lab
+    if not lab.enabled or not (lab.head or config.cluster.servers):
+        return []
+    if not lab.service_account:
+        return [
+            Check(
+                "lab servers",
+                "warn",
+                "[lab] service_account is not set: other servers' lab daemons are refused here",
+                "name the account the lab's servers log in to each other as, on every server",
+            )
+        ]
+    try:
+        pwd.getpwnam(lab.service_account)
+    except KeyError:
+        return [
+            Check(
+                "lab servers",
+                "warn",
+                f"[lab] service_account {lab.service_account} has no account on this server",
+                "create it, with the same name on every server of the lab",
+            )
+        ]
+    if not lab.head:
+        return [
+            Check(
+                "lab servers",
+                "ok",
+                f"this server keeps the lab's queue; service account {lab.service_account}",
+            )
+        ]
+    try:
+        result = check(ServerDecl(host=lab.head, command=lab.head_command), config)
+    except GpuqError as exc:
+        return [Check("lab head", "fail", f"{lab.head}: {exc.message}", exc.hint or "")]
+    return [
+        Check(
+            "lab head",
+            "ok",
+            f"the lab's queue is on {lab.head} (node {result.node}, gpuq {result.daemon_version})",
+        )
+    ]
 
 
 def print_checks(checks: list[Check]) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +14,7 @@ import typer
 
 from gpuq.cli.common import ConfigOpt, JsonOpt, note, print_json, run
 from gpuq.config import LAB_SOCKET, load_config
-from gpuq.errors import PermissionDenied, UsageError
+from gpuq.errors import ConfigError, PermissionDenied, UsageError
 
 lab_app = typer.Typer(
     help="Set up the lab's system daemon: one gpuq daemon shared by every user of a server.",
@@ -138,9 +140,19 @@ WantedBy=multi-user.target
 """
 
 
-def config_text(admins: list[str]) -> str:
+_ACCOUNT_EXAMPLE = 'service_account = "gpuq"  # the account the servers log in to each other as'
+_HEAD_EXAMPLE = 'head = "gpuq@gpu1"        # on every server but the one keeping the queue'
+
+
+def config_text(admins: list[str], service_account: str = "", head: str = "") -> str:
     """The lab daemon's starting configuration (docs/configuration.md has every key)."""
-    listed = ", ".join(f'"{admin}"' for admin in admins)
+    listed = ", ".join(json.dumps(admin) for admin in admins)  # a TOML basic string each
+    account = "# " + _ACCOUNT_EXAMPLE
+    if service_account:
+        account = f"service_account = {json.dumps(service_account)}"
+    head_line = "# " + _HEAD_EXAMPLE
+    if head:
+        head_line = f"head = {json.dumps(head)}"
     return f"""# The gpuq lab daemon (gpuq lab install); every key: docs/configuration.md.
 [daemon]
 state_dir = "/var/lib/gpuq"
@@ -155,6 +167,9 @@ admins = [{listed}]
 # max_running = 16
 # max_queued = 1000
 # half_life = "7d"           # fair share: how fast past usage is forgiven
+# Several servers (docs/lab.md): one keeps the queue, the others forward to it.
+{account}
+{head_line}
 # [lab.shares]               # a user not named has share 1
 # alice = 2
 """
@@ -173,6 +188,21 @@ def install(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite an existing config file.")
     ] = False,
+    service_account: Annotated[
+        str,
+        typer.Option(
+            "--service-account",
+            help="The account the lab's servers log in to each other as over ssh.",
+        ),
+    ] = "",
+    head: Annotated[
+        str,
+        typer.Option(
+            "--head",
+            metavar="HOST",
+            help="This server is a member: the lab's queue is kept on HOST (ssh destination).",
+        ),
+    ] = "",
     json_out: JsonOpt = False,
 ) -> None:
     """Install the lab daemon: a systemd unit and /etc/gpuq/config.toml.
@@ -181,7 +211,9 @@ def install(
     user, takes each caller's identity from the kernel, and runs each job as
     the user who submitted it. Then: `systemctl daemon-reload && systemctl
     enable --now gpuq`, and `gpuq doctor --config /etc/gpuq/config.toml`.
-    Users' commands then use it by themselves. Exit 9 when not root.
+    Users' commands then use it by themselves. With several servers, one
+    keeps the lab's queue and every other is installed with `--head` naming
+    it (docs/lab.md). Exit 9 when not root.
     """
 
     def body() -> None:
@@ -189,9 +221,11 @@ def install(
             raise PermissionDenied(
                 "installing the lab daemon needs root", "run it with sudo, or give --root DIR"
             )
+        text = config_text(admins or ["@gpuadmin"], service_account, head)
+        _check_config(text)
         unit, conf = root / UNIT_PATH, root / CONFIG_PATH
         written = [_write(unit, unit_text(sys.executable, Path("/") / CONFIG_PATH), force=True)]
-        written.append(_write(conf, config_text(admins or ["@gpuadmin"]), force=force))
+        written.append(_write(conf, text, force=force))
         if json_out:
             print_json({"unit": str(unit), "config": str(conf), "written": written})
             return
@@ -204,6 +238,18 @@ def install(
         )
 
     run(json_out, body)
+
+
+def _check_config(text: str) -> None:
+    """Raise the config's own error (ConfigError, with the key) if `text` would not load."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as handle:
+        handle.write(text)
+        handle.flush()
+        try:
+            load_config(handle.name)
+        except ConfigError as exc:
+            message = exc.message.replace(f" in {handle.name}", "").replace(handle.name, "it")
+            raise UsageError(message, exc.hint) from None
 
 
 def _write(path: Path, text: str, *, force: bool) -> bool:

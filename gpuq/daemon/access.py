@@ -4,8 +4,9 @@ On a personal daemon its one user owns everything, so every rule passes.
 On a lab daemon (`[lab] enabled`) a user acts on their own jobs, admins on
 all; anyone may list the queue, but another user's environment is never
 sent, and with `[lab] hide_others` neither are the names, commands,
-directories and output paths of other users' jobs. Server-wide requests
-(shutdown, reload, the bridge's node requests) are for admins only.
+directories and output paths of other users' jobs. Shutdown and reload
+are for admins only; the node requests of other servers' daemons for root
+and `[lab] service_account` only, since they run jobs as any user.
 """
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ def require_admin(config: Config, caller: Caller, what: str) -> None:
         raise PermissionDenied(
             f"only the lab's admins may {what} (you are {caller.name})",
             "ask an admin (listed in [lab] admins of the daemon's config)",
+        )
+
+
+def is_service_account(config: Config, caller: Caller) -> bool:
+    """True when `caller` is the account other servers' lab daemons log in as."""
+    account = config.lab.service_account
+    return bool(account) and caller.name == account
+
+
+def require_server(config: Config, caller: Caller, what: str) -> None:
+    """Refuse another server's request unless it comes from root or the lab's service account.
+
+    Admins are not enough: a node request runs a job as any user it names.
+    """
+    if config.lab.enabled and caller.uid != 0 and not is_service_account(config, caller):
+        raise PermissionDenied(
+            f"only root and the lab's service account may {what} (you are {caller.name})",
+            "other servers' lab daemons log in as [lab] service_account of this daemon's config",
         )
 
 

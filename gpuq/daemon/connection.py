@@ -15,8 +15,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpuq import __version__
+from gpuq.config import Config
 from gpuq.daemon import audit
+from gpuq.daemon.access import is_service_account
 from gpuq.daemon.dispatch import dispatch
+from gpuq.daemon.forward import HeadLink, forwards
 from gpuq.daemon.identity import Caller, UnknownAccount, lab_caller, owner_caller, peer_credentials
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, PermissionDenied, ProtocolError
@@ -61,6 +64,40 @@ def identify(state: DaemonState, writer: asyncio.StreamWriter) -> Caller:
             "each user runs their own gpuq daemon",
         )
     return owner_caller()
+
+
+def acting_for(config: Config, caller: Caller, message: object) -> Caller:
+    """Who a request acts for: its sender, or the user a lab member forwards it for.
+
+    Only the lab's service account may name another user (`as`, added by a
+    member, `gpuq.daemon.forward`), and only one with an account here under
+    the same name: the lab's servers share their accounts.
+    """
+    speaking = message.get("as") if isinstance(message, dict) else None
+    if speaking is None:
+        return caller
+    if not config.lab.enabled or not is_service_account(config, caller):
+        raise PermissionDenied(
+            f"only the lab's service account may act for another user (you are {caller.name})",
+            "a request acts for whoever sends it: leave out 'as'",
+        )
+    uid = speaking.get("uid") if isinstance(speaking, dict) else None
+    name = speaking.get("name") if isinstance(speaking, dict) else None
+    if not isinstance(uid, int) or isinstance(uid, bool) or not isinstance(name, str):
+        raise ProtocolError("'as' must be an object with an integer uid and a name")
+    try:
+        acting = lab_caller(uid, config.lab.admins)
+    except UnknownAccount:
+        raise PermissionDenied(
+            f"{name} (uid {uid}) has no account on this server",
+            "the lab's servers must share their accounts (the same names and uids)",
+        ) from None
+    if acting.name != name:
+        raise PermissionDenied(
+            f"uid {uid} is {acting.name} here but {name} on the server that sent the request",
+            "the lab's servers must share their accounts (the same names and uids)",
+        )
+    return acting
 
 
 def check_hello(request: Request) -> None:
@@ -113,6 +150,8 @@ async def serve_connection(
         writer.write(encode(message))
         await writer.drain()
 
+    link: HeadLink | None = None
+    """The session to the lab's head, on a lab member (`gpuq.daemon.forward`)."""
     try:
         try:
             caller = identify(state, writer)
@@ -155,12 +194,20 @@ async def serve_connection(
                         writer.write(encode({"id": rid, "event": {"type": HEARTBEAT_EVENT}}))
                     return not writer.is_closing()
 
+                if forwards(state.config, caller, request):
+                    assert isinstance(message, dict)
+                    link = link or HeadLink(state.config)
+                    result = await _with_heartbeats(link.forward(message, caller, emit), beat)
+                    await send({"id": request_id, "result": result})
+                    continue  # the head audits it
+                acting = caller
                 try:
-                    result = await _with_heartbeats(dispatch(state, request, emit, caller), beat)
+                    acting = acting_for(state.config, caller, message)
+                    result = await _with_heartbeats(dispatch(state, request, emit, acting), beat)
                 except GpuqError as exc:
-                    audit.record(state, caller, request, None, exc)
+                    audit.record(state, acting, request, None, exc)
                     raise
-                audit.record(state, caller, request, result, None)
+                audit.record(state, acting, request, result, None)
                 await send({"id": request_id, "result": result})
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))
@@ -177,6 +224,8 @@ async def serve_connection(
     except (ConnectionError, asyncio.IncompleteReadError):
         return
     finally:
+        if link is not None:
+            await link.close()
         writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await writer.wait_closed()

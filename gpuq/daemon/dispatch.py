@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, assert_never
 
-from gpuq.daemon.access import require_admin
+from gpuq.daemon.access import require_admin, require_server
 from gpuq.daemon.handlers import (
     actions,
     audit,
@@ -71,7 +71,8 @@ async def dispatch(
 ) -> dict[str, Any]:
     """Run the handler for `request` on behalf of `caller`; streaming handlers use `emit`.
 
-    Server-wide requests are refused here to anyone but a lab's admins
+    Server-wide requests are refused here to anyone but a lab's admins, and
+    node requests to anyone but root and its service account
     (`gpuq.daemon.access`); per-job rules live in the job handlers.
     """
     match request:
@@ -87,7 +88,7 @@ async def dispatch(
             | NodeDirs()
             | NodeRead()
         ):
-            require_admin(state.config, caller, "send a server's node requests")
+            require_server(state.config, caller, "send a server's node requests")
         case _:
             pass
     match request:

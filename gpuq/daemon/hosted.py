@@ -34,10 +34,16 @@ from gpuq import env as job_env
 from gpuq.control import ACK_FILE, OOM_FILE, Ack, Hello, Message, Metrics, to_dict
 from gpuq.daemon import jobfiles
 from gpuq.daemon.control import METRICS_INTERVAL, ControlHub
-from gpuq.daemon.executor import Executor, LaunchSpec, Outcome
-from gpuq.daemon.outputs import tail_offset
+from gpuq.daemon.executor import Executor, LaunchSpec, Outcome, lab_owner
+from gpuq.daemon.outputs import (
+    USERS_DIR,
+    OutputError,
+    open_for_reading,
+    tail_offset,
+    user_log_dir,
+)
 from gpuq.daemon.spawner import Spawned, SpawnerClient
-from gpuq.errors import ConflictError, NotFoundError, StateError, UsageError
+from gpuq.errors import ConflictError, NotFoundError, PermissionDenied, StateError, UsageError
 from gpuq.gpus import JobHolding
 
 log = logging.getLogger("gpuq.daemon")
@@ -100,6 +106,8 @@ class Hosted:
         self._hubs: dict[str, ControlHub] = {}
         self._outbox: dict[str, list[dict[str, Any]]] = {}
         self._dirs_asked: dict[str, frozenset[str]] = {}
+        self._owners: dict[tuple[str, int], int] = {}
+        """The user each attempt runs as, where not this daemon's own (a lab's job)."""
         self._seq = 0
         self.outbox_id = secrets.token_hex(8)
         """Names this daemon's run: a head that sees it change counts messages afresh."""
@@ -110,6 +118,7 @@ class Hosted:
         if hub is None:
             hub = ControlHub(self.control_root / check_head(head), self.metrics_interval)
             hub.listener = _Relay(self, head)
+            hub.owner_of = lambda job: self._owners.get((head, job))
             self._hubs[head] = hub
         return hub
 
@@ -148,6 +157,23 @@ class Hosted:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
 
+    def open_to_users(self, head: str) -> None:
+        """Let users pass (0711) through the directories of `head`'s attempts to what is theirs.
+
+        A lab's job runs as its owner (`run_as`): it reaches its own log
+        directory, checkpoints and control socket below these by name, and
+        can neither list them nor put anything in them. Raises OSError.
+        """
+        for directory in (
+            self.root,
+            self.root / check_head(head),
+            self.log_root,
+            self.make_log_dir(head),
+            self.control_root,
+        ):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(directory, 0o711, follow_symlinks=False)
+
     def paths(self, head: str) -> dict[str, str]:
         """Where `head`'s attempts keep their directories, default logs and control sockets."""
         return {
@@ -172,6 +198,16 @@ class Hosted:
                 "the head stops a superseded attempt before starting another",
             )
         executor = self.executor(head)
+        account = spec.run_as if os.geteuid() == 0 else None
+        if account is not None and account.uid != 0:
+            try:
+                self.open_to_users(head)
+                own_logs = self.make_log_dir(head) / USERS_DIR / str(account.uid)
+                if str(own_logs) in spec.create_below.values():
+                    user_log_dir(self.make_log_dir(head), account.uid, account.gid)
+            except OSError as exc:
+                raise StateError(f"cannot prepare the directories of job {job}: {exc}") from exc
+            self._owners[key] = account.uid
         if job_env.CONTROL_SOCKET in spec.env:  # the head wants to talk to its runner
             environ = dict(spec.env)
             path = self.hub(head).open(job)
@@ -208,6 +244,7 @@ class Hosted:
         """Forget an attempt that never started, and its control socket."""
         del self.attempts[key]
         self.hub(key[0]).close(key[1])
+        self._owners.pop(key, None)
 
     def signal(self, head: str, job: int, attempt: int, signum: int) -> bool:
         """Signal the attempt's process tree; False when it is not that attempt or not running."""
@@ -222,6 +259,7 @@ class Hosted:
             if record is not None:
                 record.outcome = outcome
             self.hub(head).close(job)
+            self._owners.pop((head, job), None)
             self._bump()
 
         return ended
@@ -333,11 +371,18 @@ class Hosted:
         if recorded is None:
             raise NotFoundError(f"job {job} of {head} never ran here")
         path = str(recorded.get(stream) or "")
-        if not os.path.exists(path):
+        run_as = recorded.get("run_as")
+        owner = run_as.get("uid") if isinstance(run_as, dict) else None
+        try:
+            opened = open_for_reading(path, lab_owner(owner if isinstance(owner, int) else None))
+        except OutputError as exc:
+            hint = "a job's output is read only from its own files"
+            raise PermissionDenied(str(exc), hint) from None
+        if opened is None:
             return {"data": "", "offset": offset, "size": 0, "path": path}
-        if tail is not None:
-            offset = tail_offset(path, tail)
-        with open(path, "rb") as handle:
+        with opened as handle:
+            if tail is not None:
+                offset = tail_offset(handle, tail)
             handle.seek(offset)
             data = handle.read(max(0, min(limit, 4 * 1024 * 1024)))
             size = os.fstat(handle.fileno()).st_size

@@ -66,8 +66,9 @@ def output_targets(
     directories are created only below it; gpuq's own log directory (on the
     node the job runs on, `node`: by default its last) is created as
     needed; an absolute pattern's directory must exist. A job that runs as
-    its owner (lab mode) keeps its default logs here in that user's own
-    directory (`outputs.user_log_dir`).
+    its owner (lab mode) keeps its default logs in that user's own
+    directory there (`outputs.user_log_dir`; on another server, the one
+    its daemon keeps for this head's jobs).
     """
     spec = job.spec
     log_dir = state.config.daemon.log_dir
@@ -75,7 +76,7 @@ def output_targets(
     owner = lab_owner(spec.uid)
     if remote is not None and remote.mirror is not None:
         log_dir = remote.log_dir
-    elif owner is not None:
+    if owner is not None:
         log_dir = log_dir / USERS_DIR / str(owner)
     below: dict[str, str] = {}
 

@@ -1,0 +1,230 @@
+"""A lab member's link to the lab's head: users' requests forwarded, with who sent them.
+
+A lab keeps one queue, on its head. Every other server (a member, `[lab]
+head` set) still runs a lab daemon, which runs the head's jobs there and
+answers `gpuq daemon status`, reload and shutdown itself; every other
+request of a user on its socket goes to the head. The member opens
+``ssh HEAD gpuq bridge`` as the lab's service account (the ssh config says
+which key and user) for each client connection, sends the request
+unchanged but for an `as` field naming the caller the kernel gave it
+(SO_PEERCRED: uid and name), and relays the head's events and reply back.
+The head believes `as` only from its service account and only for an
+account it has itself under the same name (`gpuq.daemon.identity`), so a
+user reaches the lab's queue as themselves and as nobody else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import tempfile
+from collections.abc import Awaitable, Callable
+from typing import IO, Any, Final
+
+from gpuq.cluster.ssh import bridge_argv, explain
+from gpuq.config import Config, ServerDecl
+from gpuq.daemon.access import is_service_account
+from gpuq.daemon.identity import Caller
+from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
+from gpuq.paths import ensure_private_dir
+from gpuq.protocol import (
+    HEARTBEAT_EVENT,
+    MAX_REPLY_BYTES,
+    PROTOCOL_VERSION,
+    DaemonStatus,
+    Hello,
+    NodeCheck,
+    NodeControl,
+    NodeDirs,
+    NodeLaunch,
+    NodeRead,
+    NodeReceive,
+    NodeSignal,
+    NodeSync,
+    Reload,
+    Request,
+    Shutdown,
+    decode,
+    encode,
+)
+from gpuq.wire import parse_reply
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+LOCAL: Final = (
+    Hello,
+    DaemonStatus,
+    Reload,
+    Shutdown,
+    NodeCheck,
+    NodeControl,
+    NodeDirs,
+    NodeLaunch,
+    NodeRead,
+    NodeReceive,
+    NodeSignal,
+    NodeSync,
+)
+"""Requests a member answers itself: about its own daemon, or the head's node requests."""
+EXIT_WAIT: Final = 2.0
+"""Seconds to wait for ssh to end once asked, to read why it failed."""
+
+
+def forwards(config: Config, caller: Caller, request: Request) -> bool:
+    """True when this daemon is a lab member and `request` belongs to the head.
+
+    The service account's requests never are: they are the head's own.
+    """
+    return (
+        config.lab.enabled
+        and bool(config.lab.head)
+        and not isinstance(request, LOCAL)
+        and not is_service_account(config, caller)
+    )
+
+
+def speaking_for(caller: Caller) -> dict[str, Any]:
+    """The `as` field a member adds to a forwarded request: who the kernel says sent it."""
+    return {"uid": caller.uid, "name": caller.name}
+
+
+class HeadLink:
+    """One client connection's session to the head (opened at its first forwarded request)."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._process: asyncio.subprocess.Process | None = None
+        self._stderr: IO[bytes] | None = None
+
+    async def forward(self, message: dict[str, Any], caller: Caller, emit: Emit) -> dict[str, Any]:
+        """Send the decoded request `message` to the head for `caller`; its result.
+
+        The head's events are passed to `emit` (its heartbeats are not: this
+        daemon beats for the request itself); its error is raised as the same
+        GpuqError. A session that fails, or a request cancelled half-way, is
+        closed: the next request opens a new one.
+        """
+        try:
+            if self._process is None:
+                await self._open()
+            return await self._call({**message, "as": speaking_for(caller)}, emit)
+        except BaseException as exc:
+            if not isinstance(exc, GpuqError) or exc.code in ("unavailable", "protocol"):
+                await self.close()
+            raise
+
+    async def _open(self) -> None:
+        """Start ssh to the head's `gpuq bridge` and complete the handshake."""
+        config = self._config
+        ensure_private_dir(config.daemon.runtime_dir)  # ssh's shared connection lives there
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        server = ServerDecl(host=config.lab.head, command=config.lab.head_command)
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *bridge_argv(server, config.cluster, config.daemon.runtime_dir),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=self._stderr,
+                start_new_session=True,
+                limit=MAX_REPLY_BYTES,
+            )
+        except FileNotFoundError:
+            await self.close()
+            raise DaemonUnavailable(
+                "ssh is not installed here: the lab's head cannot be reached",
+                "install the OpenSSH client (Debian: openssh-client)",
+            ) from None
+        first = config.cluster.connect_timeout + config.client.timeout
+        try:
+            await self._call(
+                {"id": 0, "method": "hello", "params": {"version": PROTOCOL_VERSION}}, None, first
+            )
+        except GpuqError as exc:
+            raise await self._why(exc) from None
+
+    async def _call(
+        self, message: dict[str, Any], emit: Emit | None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Write one request and read the head's lines up to its reply."""
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        seconds = self._config.client.timeout if timeout is None else timeout
+        head = self._config.lab.head
+        try:
+            process.stdin.write(encode(message))
+            await process.stdin.drain()
+        except (ConnectionError, OSError):
+            raise self._gone() from None
+        while True:
+            try:
+                line = await asyncio.wait_for(process.stdout.readline(), seconds)
+            except TimeoutError:
+                raise DaemonUnavailable(
+                    f"the lab's head {head} did not answer within {seconds:g}s",
+                    f"is it overloaded, or its daemon stopped? check: ssh {head} gpuq daemon "
+                    "status (or ask the lab's admin)",
+                ) from None
+            except ValueError:
+                raise ProtocolError(f"a reply from the lab's head {head} is too large") from None
+            if not line:
+                raise self._gone()
+            envelope = parse_reply(decode(line))
+            if envelope.event is not None:
+                if emit is not None and envelope.event.get("type") != HEARTBEAT_EVENT:
+                    await emit(envelope.event)
+                continue
+            if envelope.error is not None:
+                raise from_wire(envelope.error)
+            assert envelope.result is not None
+            return envelope.result
+
+    def _gone(self) -> GpuqError:
+        return DaemonUnavailable(
+            f"the session to the lab's head {self._config.lab.head} ended",
+            "the lab's queue lives there: ask the lab's admin if this lasts",
+        )
+
+    async def _why(self, exc: GpuqError) -> GpuqError:
+        """The error to show for a handshake with the head that failed with `exc`."""
+        head, command = self._config.lab.head, self._config.lab.head_command
+        if isinstance(exc, ProtocolError) and "version" in exc.message:
+            failure: GpuqError = ProtocolError(
+                f"the lab's head {head} speaks another protocol: {exc.message}",
+                "run the same gpuq release on every server of the lab",
+            )
+        else:
+            process, stderr = self._process, self._stderr
+            status = None
+            if process is not None and stderr is not None:
+                with contextlib.suppress(TimeoutError):
+                    status = await asyncio.wait_for(process.wait(), EXIT_WAIT)
+            if status is None or stderr is None:
+                failure = exc
+            else:
+                stderr.seek(0)
+                text = stderr.read().decode(errors="replace")
+                failure = explain(head, command, status, text)
+            failure = type(failure)(
+                f"cannot reach the lab's head: {failure.message}",
+                failure.hint or "the lab's queue lives there: ask the lab's admin",
+            )
+        await self.close()
+        return failure
+
+    async def close(self) -> None:
+        """End the ssh session (its process group); the next forward opens a new one."""
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), EXIT_WAIT)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
