@@ -6,6 +6,10 @@ own, and the group gpuq-admins whose only member is gpuq-carol. It needs
 root and the shadow utilities (useradd, groupadd, usermod); without them it
 skips the test cleanly.
 
+`service_account()` creates the account gpuq-svc in the same way, for the
+lab daemons of other servers to log in as over ssh (with the password
+field "*", so that sshd does not take it for a locked account).
+
 `as_user(user, argv)` runs a command as that user the way a login would
 (setpriv: uid, gid and the account's supplementary groups, HOME and USER
 set, nothing of root's kept), so the CLI under test sees the daemon exactly
@@ -33,6 +37,8 @@ import pytest
 USERS = ("gpuq-alice", "gpuq-bob", "gpuq-carol")
 ADMIN_GROUP = "gpuq-admins"
 ADMIN = "gpuq-carol"
+SERVICE_ACCOUNT = "gpuq-svc"
+"""The account lab daemons of other servers log in as over ssh (`[lab] service_account`)."""
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -79,6 +85,36 @@ def lab_users() -> dict[str, LabUser]:
     make_reachable(REPO)
     make_reachable(Path(sys.executable).resolve().parent)
     return users
+
+
+def service_account() -> LabUser:
+    """The lab's service account gpuq-svc (created on first use), able to log in by key.
+
+    useradd leaves the password field "!" (locked), and OpenSSH without PAM
+    refuses even a key login to a locked account; "*" means "no password"
+    without locking it.
+    """
+    require_root()
+    try:
+        entry = pwd.getpwnam(SERVICE_ACCOUNT)
+    except KeyError:
+        _run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", SERVICE_ACCOUNT])
+        entry = pwd.getpwnam(SERVICE_ACCOUNT)
+    if _password_field(SERVICE_ACCOUNT) != "*":
+        _run(["usermod", "--password", "*", SERVICE_ACCOUNT])
+    make_reachable(REPO)
+    make_reachable(Path(sys.executable).resolve().parent)
+    return LabUser(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def _password_field(name: str) -> str | None:
+    """`name`'s password field in /etc/shadow (None: no entry there)."""
+    with open("/etc/shadow", encoding="utf-8") as shadow:
+        for line in shadow:
+            fields = line.rstrip("\n").split(":")
+            if fields[0] == name and len(fields) > 1:
+                return fields[1]
+    return None
 
 
 def make_reachable(path: Path) -> None:

@@ -3,9 +3,10 @@
 `servers(root, names)` makes one namespace per server and a switch namespace
 holding a Linux bridge, joins each server to it by a veth pair (10.77.0.1,
 10.77.0.2, ...), and starts an OpenSSH server in each with a host key made
-here. A user key made here is the only way in (root's, with BatchMode: never
-a password prompt), and the client side is an ssh config file naming each
-server by its name, with its host key already known, so a test runs
+here. A user key made here is the only way in (root's, or that of the
+account `servers(user=...)` names; BatchMode: never a password prompt), and
+the client side is an ssh config file naming each server by its name, with
+its host key already known, so a test runs
 ``ssh -F CONFIG NAME COMMAND`` from inside any server's namespace as a
 head daemon would run ``ssh HOST gpuq bridge``. Each server's sshd accepts
 ``GPUQ_CONFIG`` from the client (``SetEnv`` per host), so servers that share
@@ -219,10 +220,18 @@ def _listening(address: str, netns: str) -> bool:
 
 
 @contextlib.contextmanager
-def servers(root: Path, names: Sequence[str], gpuq_configs: dict[str, Path]) -> Iterator[Lab]:
+def servers(
+    root: Path, names: Sequence[str], gpuq_configs: dict[str, Path], user: str = "root"
+) -> Iterator[Lab]:
     """Make the servers `names` (module docstring); torn down afterwards, whatever happened.
 
     `gpuq_configs[name]` is the GPUQ_CONFIG an ssh session on that server gets.
+    `user` is the account the client logs in as (its ``User`` line), root
+    by default. Another account must be able to log in with a key: not
+    locked (a password field of "*", not useradd's "!", since sshd runs
+    without PAM), and able to read `root`'s authorized_keys (sshd opens it
+    as that user), so `root` and the directories above it must be
+    searchable by it.
     """
     skip_unless_possible()
     tag = secrets.token_hex(3)
@@ -255,7 +264,7 @@ def servers(root: Path, names: Sequence[str], gpuq_configs: dict[str, Path]) -> 
             host_key = root / f"host_{name}"
             known.append(f"{server.address} {_keygen(host_key)}")
             hosts.append(
-                f"Host {name}\n  HostName {server.address}\n  User root\n"
+                f"Host {name}\n  HostName {server.address}\n  User {user}\n"
                 f"  IdentityFile {user_key}\n  IdentitiesOnly yes\n"
                 f"  UserKnownHostsFile {root / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
                 "  BatchMode yes\n  ConnectTimeout 5\n  ServerAliveInterval 2\n"

@@ -87,7 +87,7 @@ def test_the_ssh_command_is_batch_shared_and_ends_options_before_the_host(tmp_pa
     assert options["BatchMode"] == "BatchMode=yes"
     assert options["ConnectTimeout"] == "ConnectTimeout=2"
     assert options["ControlMaster"] == "ControlMaster=auto"
-    assert options["ControlPath"] == f"ControlPath={tmp_path / 'ssh-%C'}"
+    assert options["ControlPath"] == f"ControlPath={tmp_path / 'ssh' / 'ssh-%C'}"
 
 
 @pytest.mark.parametrize(

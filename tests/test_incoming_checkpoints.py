@@ -153,5 +153,5 @@ def test_rsync_goes_over_gpuqs_batch_mode_ssh_with_paths_unexpanded() -> None:
     assert argv[0] == "rsync" and "--protect-args" in argv and "--whole-file" in argv
     rsh = argv[argv.index("--rsh") + 1]
     assert rsh.startswith("ssh -F /cfg -T -o BatchMode=yes")
-    assert "ControlPath=/run/ssh-%C" in rsh
+    assert "ControlPath=/run/ssh/ssh-%C" in rsh
     assert argv[-3:] == ["--", "/a b/", "gpu2:/c/"]

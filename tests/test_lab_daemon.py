@@ -150,7 +150,7 @@ def test_a_user_may_not_act_on_another_users_job(
 ) -> None:
     job_id = lab.submit_held(lab.alice, "alices-run")
     result = lab.gpuq(lab.bob, *args, str(job_id))
-    assert result.returncode != 0
+    assert result.returncode == ExitCode.PERMISSION
     assert f"job {job_id} belongs to gpuq-alice: you (gpuq-bob) may not {verb} it" in (
         result.stderr
     )

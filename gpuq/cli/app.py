@@ -279,8 +279,11 @@ def _action(
     failed = [r for r in results if not r["ok"]]
     if not failed:
         return 0
-    if all(r.get("code") == "not_found" for r in failed):
+    codes = {r.get("code") for r in failed}
+    if codes == {"not_found"}:
         return int(ExitCode.NOT_FOUND)
+    if codes == {"permission"}:
+        return int(ExitCode.PERMISSION)
     return int(ExitCode.CONFLICT)
 
 

@@ -23,10 +23,9 @@ from typing import IO, Any
 
 from gpuq import __version__
 from gpuq.client import Client
-from gpuq.cluster.ssh import bridge_argv, explain
+from gpuq.cluster.ssh import bridge_argv, explain, prepare_ssh_dir
 from gpuq.config import ClusterConfig, Config, ServerDecl
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError
-from gpuq.paths import ensure_private_dir
 from gpuq.wire import PROTOCOL_VERSION
 
 EXIT_WAIT = 2.0
@@ -45,7 +44,7 @@ class SshClient(Client):
         cls, server: ServerDecl, config: Config, *, timeout: float | None = None
     ) -> SshClient:
         """Open the session and complete the handshake; a GpuqError says why it could not."""
-        ensure_private_dir(config.daemon.runtime_dir)  # the shared connection's socket goes there
+        prepare_ssh_dir(config.daemon.runtime_dir)  # the shared connection's socket goes there
         seconds = config.client.timeout if timeout is None else timeout
         ours, theirs = socket.socketpair()
         stderr = tempfile.TemporaryFile()  # not a pipe: a shared connection may outlive ssh

@@ -6,7 +6,7 @@ session (ssh's exit status and stderr) into a `GpuqError` with a hint.
 Every connection runs in BatchMode (a daemon can never answer a password or
 passphrase prompt, and a new or changed host key fails instead of asking),
 and shares one ssh connection per server through ControlMaster, its socket
-in the runtime directory (private to the user), kept `CONTROL_PERSIST`
+in a private directory of the runtime directory's (`SSH_DIR`), kept `CONTROL_PERSIST`
 seconds after the last session: a call then costs a round trip, not a
 handshake. Keep-alives end a session whose server went silent
 (`ALIVE_INTERVAL` x `ALIVE_COUNT` seconds). The destination comes after
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpuq.config import ClusterConfig, ServerDecl
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError
+from gpuq.paths import ensure_private_dir
 
 CONTROL_PERSIST = 60
 """Seconds an idle shared connection stays open."""
@@ -29,6 +30,18 @@ ALIVE_COUNT = 3
 SSH_FAILED = 255
 """ssh's own exit status when the connection itself failed."""
 COMMAND_NOT_FOUND = 127
+SSH_DIR = "ssh"
+"""The runtime directory's subdirectory for the shared connections' sockets (0700).
+
+Its own, so that the runtime directory may be opened for a lab's users
+(0711, their control sockets) while these stay private.
+"""
+
+
+def prepare_ssh_dir(runtime_dir: Path) -> None:
+    """Make the shared connections' directory, private (0700); StateError if it cannot be."""
+    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_private_dir(runtime_dir / SSH_DIR)
 
 
 def ssh_argv(cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
@@ -43,7 +56,7 @@ def ssh_argv(cluster: ClusterConfig, runtime_dir: Path) -> list[str]:
         "-o", f"ServerAliveInterval={ALIVE_INTERVAL}",
         "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
         "-o", "ControlMaster=auto",
-        "-o", f"ControlPath={runtime_dir / 'ssh-%C'}",
+        "-o", f"ControlPath={runtime_dir / SSH_DIR / 'ssh-%C'}",
         "-o", f"ControlPersist={CONTROL_PERSIST}",
     ]  # fmt: skip
     return argv

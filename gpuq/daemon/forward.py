@@ -23,12 +23,11 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from typing import IO, Any, Final
 
-from gpuq.cluster.ssh import bridge_argv, explain
+from gpuq.cluster.ssh import bridge_argv, explain, prepare_ssh_dir
 from gpuq.config import Config, ServerDecl
 from gpuq.daemon.access import is_service_account
 from gpuq.daemon.identity import Caller
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
-from gpuq.paths import ensure_private_dir
 from gpuq.protocol import (
     HEARTBEAT_EVENT,
     MAX_REPLY_BYTES,
@@ -118,7 +117,7 @@ class HeadLink:
     async def _open(self) -> None:
         """Start ssh to the head's `gpuq bridge` and complete the handshake."""
         config = self._config
-        ensure_private_dir(config.daemon.runtime_dir)  # ssh's shared connection lives there
+        prepare_ssh_dir(config.daemon.runtime_dir)  # ssh's shared connection lives there
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         server = ServerDecl(host=config.lab.head, command=config.lab.head_command)
         try:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuq import ckptfile
-from gpuq.cluster.ssh import rsync_argv
+from gpuq.cluster.ssh import prepare_ssh_dir, rsync_argv
 from gpuq.daemon import faults, incoming, jobfiles
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, StateError
@@ -240,6 +240,7 @@ async def rsync(state: DaemonState, source: str, target: str, one_file: bool = F
     """Run rsync in a worker thread; StateError with its last words if it fails."""
     config = state.config
     argv = rsync_argv(source, target, config.cluster, config.daemon.runtime_dir, one_file)
+    prepare_ssh_dir(config.daemon.runtime_dir)
     try:
         done = await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, check=False
