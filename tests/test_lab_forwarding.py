@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuq.cli.doctor import check_lab_servers
 from gpuq.cli.lab import config_text
-from gpuq.config import Config, LabConfig, default_config, load_config
+from gpuq.config import Config, LabConfig, ServerDecl, default_config, load_config
 from gpuq.daemon.connection import acting_for
 from gpuq.daemon.forward import forwards, speaking_for
 from gpuq.daemon.identity import Account, Caller
@@ -157,3 +158,34 @@ def _has_account(uid: int) -> bool:
     except KeyError:
         return False
     return True
+
+
+def test_doctor_warns_of_a_lab_with_servers_but_no_service_account() -> None:
+    config = dataclasses.replace(
+        lab(),
+        cluster=dataclasses.replace(default_config({}).cluster, servers=(ServerDecl("gpu2"),)),
+    )
+    [check] = check_lab_servers(config)
+    assert (check.status, check.message) == (
+        "warn",
+        "[lab] service_account is not set: other servers' lab daemons are refused here",
+    )
+
+
+def test_doctor_warns_of_a_service_account_this_server_does_not_have() -> None:
+    [check] = check_lab_servers(lab(service_account="gpuq-nobody-here", head="gpu1"))
+    assert check.status == "warn" and "has no account on this server" in check.message
+
+
+def test_doctor_has_nothing_to_say_about_a_one_server_lab() -> None:
+    assert check_lab_servers(lab()) == []
+    assert check_lab_servers(default_config({})) == []
+
+
+def test_doctor_on_the_head_names_its_service_account() -> None:
+    config = dataclasses.replace(
+        lab(service_account=ME.pw_name),
+        cluster=dataclasses.replace(default_config({}).cluster, servers=(ServerDecl("gpu2"),)),
+    )
+    [check] = check_lab_servers(config)
+    assert check.status == "ok" and ME.pw_name in check.message
