@@ -16,10 +16,12 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from gpuq.errors import ExitCode
 from gpuq.protocol import PROTOCOL_VERSION
@@ -152,6 +154,57 @@ def test_a_runner_job_reaches_its_control_socket_and_checkpoints_as_its_owner(
     out = lab.gpuq(HEAD, lab.alice, "logs", str(job_id)).stdout
     assert (done["state"], done["node"]) == ("succeeded", node), out
     assert "resumed from step" in out
+
+
+def test_a_lab_job_moves_between_servers_with_its_checkpoint_and_ends_as_if_never_moved(
+    lab: LabCluster,
+) -> None:
+    """The service account copies the owner's checkpoints, as the head's migration needs."""
+    work = lab.work_dir(lab.alice)
+    reference, moved, gate = work / "reference.pt", work / "moved.pt", work / "go"
+    plain = lab.gpuq(HEAD, lab.alice, "submit", "-q", "--", *_control(reference))
+    assert plain.returncode == 0, plain.stderr
+    job_id = submit(lab, MEMBER, lab.alice, "--", *_control(moved, "--gate", f"3={gate}"))
+    wait_for(lambda: lab.head.call("show", id=job_id)["metrics"], timeout=120, what="metrics")
+    first = lab.head.job(job_id)["node"]
+    other = HEAD if first == MEMBER else MEMBER
+    for target in (other, first):
+        attempts = lab.head.job(job_id)["attempts"]
+        moving = lab.gpuq(MEMBER, lab.alice, "migrate", str(job_id), "--to", target)
+        assert moving.returncode == 0, moving.stderr
+        wait_for(
+            partial(_runs_anew, lab, job_id, attempts + 1, target),
+            timeout=180,
+            what=f"job {job_id} to run on {target} from its checkpoint",
+        )
+        wait_for(
+            lambda: lab.head.call("metrics", id=job_id, since=lab.head.job(job_id)["start_time"])[
+                "samples"
+            ],
+            timeout=120,
+            what="a sample of the new attempt",
+        )
+    gate.touch()
+    done = lab.head.wait_state(job_id, "succeeded", "failed", timeout=300)
+    events = [event["reason"] for event in lab.head.call("show", id=job_id)["events"]]
+    assert done["state"] == "succeeded", "\n".join(events)
+    for source, target in ((first, other), (other, first)):
+        assert any(r.startswith(f"checkpoint copied from {source} to {target}: ") for r in events)
+    assert "resumed from step" in lab.gpuq(HEAD, lab.alice, "logs", str(job_id)).stdout
+    lab.head.wait_state(int(plain.stdout), "succeeded", timeout=300)
+    a, b = torch.load(reference), torch.load(moved)
+    for key, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][key]), key
+
+
+def _runs_anew(lab: LabCluster, job_id: int, attempt: int, node: str) -> bool:
+    job = lab.head.job(job_id)
+    return bool(job["state"] == "running" and job["attempts"] == attempt and job["node"] == node)
+
+
+def _control(out: Path, *args: str) -> list[str]:
+    """tests/control_job.py writing its final model to `out`."""
+    return [sys.executable, str(CONTROL_JOB), "--step-delay", "0.05", "--out", str(out), *args]
 
 
 @pytest.mark.parametrize(

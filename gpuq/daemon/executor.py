@@ -216,6 +216,8 @@ class Executor:
     def __init__(self, jobs_dir: Path, spawner: SpawnerClient | None = None) -> None:
         self.jobs_dir = jobs_dir
         self.spawner = spawner
+        self.checkpoint_reader: int | None = None
+        """A group that may also read run-as-owner jobs' checkpoints (`share_checkpoints`)."""
         self._watched: dict[int, int] = {}  # job id -> pidfd
         self._ended: collections.deque[tuple[int, Callable[[int, Outcome], None]]] = (
             collections.deque()
@@ -239,7 +241,9 @@ class Executor:
         """
         job_dir = self.job_dir(job_id)
         if spec.run_as is not None:
-            jobfiles.share_checkpoints(self.jobs_dir, job_dir, spec.run_as.uid, spec.run_as.gid)
+            jobfiles.share_checkpoints(
+                self.jobs_dir, job_dir, spec.run_as.uid, spec.run_as.gid, self.checkpoint_reader
+            )
         for stale in (jobfiles.EXIT, jobfiles.CHILD, jobfiles.SHIM):
             (job_dir / stale).unlink(missing_ok=True)
         jobfiles.write_json(job_dir / jobfiles.LAUNCH, spec.to_dict())

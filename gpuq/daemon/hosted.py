@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import pwd
 import re
 import secrets
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from typing import Any
 
 from gpuq import env as job_env
 from gpuq.control import ACK_FILE, OOM_FILE, Ack, Hello, Message, Metrics, to_dict
-from gpuq.daemon import jobfiles
+from gpuq.daemon import incoming, jobfiles
 from gpuq.daemon.control import METRICS_INTERVAL, ControlHub
 from gpuq.daemon.executor import Executor, LaunchSpec, Outcome, lab_owner
 from gpuq.daemon.outputs import (
@@ -92,8 +93,11 @@ class Hosted:
         spawner: SpawnerClient | None,
         control_root: Path | None = None,
         metrics_interval: float | Callable[[], float] = METRICS_INTERVAL,
+        service_account: Callable[[], str] = lambda: "",
     ) -> None:
         self.root = root
+        self.service_account = service_account
+        """The lab's service account (`[lab] service_account`), as the config says now."""
         self.log_root = log_root
         self.spawner = spawner
         self.control_root = control_root or root / "ctl"
@@ -157,6 +161,34 @@ class Hosted:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         return path
 
+    def service_ids(self) -> tuple[int, int] | None:
+        """(uid, gid) of the lab's service account on a root daemon; None without one."""
+        name = self.service_account()
+        if not name or os.geteuid() != 0:
+            return None
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            return None
+        return entry.pw_uid, entry.pw_gid
+
+    def prepare_incoming(self, head: str, job: int) -> Path:
+        """An empty directory for the job's checkpoints arriving from another server; its path.
+
+        On a lab's server the copy arrives as the service account: it may
+        pass through the daemon's directories (0711) to that directory, its
+        own, and nowhere else.
+        """
+        job_dir = self.executor(head).jobs_dir / str(job)
+        arrived = incoming.prepare(job_dir)
+        service = self.service_ids()
+        if service is not None:
+            self.open_to_users(head)
+            for directory in (job_dir.parent, job_dir):
+                os.chmod(directory, 0o711, follow_symlinks=False)
+            os.chown(arrived, *service, follow_symlinks=False)
+        return arrived
+
     def open_to_users(self, head: str) -> None:
         """Let users pass (0711) through the directories of `head`'s attempts to what is theirs.
 
@@ -208,6 +240,8 @@ class Hosted:
             except OSError as exc:
                 raise StateError(f"cannot prepare the directories of job {job}: {exc}") from exc
             self._owners[key] = account.uid
+            service = self.service_ids()
+            executor.checkpoint_reader = None if service is None else service[1]
         if job_env.CONTROL_SOCKET in spec.env:  # the head wants to talk to its runner
             environ = dict(spec.env)
             path = self.hub(head).open(job)

@@ -102,14 +102,19 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def share_checkpoints(jobs_dir: Path, job_dir: Path, uid: int, gid: int) -> None:
+def share_checkpoints(
+    jobs_dir: Path, job_dir: Path, uid: int, gid: int, reader: int | None = None
+) -> None:
     """Hand the job's `checkpoints/` to its user (lab mode), private to them (0700).
 
     The jobs directory and the job's own keep belonging to the daemon, and
     others may only pass through them (0711): the user reaches their
     checkpoints by path but can neither list nor change the daemon's
-    records. Each step below the jobs directory goes through a descriptor
-    opened without following links. Raises OSError.
+    records. With `reader` (the group of the lab's service account, on a
+    server running another's jobs), that group may also read them (0750),
+    so the head can copy them to another server. Each step below the jobs
+    directory goes through a descriptor opened without following links.
+    Raises OSError.
     """
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     for directory, nofollow in ((jobs_dir, 0), (job_dir, os.O_NOFOLLOW)):
@@ -120,8 +125,8 @@ def share_checkpoints(jobs_dir: Path, job_dir: Path, uid: int, gid: int) -> None
             os.close(fd)
     fd = os.open(job_dir / CHECKPOINTS, flags)
     try:
-        os.fchown(fd, uid, gid)
-        os.fchmod(fd, 0o700)
+        os.fchown(fd, uid, gid if reader is None else reader)
+        os.fchmod(fd, 0o700 if reader is None else 0o750)
     finally:
         os.close(fd)
 

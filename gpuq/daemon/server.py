@@ -201,6 +201,7 @@ class Server:
             self._spawner,
             cfg.runtime_dir / "ctl-hosted",
             self._report_interval,
+            lambda: state.config.lab.service_account,
         )
         self.state = state
         if self._spawner is not None:

@@ -178,7 +178,7 @@ async def receive(state: DaemonState, request: NodeReceive) -> dict[str, Any]:
     if request.phase == "prepare":
         # The job's output so far follows it into gpuq's log directory (`transfer.carry_outputs`).
         hosted.make_log_dir(request.head)
-        return {"path": str(incoming.prepare(job_dir))}
+        return {"path": str(hosted.prepare_incoming(request.head, request.job))}
     if request.phase == "commit":
         return await asyncio.to_thread(incoming.commit, job_dir, request.checked)
     raise UsageError(f"unknown phase {request.phase!r}", "use prepare or commit")
