@@ -1,8 +1,10 @@
-"""The `gpuq` console script: a fast path for `submit`, typer for the rest.
+"""The `gpuq` console script: fast paths for `submit` and `bridge`, typer for the rest.
 
 `gpuq submit` is what people and scripts run most, so it never imports typer
 (tens of milliseconds); `gpuq submit --help` goes through typer like every
-other command, so help, completion and man pages come from one tree.
+other command, so help, completion and man pages come from one tree. `gpuq
+bridge` starts for each ssh session another server opens (every command a
+user types on a lab member), so it skips typer too.
 """
 
 from __future__ import annotations
@@ -17,9 +19,36 @@ def main(argv: list[str] | None = None) -> int:
         from gpuq.cli.submit import run_submit
 
         return run_submit(args[1:])
+    if args and args[0] == "bridge" and (code := run_bridge(args[1:])) is not None:
+        return code
     from gpuq.cli.app import run_app
 
     return run_app(args)
+
+
+def run_bridge(argv: list[str]) -> int | None:
+    """`gpuq bridge [--config PATH]`: its exit code; None for anything else (`--help`)."""
+    if not argv:
+        path = None
+    elif len(argv) == 2 and argv[0] == "--config":
+        path = argv[1]
+    elif len(argv) == 1 and argv[0].startswith("--config="):
+        path = argv[0].partition("=")[2]
+    else:
+        return None
+    from gpuq.bridge import relay
+    from gpuq.client import connect_socket
+    from gpuq.config import load_config
+    from gpuq.errors import GpuqError
+
+    try:
+        config = load_config(path)
+        relay(connect_socket(config, timeout=config.client.timeout), sys.stdin.fileno(), 1)
+    except GpuqError as exc:
+        from gpuq.cli.errors import render_error
+
+        return render_error(exc, False)
+    return 0
 
 
 if __name__ == "__main__":
