@@ -145,7 +145,11 @@ def test_a_runner_job_reaches_its_control_socket_and_checkpoints_as_its_owner(
     jobs = lab.gpu2.state_dir / "hosted" / HEAD / "jobs" if node == MEMBER else None
     checkpoints = (jobs or lab.head.state_dir / "jobs") / str(job_id) / "checkpoints"
     info = checkpoints.stat()
-    assert (info.st_uid, info.st_mode & 0o777) == (lab.alice.uid, 0o700)
+    if node == MEMBER:  # the service account's group reads them, to copy them elsewhere
+        expected = (lab.alice.uid, lab.svc.gid, 0o750)
+    else:
+        expected = (lab.alice.uid, lab.alice.gid, 0o700)
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == expected
     assert [f.stat().st_uid for f in checkpoints.glob("ckpt-*.pt")] != []
     assert {f.stat().st_uid for f in checkpoints.glob("ckpt-*.pt")} == {lab.alice.uid}
     resumed = lab.gpuq(MEMBER, lab.alice, "resume", str(job_id))
