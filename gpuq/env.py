@@ -28,6 +28,7 @@ ARRAY_ID = "GPUQ_ARRAY_ID"
 ARRAY_INDEX = "GPUQ_ARRAY_INDEX"
 GPU_UUIDS = "GPUQ_GPU_UUIDS"
 GPU_MEM = "GPUQ_GPU_MEM"
+GPU_TYPE = "GPUQ_GPU_TYPE"
 JOB_DIR = "GPUQ_JOB_DIR"
 CHECKPOINT_DIR = "GPUQ_CHECKPOINT_DIR"
 CONTROL_SOCKET = "GPUQ_CONTROL_SOCKET"
@@ -44,6 +45,7 @@ CONTRACT: dict[str, str] = {
     ARRAY_INDEX: "For array tasks, this task's index (`--array`).",
     GPU_UUIDS: "Comma-separated UUIDs of the GPUs given to the job (empty for CPU jobs).",
     GPU_MEM: "Bytes of GPU memory reserved on each shared GPU; unset for whole GPUs.",
+    GPU_TYPE: "The type of the job's GPUs from their name (A100, T4...; comma-separated if mixed).",
     JOB_DIR: "The job's private directory in the daemon's state directory.",
     CHECKPOINT_DIR: "Where the job should keep checkpoints; survives suspend and retry.",
     CONTROL_SOCKET: (
@@ -120,6 +122,11 @@ def gpu_uuids(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """UUIDs of the GPUs given to the job; empty outside gpuq or for CPU jobs."""
     value = _get(environ, GPU_UUIDS)
     return tuple(u for u in value.split(",") if u) if value else ()
+
+
+def gpu_type(environ: Mapping[str, str] | None = None) -> str | None:
+    """The type of the job's GPUs (`gpuq.gputypes`), or None outside gpuq or without GPUs."""
+    return _get(environ, GPU_TYPE)
 
 
 def gpu_mem(environ: Mapping[str, str] | None = None) -> int | None:

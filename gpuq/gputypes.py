@@ -53,4 +53,23 @@ def matches(name: str, types: tuple[str, ...]) -> bool:
     return gpu_type(name).lower() in wanted
 
 
-__all__ = ["gpu_type", "matches"]
+RELATIVE_SPEED: Final = {"T4": 1.0, "RTX2080Ti": 1.41, "RTX6000": 1.93, "A100": 4.14}
+"""A type's training throughput on one GPU against a T4's: the prior for a type a job
+has not run on yet (`relative_speed`).
+
+The geometric mean over the six applications of Sia's measured tables
+(gpuq/sim/data/sia: samples per second on one GPU at the largest per-GPU
+batch measured, `Application.single_gpu_throughput`), so one model's
+quirks (yolov3 runs slower on an RTX 2080 Ti than on a T4) do not decide it.
+"""
+
+
+def relative_speed(kind: str) -> float | None:
+    """The prior throughput of GPU type `kind` against a T4 (None: a type without data)."""
+    for known, speed in RELATIVE_SPEED.items():
+        if known.lower() == kind.lower():
+            return speed
+    return None
+
+
+__all__ = ["RELATIVE_SPEED", "gpu_type", "matches", "relative_speed"]

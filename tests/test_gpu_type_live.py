@@ -1,13 +1,17 @@
-"""A daemon with GPUs of two types places a `--gpu-type` job on its type only.
+"""A daemon with GPUs of two types: `--gpu-type` jobs on their type, adaptive jobs moved up.
 
 Real daemon and jobs, fake GPUs: two "Fake L4" and two "Fake A100" on one
 server, which the view splits into a node per type
-(tests/test_gpu_type_placement.py for the rules).
+(tests/test_gpu_type_placement.py for the rules). An adaptive trace job on
+Sia's per-type tables starts on a T4 while the A100 is busy, and the
+`gpuq` policy moves it to the A100 once that frees up, from its model on
+the T4 and the types' prior speeds (tests/test_typed_view.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,3 +67,52 @@ def test_a_type_that_cannot_be_had_is_refused_at_submission(daemon: DaemonHarnes
     assert "needs 3 GPU(s) of type A100 on one server" in refused("--gpu-type", "A100", "-g", "3")
     assert "--gpu-type picks GPUs" in refused("--gpu-type", "A100", "--gpus", "0")
     assert "--gpu-type: invalid name '-x'" in refused("--gpu-type=-x")
+
+
+T4_AND_A100 = (
+    '[[gpus.fake]]\nname = "Fake T4"\nmemory = "16G"\ncount = 1\n'
+    '[[gpus.fake]]\nname = "Fake A100"\nmemory = "40G"\ncount = 1\n'
+)
+TRACE = [sys.executable, "-m", "gpuq.replay.tracejob", "--app", "cifar10", "--batch-size", "128"]
+"""A trace job of cifar10 on Sia's tables: its speed is its GPU type's (`--tables sia`)."""
+
+
+def test_an_adaptive_job_moves_to_the_faster_type_when_it_frees_up(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, gpus_toml=T4_AND_A100) as daemon:
+        gpus = wait_for(lambda: daemon.call("gpus")["gpus"], what="the GPUs sampled")
+        a100 = next(gpu["uuid"] for gpu in gpus if gpu["type"] == "A100")
+        blocker = submit_cli(daemon, "--gpu-type", "A100", "--", "sleep", "600")
+        daemon.wait_state(blocker, "running", timeout=30)
+        argv = [*TRACE, "--speedup", "30", "--adaptive", "--tables", "sia"]
+        trace = submit_cli(daemon, "--gpus", "1-2", "--", *argv)
+        on_t4 = daemon.wait_state(trace, "running", timeout=60)
+        assert on_t4["gpu_uuids"] != [a100]
+        wait_for(
+            lambda: (daemon.call("show", id=trace)["metrics"] or {}).get("perf_params"),
+            timeout=120,
+            what="the trace job's model on the T4",
+        )
+        assert daemon.cli("cancel", str(blocker)).returncode == 0
+        moved = wait_for(
+            lambda: (job := daemon.job(trace))["gpu_uuids"] == [a100] and job,
+            timeout=120,
+            what="the trace job on the A100",
+        )
+        assert moved["attempts"] == 2, "one move, through its checkpoint"
+        done = daemon.wait_state(trace, "succeeded", "failed", timeout=300)
+        reasons = [event["reason"] for event in daemon.call("show", id=trace)["events"]]
+        assert done["state"] == "succeeded", "\n".join(reasons)
+        assert any(r.startswith("moved to 1 GPU on ") and "A100" in r for r in reasons), reasons
+        output = daemon.cli("logs", str(trace)).stdout
+        assert "trace job cifar10 done" in output, output
+
+
+def test_a_job_is_told_the_type_of_its_gpus(tmp_path: Path) -> None:
+    with running_daemon(tmp_path, gpus_toml=T4_AND_A100) as daemon:
+        wait_for(lambda: daemon.call("gpus")["gpus"], what="the GPUs sampled")
+        typed = submit_cli(daemon, "--gpu-type", "A100", "--", "sh", "-c", "echo $GPUQ_GPU_TYPE")
+        cpu = submit_cli(daemon, "--gpus", "0", "--", "sh", "-c", "echo x${GPUQ_GPU_TYPE}x")
+        for job_id in (typed, cpu):
+            daemon.wait_state(job_id, "succeeded", timeout=30)
+        assert daemon.cli("logs", str(typed)).stdout == "A100\n"
+        assert daemon.cli("logs", str(cpu)).stdout == "xx\n"

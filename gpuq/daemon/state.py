@@ -31,6 +31,8 @@ from gpuq.daemon.scheduler import memory
 from gpuq.daemon.scheduler.introspect import Introspection
 from gpuq.daemon.scheduler.packs import PackBook
 from gpuq.daemon.scheduler.slicer import Slicer, slicer_for
+from gpuq.daemon.scheduler.typed import TypeFits
+from gpuq.daemon.scheduler.typed import record as record_type_fit
 from gpuq.daemon.scheduler.view import ViewCache
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
@@ -100,6 +102,8 @@ class DaemonState:
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
         self.latest_samples: dict[int, dict[str, Any]] = {}
+        self.type_fits: dict[int, TypeFits] = {}
+        """Each job's newest model per GPU type (`gpuq.daemon.scheduler.typed`)."""
         """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.profiled_gpus: dict[int, int] = {}
         """The most GPUs each active job held while its runner reported: explored counts."""
@@ -154,6 +158,7 @@ class DaemonState:
             if job.attempts and (sample := self.store.latest_sample(job.id)) is not None:
                 self.latest_samples[job.id] = sample
                 self.profiled_gpus[job.id] = self.store.most_gpus_sampled(job.id)
+                record_type_fit(self.type_fits.setdefault(job.id, {}), sample)
 
     def job(self, job_id: int) -> Job:
         """A job from the cache or the store; NotFoundError if it never existed."""
@@ -247,6 +252,7 @@ class DaemonState:
             self.child_pgids.pop(job.id, None)
             self.latest_samples.pop(job.id, None)
             self.profiled_gpus.pop(job.id, None)
+            self.type_fits.pop(job.id, None)
         else:
             self.active[job.id] = updated
         if self._subscribers:

@@ -62,6 +62,7 @@ from gpuq.control import (
 )
 from gpuq.daemon import faults, jobfiles, safety
 from gpuq.daemon.executor import Outcome
+from gpuq.daemon.scheduler import typed
 from gpuq.daemon.scheduler.view import new_model
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import SuspendRecord
@@ -380,6 +381,11 @@ class ChannelListener:
         if isinstance(message, Metrics):
             sample = sample_to_dict(message.sample)
             sample["gpus"] = len(job.gpu_uuids)  # what it ran on when it measured this
+            held = set(job.gpu_uuids)
+            kinds = sorted({gpu.type for gpu in self.state.gpus.devices if gpu.uuid in held})
+            if kinds:
+                sample["gpu_type"] = ",".join(kinds)
+                typed.record(self.state.type_fits.setdefault(job_id, {}), sample)
             self.state.store.add_sample(job_id, job.attempts, sample)
             previous = self.state.latest_samples.get(job_id, {})
             self.state.latest_samples[job_id] = sample

@@ -22,6 +22,13 @@ time lost. On fake GPUs shared with other jobs computing at once, each
 slice takes the fake GPU's sharing slowdown times longer
 (`gpuq.gpus.fakeload`), as packed jobs would on a real GPU.
 
+With `--tables sia` the job has Sia's tables for each GPU type it knows
+(T4, RTX2080Ti, A100, RTX6000) and runs on those of its GPUs' type
+(`GPUQ_GPU_TYPE`; another type runs as a T4), as the simulator's job on a
+cluster of several types: it knows its single-GPU step times on every type
+from its first start (Sia's profile), fits a model per type, and reports
+the model of the type it runs on.
+
 With `--adaptive` it runs as the simulator runs a job under a policy with
 adaptive jobs (`Capabilities.adaptive_jobs`; an application with a fixed
 batch size, NCF, still runs at it): it profiles every configuration it
@@ -81,14 +88,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuq.env import gpu_uuids
+from gpuq.env import gpu_type, gpu_uuids
 from gpuq.gpus.fakeload import JobDevices
-from gpuq.sim.apps import Application, BatchConfig, ProfileSample, get_application
-from gpuq.sim.jobs import FitMemo, SimJob
+from gpuq.sim.apps import GPU_TYPES, Application, BatchConfig, ProfileSample, get_application
+from gpuq.sim.jobs import SimJob
 from gpuq.sim.workload import WorkloadJob
 
 if TYPE_CHECKING:
@@ -131,10 +138,15 @@ class Trace:
     """
 
     def __init__(
-        self, app: Application, batch_size: int, adaptive: bool, restart_penalty: float
+        self,
+        app: Application,
+        batch_size: int,
+        adaptive: bool,
+        restart_penalty: float,
+        apps: Mapping[str, Application] | None = None,
     ) -> None:
         spec = WorkloadJob(app.name, 0.0, app.name, 1, batch_size)
-        self.job = SimJob(0, spec, app, adaptive, restart_penalty)
+        self.job = SimJob(0, spec, app, adaptive, restart_penalty, apps=apps)
         self.simulated = 0.0
         """Simulated seconds this job has held GPUs, over all attempts."""
         self._attempt_start = 0.0
@@ -145,9 +157,13 @@ class Trace:
         """True once every epoch of the application has run."""
         return self.job.finish_time is not None or self.job.epoch >= self.job.app.max_epochs
 
-    def start(self, replicas: int) -> None:
-        """Begin an attempt on `replicas` GPUs: the restart penalty, then a configuration."""
-        self.job.reallocate((replicas,))
+    def start(self, replicas: int, gpu_type: str = "") -> None:
+        """Begin an attempt on `replicas` GPUs: the restart penalty, then a configuration.
+
+        `gpu_type` is the type of those GPUs, for a job with tables per type.
+        """
+        typed = self.job.typed and gpu_type in self.job.apps
+        self.job.reallocate((replicas,), [gpu_type] if typed else None)
         self._attempt_start = self.simulated
         self._refits = 0
 
@@ -177,7 +193,11 @@ class Trace:
             "progress": job.progress,
             "epoch": job.epoch,
             "simulated": self.simulated,
-            "profile": [list(sample) for sample in job.profile.values()],
+            "profiles": {
+                kind: [list(sample) for sample in samples.values()]
+                for kind, samples in job.profiles.items()
+            },
+            "gpu_type": job.gpu_type,
             "config": [] if job.config is None else list(job.config),
         }
 
@@ -186,12 +206,17 @@ class Trace:
         job = self.job
         job.progress, job.epoch = float(saved["progress"]), int(saved["epoch"])
         self.simulated = float(saved["simulated"])
-        samples = [
-            ProfileSample(int(n), int(k), int(m), float(compute), float(step))
-            for n, k, m, compute, step in saved["profile"]
-        ]
-        job.profile = {(s.num_nodes, s.num_replicas, s.local_bsz): s for s in samples}
-        job.perf = FitMemo().fit(job.app, job.profile) if job.profile else None
+        profiles = {}
+        for kind, rows in saved["profiles"].items():
+            samples = [
+                ProfileSample(int(n), int(k), int(m), float(compute), float(step))
+                for n, k, m, compute, step in rows
+            ]
+            profiles[kind] = {(s.num_nodes, s.num_replicas, s.local_bsz): s for s in samples}
+        if saved.get("gpu_type") in job.apps:
+            job.gpu_type = saved["gpu_type"]
+            job.app = job.apps[job.gpu_type]
+        job.load_profiles(profiles)
         config = saved["config"]
         job.config = BatchConfig(int(config[0]), int(config[1])) if config else None
 
@@ -206,7 +231,7 @@ class Trace:
             accumulation_steps=config.accum_steps + 1,
             replicas=job.replicas,
         )
-        goodput = job.goodput()
+        goodput = job.goodput_on(job.gpu_type) if job.typed else job.goodput()
         if goodput is None:
             return
         low, high = app.local_bsz_bounds
@@ -260,6 +285,14 @@ def schedule_start(started: float, saved_at: float | None, penalty: float) -> fl
     return started - gap if 0.0 <= gap < penalty else started
 
 
+def table_type(held: str, apps: Mapping[str, Application]) -> str:
+    """The tables' type for GPUs of type `held` (any case); the first type if they have none."""
+    for kind in apps:
+        if kind.lower() == held.lower():
+            return kind
+    return next(iter(apps))
+
+
 def has_checkpoint(directory: Path | None) -> bool:
     """True if an earlier attempt left a checkpoint (`ckpt-*.pt`) in `directory`."""
     return directory is not None and any(directory.glob("ckpt-*.pt"))
@@ -297,6 +330,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--tick", type=float, default=0.1, help="real seconds of solo computing per gq.step()"
     )
+    parser.add_argument(
+        "--tables",
+        choices=sorted(GPU_TYPES),
+        default="pollux",
+        help="the measured tables: pollux (one type), sia (T4, RTX2080Ti, A100, RTX6000: the "
+        "type of the job's GPUs, GPUQ_GPU_TYPE, decides its speed)",
+    )
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)  # the fork server's
     args = parser.parse_args(argv)
     if args.speedup <= 0 or args.tick <= 0 or args.batch_size <= 0 or args.restart_penalty < 0:
@@ -306,7 +346,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     job = gq.init()
     loader = Loader()
-    trace = Trace(get_application(args.app), args.batch_size, args.adaptive, args.restart_penalty)
+    apps = {kind: get_application(args.app, kind, args.tables) for kind in GPU_TYPES[args.tables]}
+    kind = table_type(gpu_type() or "", apps)
+    trace = Trace(apps[kind], args.batch_size, args.adaptive, args.restart_penalty, apps)
     saved: dict[str, Any] = {**trace.state(), "saved_at": None}
     state = None
     if has_checkpoint(job.checkpoint_dir):  # a restart: continue from the checkpoint
@@ -314,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         state = gq.State(trace=saved)
         if state.restore():
             trace.load(saved)
-    trace.start(replicas_held(args.replicas))
+    trace.start(replicas_held(args.replicas), kind)
     started = time.monotonic() - process_age() if args.started is None else args.started
     penalty = args.restart_penalty / args.speedup
     tick_start = schedule_start(started, saved["saved_at"], penalty)

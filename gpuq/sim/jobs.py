@@ -360,6 +360,16 @@ class SimJob:
                     self.profiles[kind][key] = app.profile_sample((1,), int(bsz))
         self._stale = True
 
+    def load_profiles(self, profiles: Mapping[str, Mapping[Key, ProfileSample]]) -> None:
+        """Take measured configurations per type (a restarted trace job's) and fit them."""
+        for kind, samples in profiles.items():
+            if kind in self.profiles:
+                self.profiles[kind] = dict(samples)
+        if self.typed:
+            self.perf = self._refit_types()
+        else:
+            self.perf = self._fit_memo.fit(self.app, self.profile) if self.profile else None
+
     def set_batch_size(self, batch_size: int) -> None:
         """A policy's new total batch size for a non-adaptive job (no restart)."""
         if self.adaptive or batch_size == self.batch_size or batch_size < 1:

@@ -31,7 +31,7 @@ import time
 from dataclasses import replace
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing, usage
+from gpuq.daemon.scheduler import actuator, introspect, memory, moves, packing, typed, usage
 from gpuq.daemon.scheduler.binding import RELEASE_WAIT, Placement, placements
 from gpuq.daemon.scheduler.constraints import Constraints, known_nodes
 from gpuq.daemon.scheduler.readiness import readiness
@@ -186,6 +186,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         constraints.nodes_of,
         users=state.config.lab.enabled,
     )
+    cluster = typed.typed_view(cluster, state.type_fits)
     if state.config.lab.enabled:
         cluster = usage.fair_view(state, cluster, now)
     cluster = moves.present(book, state, cluster)
