@@ -19,9 +19,9 @@ from gpuq.cli.doctor import check_lab_servers
 from gpuq.cli.lab import config_text
 from gpuq.config import Config, LabConfig, ServerDecl, default_config, load_config
 from gpuq.daemon.connection import acting_for
-from gpuq.daemon.forward import forwards, speaking_for
+from gpuq.daemon.forward import NOT_TRUSTED, forwards, said_here, speaking_for
 from gpuq.daemon.identity import Account, Caller
-from gpuq.errors import PermissionDenied, ProtocolError
+from gpuq.errors import NotFoundError, PermissionDenied, ProtocolError
 from gpuq.protocol import (
     Cancel,
     DaemonStatus,
@@ -189,3 +189,16 @@ def test_doctor_on_the_head_names_its_service_account() -> None:
     )
     [check] = check_lab_servers(config)
     assert check.status == "ok" and ME.pw_name in check.message
+
+
+def test_a_head_that_does_not_trust_this_server_is_named_as_the_cause() -> None:
+    refused = PermissionDenied(f"{NOT_TRUSTED} (you are gpuq-svc)", "leave out 'as'")
+    said = said_here("gpuq@gpu1", refused)
+    assert said.message.startswith("the lab's head gpuq@gpu1 does not take this server's requests")
+    assert "[lab] service_account on the head" in (said.hint or "")
+    assert said.exit_code == refused.exit_code
+
+
+def test_the_head_s_other_errors_reach_the_user_as_they_are() -> None:
+    for error in (NotFoundError("no job 9"), PermissionDenied("job 3 belongs to alice: ...")):
+        assert said_here("gpu1", error) is error

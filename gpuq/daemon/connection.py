@@ -19,7 +19,7 @@ from gpuq.config import Config
 from gpuq.daemon import audit
 from gpuq.daemon.access import is_service_account
 from gpuq.daemon.dispatch import dispatch
-from gpuq.daemon.forward import HeadLink, forwards
+from gpuq.daemon.forward import NOT_TRUSTED, HeadLink, forwards
 from gpuq.daemon.identity import Caller, UnknownAccount, lab_caller, owner_caller, peer_credentials
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, PermissionDenied, ProtocolError
@@ -78,7 +78,7 @@ def acting_for(config: Config, caller: Caller, message: object) -> Caller:
         return caller
     if not config.lab.enabled or not is_service_account(config, caller):
         raise PermissionDenied(
-            f"only the lab's service account may act for another user (you are {caller.name})",
+            f"{NOT_TRUSTED} (you are {caller.name})",
             "a request acts for whoever sends it: leave out 'as'",
         )
     uid = speaking.get("uid") if isinstance(speaking, dict) else None

@@ -27,7 +27,7 @@ from gpuq.cluster.ssh import bridge_argv, explain, prepare_ssh_dir
 from gpuq.config import Config, ServerDecl
 from gpuq.daemon.access import is_service_account
 from gpuq.daemon.identity import Caller
-from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
+from gpuq.errors import DaemonUnavailable, GpuqError, PermissionDenied, ProtocolError, from_wire
 from gpuq.protocol import (
     HEARTBEAT_EVENT,
     MAX_REPLY_BYTES,
@@ -67,6 +67,8 @@ LOCAL: Final = (
     NodeSync,
 )
 """Requests a member answers itself: about its own daemon, or the head's node requests."""
+NOT_TRUSTED: Final = "only the lab's service account may act for another user"
+"""How the head's refusal of a caller naming another user begins (`connection.acting_for`)."""
 EXIT_WAIT: Final = 2.0
 """Seconds to wait for ssh to end once asked, to read why it failed."""
 
@@ -87,6 +89,21 @@ def forwards(config: Config, caller: Caller, request: Request) -> bool:
 def speaking_for(caller: Caller) -> dict[str, Any]:
     """The `as` field a member adds to a forwarded request: who the kernel says sent it."""
     return {"uid": caller.uid, "name": caller.name}
+
+
+def said_here(head: str, error: GpuqError) -> GpuqError:
+    """The head's `error`, said for a user of this server where it is about this server.
+
+    A head that does not trust this server's service account refuses every
+    request it forwards as if the user had named another: say who is at fault.
+    """
+    if isinstance(error, PermissionDenied) and error.message.startswith(NOT_TRUSTED):
+        return PermissionDenied(
+            f"the lab's head {head} does not take this server's requests: {error.message}",
+            "ask the lab's admin: [lab] service_account on the head must name the account "
+            "this server logs in as",
+        )
+    return error
 
 
 class HeadLink:
@@ -175,7 +192,7 @@ class HeadLink:
                     await emit(envelope.event)
                 continue
             if envelope.error is not None:
-                raise from_wire(envelope.error)
+                raise said_here(self._config.lab.head, from_wire(envelope.error))
             assert envelope.result is not None
             return envelope.result
 
