@@ -211,6 +211,22 @@ def _control(out: Path, *args: str) -> list[str]:
     return [sys.executable, str(CONTROL_JOB), "--step-delay", "0.05", "--out", str(out), *args]
 
 
+def test_a_job_s_output_on_gpu2_is_never_read_through_a_link(lab: LabCluster) -> None:
+    """gpu2's daemon reads a job's output as root: only from a regular file of the owner."""
+    output = lab.work_dir(lab.alice) / "linked.out"
+    job_id = submit(lab, MEMBER, lab.alice, "--node", MEMBER, "-o", str(output), "--", "true")
+    lab.head.wait_state(job_id, "succeeded", timeout=120)
+    secret = lab.base / "root-only"
+    secret.write_text("root's secret\n")
+    secret.chmod(0o600)
+    output.unlink()
+    output.symlink_to(secret)
+    logs = lab.gpuq(HEAD, lab.alice, "logs", str(job_id))
+    assert logs.returncode == ExitCode.PERMISSION, logs.stdout
+    assert "secret" not in logs.stdout
+    assert "it is a symbolic link" in logs.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "verb"),
     [
