@@ -351,6 +351,18 @@ class NodeRead:
     tail: int | None = None
 
 
+NODE_REQUESTS: Final = (
+    NodeLaunch,
+    NodeSignal,
+    NodeSync,
+    NodeControl,
+    NodeReceive,
+    NodeCheck,
+    NodeDirs,
+    NodeRead,
+)
+"""What another server's daemon asks of this one (`node.*`): they run jobs as any user."""
+
 Request = (
     Hello
     | Submit

@@ -29,6 +29,7 @@ from gpuq.daemon.handlers import (
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.protocol import (
+    NODE_REQUESTS,
     Audit,
     Cancel,
     Clean,
@@ -75,22 +76,10 @@ async def dispatch(
     node requests to anyone but root and its service account
     (`gpuq.daemon.access`); per-job rules live in the job handlers.
     """
-    match request:
-        case Shutdown() | Reload():
-            require_admin(state.config, caller, "stop or reload the daemon")
-        case (
-            NodeLaunch()
-            | NodeSignal()
-            | NodeSync()
-            | NodeControl()
-            | NodeReceive()
-            | NodeCheck()
-            | NodeDirs()
-            | NodeRead()
-        ):
-            require_server(state.config, caller, "send a server's node requests")
-        case _:
-            pass
+    if isinstance(request, Shutdown | Reload):
+        require_admin(state.config, caller, "stop or reload the daemon")
+    elif isinstance(request, NODE_REQUESTS):
+        require_server(state.config, caller, "send a server's node requests")
     match request:
         case Hello():
             return hello.handle(state, request)

@@ -31,17 +31,10 @@ from gpuq.errors import DaemonUnavailable, GpuqError, PermissionDenied, Protocol
 from gpuq.protocol import (
     HEARTBEAT_EVENT,
     MAX_REPLY_BYTES,
+    NODE_REQUESTS,
     PROTOCOL_VERSION,
     DaemonStatus,
     Hello,
-    NodeCheck,
-    NodeControl,
-    NodeDirs,
-    NodeLaunch,
-    NodeRead,
-    NodeReceive,
-    NodeSignal,
-    NodeSync,
     Reload,
     Request,
     Shutdown,
@@ -52,20 +45,7 @@ from gpuq.wire import parse_reply
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
 
-LOCAL: Final = (
-    Hello,
-    DaemonStatus,
-    Reload,
-    Shutdown,
-    NodeCheck,
-    NodeControl,
-    NodeDirs,
-    NodeLaunch,
-    NodeRead,
-    NodeReceive,
-    NodeSignal,
-    NodeSync,
-)
+LOCAL: Final = (Hello, DaemonStatus, Reload, Shutdown, *NODE_REQUESTS)
 """Requests a member answers itself: about its own daemon, or the head's node requests."""
 NOT_TRUSTED: Final = "only the lab's service account may act for another user"
 """How the head's refusal of a caller naming another user begins (`connection.acting_for`)."""

@@ -234,9 +234,9 @@ class Hosted:
         if account is not None and account.uid != 0:
             try:
                 self.open_to_users(head)
-                own_logs = self.make_log_dir(head) / USERS_DIR / str(account.uid)
-                if str(own_logs) in spec.create_below.values():
-                    user_log_dir(self.make_log_dir(head), account.uid, account.gid)
+                logs = self.log_root / head  # made by open_to_users
+                if str(logs / USERS_DIR / str(account.uid)) in spec.create_below.values():
+                    user_log_dir(logs, account.uid, account.gid)
             except OSError as exc:
                 raise StateError(f"cannot prepare the directories of job {job}: {exc}") from exc
             self._owners[key] = account.uid

@@ -139,10 +139,8 @@ def job_environment(
     )
     if placement.gpu_mem is not None:
         environ[job_env.GPU_MEM] = str(placement.gpu_mem)
-    held = set(placement.gpu_uuids)
-    types = sorted({gpu.type for gpu in state.gpus.devices if gpu.uuid in held})
-    if types:
-        environ[job_env.GPU_TYPE] = ",".join(types)
+    if types := state.gpu_types(placement.gpu_uuids):
+        environ[job_env.GPU_TYPE] = types
     environ.update(state.node_of(job.id).device_env())
     if control_socket is not None:
         environ[job_env.CONTROL_SOCKET] = str(control_socket)

@@ -202,6 +202,11 @@ class DaemonState:
             grouped.setdefault(node, []).append(uuid)
         return {node: tuple(group) for node, group in grouped.items()}
 
+    def gpu_types(self, uuids: Iterable[str]) -> str:
+        """The types of the GPUs of `uuids`, sorted and comma-separated ("" for none)."""
+        wanted = set(uuids)
+        return ",".join(sorted({gpu.type for gpu in self.gpus.devices if gpu.uuid in wanted}))
+
     def gpu_node(self, uuids: Iterable[str]) -> str:
         """The name of the node whose GPUs these are (none: this server)."""
         wanted = set(uuids)

@@ -381,10 +381,8 @@ class ChannelListener:
         if isinstance(message, Metrics):
             sample = sample_to_dict(message.sample)
             sample["gpus"] = len(job.gpu_uuids)  # what it ran on when it measured this
-            held = set(job.gpu_uuids)
-            kinds = sorted({gpu.type for gpu in self.state.gpus.devices if gpu.uuid in held})
-            if kinds:
-                sample["gpu_type"] = ",".join(kinds)
+            if kinds := self.state.gpu_types(job.gpu_uuids):
+                sample["gpu_type"] = kinds
                 typed.record(self.state.type_fits.setdefault(job_id, {}), sample)
             self.state.store.add_sample(job_id, job.attempts, sample)
             previous = self.state.latest_samples.get(job_id, {})
