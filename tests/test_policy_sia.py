@@ -212,9 +212,9 @@ def test_restart_factor(age: float, restarts: int, penalty: float, expected: flo
     assert restart_factor(age, restarts, penalty) == pytest.approx(expected)
 
 
-def row_of(state: ClusterState, job_id: int) -> dict[tuple[str, int, int], float]:
+def row_of(state: ClusterState, job_id: int, **options: Any) -> dict[tuple[str, int, int], float]:
     """Job's row of G as {(type, nodes, GPUs): value}."""
-    matrix = SiaPolicy().matrix(state, NOW)
+    matrix = SiaPolicy(**options).matrix(state, NOW)
     pools = matrix.columns.pools
     return {
         (pools[c.pool].gpu_type, c.nodes, c.gpus): value for c, value in matrix.row(job_id).items()
@@ -741,8 +741,127 @@ def test_gpuq_sizes_by_type_where_the_gpus_are_of_several_types() -> None:
 
 
 def test_gpuq_refuses_an_unknown_types_option() -> None:
-    with pytest.raises(UsageError, match="types must be one of aware, unaware"):
+    with pytest.raises(UsageError, match="types must be one of aware, sia, unaware"):
         get_policy("gpuq:types=maybe")
+
+
+# gpuq's rules on top of Sia's --------------------------------------------------------
+
+
+def test_with_the_prior_a_new_job_is_valued_by_each_types_speed_and_its_count() -> None:
+    # T4 1, RTX 2080 Ti 1.41, A100 4.14 (gpuq.gputypes); k GPUs worth k^0.8 of one.
+    new = job(1, None, max_profiled_gpus=0, submit_time=NOW - 10)
+    row = row_of(ClusterState(SIA_CLUSTER, (new,)), 1, unknown="prior")
+    assert row == pytest.approx(
+        {
+            ("T4", 1, 1): 1.0,
+            ("T4", 1, 2): 2**0.8,
+            ("RTX2080Ti", 1, 1): 1.41,
+            ("RTX2080Ti", 1, 2): 1.41 * 2**0.8,
+            ("A100", 1, 1): 4.14,
+            ("A100", 1, 2): 4.14 * 2**0.8,
+        }
+    )
+    needs_two = replace(new, min_gpus=2, max_profiled_gpus=2)
+    values = row_of(ClusterState(SIA_CLUSTER, (needs_two,)), 1, unknown="prior")
+    assert values[("A100", 1, 4)] == pytest.approx(2 * 4.14 * 2**0.8)  # m s (k / m)^0.8
+
+
+def test_with_the_prior_a_new_job_starts_on_two_gpus_of_the_fastest_free_type() -> None:
+    state = ClusterState(SIA_CLUSTER, (job(1, None, max_profiled_gpus=0),))
+    assert sum(decide(state).allocations[1]) == 1  # Sia: one GPU of any type
+    decision = decide(state, unknown="prior")
+    assert where(state, decision.allocations[1]) == {"A100"}
+    assert sum(decision.allocations[1]) == 2
+    # The same for a job confined to some nodes (rows built one at a time).
+    confined = ClusterState(SIA_CLUSTER, (job(1, None, max_profiled_gpus=0, nodes=("T40",)),))
+    assert decide(confined, unknown="prior").allocations[1][0] == 2
+
+
+def test_the_prior_leaves_a_job_with_a_model_alone() -> None:
+    known = job(1, per_type=typed({"T4": 1.0, "A100": 3.0}), max_profiled_gpus=2)
+    state = ClusterState(SIA_CLUSTER, (known,))
+    assert row_of(state, 1, unknown="prior") == row_of(state, 1)
+
+
+def big_and_new(idle_t4: bool) -> ClusterState:
+    """Job 1 holds the 8 A100s; new job 2 gains most from A100s; T4s idle or held."""
+    cluster = nodes((1, 8, "A100"), (1, 4, "T4"))
+    big = job(1, MODEST, allocation=(8, 0), max_profiled_gpus=8, num_restarts=1)
+    new = job(2, per_type=typed({"T4": 1.0, "A100": 4.0}), max_profiled_gpus=1)
+    jobs = [big, new]
+    if not idle_t4:
+        jobs.append(job(3, LINEAR, allocation=(0, 4), max_profiled_gpus=4, preemptible=False))
+    return ClusterState(cluster, tuple(jobs))
+
+
+def test_sia_shrinks_a_running_job_for_a_newcomer_even_with_gpus_idle() -> None:
+    decision = decide(big_and_new(idle_t4=True))
+    assert decision.allocations[1][0] < 8
+    assert decision.allocations[2][0] > 0
+
+
+def test_with_shrink_idle_no_running_job_loses_gpus_while_one_is_idle() -> None:
+    state = big_and_new(idle_t4=True)
+    decision = decide(state, shrink="idle")
+    assert decision.allocations[1] == (8, 0)
+    assert where(state, decision.allocations[2]) == {"T4"}
+    # With every GPU held, shrinking is the ILP's call again.
+    assert decide(big_and_new(idle_t4=False), shrink="idle").allocations[1][0] < 8
+
+
+def two_for_one_gpu(served: float) -> ClusterState:
+    """One free GPU; job 1 gains a little more from it, job 2 has `served` less service."""
+    cluster = nodes((1, 1, "A100"), (1, 1, "T4"))
+    busy = job(9, LINEAR, allocation=(0, 1), preemptible=False)
+    one = job(1, per_type=typed({"A100": 1.1}), max_profiled_gpus=1, attained_service=served)
+    two = job(2, per_type=typed({"A100": 1.0}), max_profiled_gpus=1)
+    return ClusterState(cluster, (busy, one, two))
+
+
+def test_with_service_weights_the_least_served_job_wins_a_contested_gpu() -> None:
+    state = two_for_one_gpu(served=36_000.0)
+    assert decide(state).allocations.get(1) == (1, 0)  # Sia: the larger gain
+    weighted = decide(state, service=3600.0)
+    assert weighted.allocations.get(2) == (1, 0)
+    assert weighted.allocations.get(1, (0, 0)) == (0, 0)
+
+
+def test_the_service_floor_bounds_how_far_a_long_served_job_is_discounted() -> None:
+    state = two_for_one_gpu(served=36_000.0)  # weight (1 + 10)^-1/2 = 0.30
+    assert decide(state, service=3600.0, service_floor=1.0).allocations.get(1) == (1, 0)
+
+
+def test_weights_scale_each_jobs_costs_in_the_ilp() -> None:
+    jobs = np.array([0, 1])
+    usage = csr_array(np.array([[1.0, 1.0]]))
+    values = np.array([4.0, 2.0])  # job 0 gains more from the one GPU
+    capacity = np.array([1.0])
+    assert select(jobs, values, usage, capacity, -0.5, 1.1, 1.0).chosen.tolist() == [True, False]
+    weights = np.array([0.2, 1.0])
+    chosen = select(jobs, values, usage, capacity, -0.5, 1.1, 1.0, weights=weights).chosen
+    assert chosen.tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"unknown": "guess"}, "unknown must be one of smallest, prior"),
+        ({"shrink": "never"}, "shrink must be one of any, idle"),
+        ({"service": -1.0}, "service must be"),
+        ({"service_floor": 1.5}, "service_floor must be"),
+    ],
+)
+def test_bad_gpuq_rule_settings_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SiaPolicy(**options)
+
+
+def test_gpuq_applies_its_rules_and_types_sia_does_not() -> None:
+    state = ClusterState(SIA_CLUSTER, (job(1, None, max_profiled_gpus=0),))
+    ours = get_policy("gpuq").decide(state, NOW).allocations[1]
+    assert (where(state, ours), sum(ours)) == ({"A100"}, 2)
+    assert sum(get_policy("gpuq:types=sia").decide(state, NOW).allocations[1]) == 1
 
 
 def test_curves_prefilled_together_equal_curves_evaluated_one_by_one() -> None:

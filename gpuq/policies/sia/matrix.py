@@ -26,6 +26,16 @@ Unknown goodput
     as the artifact gives 1 on the one-GPU configurations; a job with no
     model anywhere (or none predicting progress) gets only those: 1 GPU, or
     exactly its minimum, on every type.
+Prior for a new job (`Limits.prior`, gpuq's rule; off in Sia's)
+    A job with no model anywhere instead gets every candidate valued by the
+    prior: m s_t (k / m)^0.8 for k GPUs of type t, m its minimum and s_t
+    the type's prior single-GPU speed over the cluster's slowest
+    (`gpuq.gputypes.relative_speed`; a type without one counts as the
+    slowest). Why: under Sia's rule a new job starts on one GPU of whatever
+    type the ILP finds for it, and moves a round later, once its first start
+    has measured it (cifar10 on Sia's tables: a 50 s restart in a 60 s
+    round, then growth by doubling); the prior starts it on up to its cap (2
+    GPUs) of the fastest free type, where its model usually takes it.
 Restart factor
     Every configuration except the current one is multiplied by
     r = max(T - N S, 0) / (T + S), with T the job's age (`now - submit_time`),
@@ -45,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpuq.gputypes import relative_speed
 from gpuq.policies.interface import JobView
 from gpuq.policies.sia.columns import BoolArray, Columns, IntArray
 from gpuq.policies.sia.configs import Config, Pool, exact_config, spread_configs
@@ -86,6 +97,25 @@ class Limits:
 
     max_growth: int
     max_gpus: int
+    prior: bool = False
+    """Value a job with no model by the types' prior speeds (module docstring)."""
+
+
+PRIOR_SCALING = 0.8
+"""k GPUs are worth k ** 0.8 of one in the prior: about 87% efficiency at 2 GPUs."""
+
+
+def type_speeds(types: Sequence[str]) -> FloatArray:
+    """Each type's prior single-GPU speed over the slowest of `types` (unknown: the slowest)."""
+    known = [speed for kind in types if (speed := relative_speed(kind)) is not None]
+    slowest = min(known, default=1.0)
+    return np.array([(relative_speed(kind) or slowest) / slowest for kind in types])
+
+
+def prior_values(speeds: FloatArray, gpus: IntArray, least: IntArray | int) -> FloatArray:
+    """The prior's value of `gpus` GPUs of types with `speeds`, for a minimum of `least`."""
+    least = np.asarray(least, dtype=np.float64)
+    return least * speeds * np.power(gpus / least, PRIOR_SCALING)
 
 
 def job_rows(
@@ -166,6 +196,10 @@ def job_rows(
             mark = here & (gpus == least_gpus[:, None])
             normalized = np.where(mark, least[:, None], normalized)
     normalized = np.where(unknown & is_current, least[:, None], normalized)
+    if limits.prior and not known.all():
+        speeds = type_speeds(columns.types)[kind_of]
+        prior = prior_values(speeds[None, :], gpus[None, :].astype(np.int64), least[:, None])
+        normalized = np.where(~known[:, None] & allowed, prior, normalized)
     keep = (normalized > 0) & allowed & (fits | is_current)
     values = normalized * np.where(is_current, 1.0, factors[:, None])
     for r, index in enumerate(batch):
@@ -237,6 +271,8 @@ def job_row(
         here = unknown & (pool[chosen] == index)
         normalized[here & (gpus[chosen] == gpus[chosen[here]].min())] = least
     normalized[unknown & (chosen == current_column)] = least
+    if limits.prior and not positive.size:
+        normalized = prior_values(type_speeds(columns.types)[kinds], gpus[chosen], least)
     if allowed:
         room = np.array(
             [columns.room.fits(columns.configs[c], allowed.get(int(pool[c]))) for c in chosen],

@@ -37,6 +37,20 @@ Placement
     `REPAIRS` times; then the job keeps its current GPUs if they are free,
     else waits, with a note.
 
+gpuq's rules (off here by default; the `gpuq` policy turns them on)
+    `unknown="prior"`: a job with no model anywhere is valued by the types'
+    prior speeds, up to its cap (`gpuq.policies.sia.matrix`), instead of
+    Sia's one GPU of any type. `shrink="idle"`: while a GPU is held by no
+    job, no running job is given fewer GPUs than it holds (a shrink costs it
+    a restart, imagenet's 250 s on up to 24 GPUs on Sia's tables, to make
+    room a newcomer could find idle). `service` (GPU-seconds, 0: off): each
+    job's terms of the objective are weighted by max((1 + A / service)^-1/2,
+    `service_floor`), A its attained service (`JobView.attained_service`):
+    among the jobs a round sizes, those served least, likely the short ones
+    when sizes are heavy-tailed (Tiresias's argument), win the contested
+    GPUs, which lowers average JCT; the floor bounds how far the longest
+    jobs are discounted (their p99). Measured on Sia's Philly and Saturn
+    traces in bench/RESULTS.md, each rule alone and together.
 Starts (`starts`)
     "charged" (Sia's rule, the default): a job holding no GPU has the
     restart factor on every configuration too, so one stopped after its
@@ -63,7 +77,7 @@ import numpy as np
 
 from gpuq.policies.confine import node_names
 from gpuq.policies.interface import Capabilities, ClusterState, Decision, JobView
-from gpuq.policies.sia.columns import Columns, Room
+from gpuq.policies.sia.columns import BoolArray, Columns, Room
 from gpuq.policies.sia.configs import (
     Config,
     Pool,
@@ -73,14 +87,20 @@ from gpuq.policies.sia.configs import (
     pools_of,
     standard_configs,
 )
-from gpuq.policies.sia.goodputs import GoodputMemo
+from gpuq.policies.sia.goodputs import FloatArray, GoodputMemo
 from gpuq.policies.sia.matrix import Limits, Row, job_rows, restart_factor
 from gpuq.policies.sia.placement import place
-from gpuq.policies.sia.problem import build, config_of
+from gpuq.policies.sia.problem import Problem, build, config_of
 from gpuq.policies.sia.solve import Selection, select
 
 STARTS = ("charged", "idle", "free")
 """When starting a job that holds no GPU escapes the restart factor (module docstring)."""
+
+UNKNOWN = ("smallest", "prior")
+"""How a job with no model is valued: Sia's smallest shapes, or the types' prior."""
+
+SHRINK = ("any", "idle")
+"""When a running job may be given fewer GPUs: any round, or only with no GPU idle."""
 
 REPAIRS = 3
 """Times the ILP is solved again without the pairs the placer could not place."""
@@ -101,6 +121,10 @@ class SiaPolicy:
         max_gpus: int = 64,
         time_limit: float = 1.0,
         starts: str = "charged",
+        unknown: str = "smallest",
+        shrink: str = "any",
+        service: float = 0.0,
+        service_floor: float = 0.3,
     ) -> None:
         if not math.isfinite(p) or p == 0:
             raise ValueError(f"p must be finite and non-zero, got {p}")
@@ -112,7 +136,19 @@ class SiaPolicy:
             raise ValueError(f"time_limit must be positive, got {time_limit}")
         if starts not in STARTS:
             raise ValueError(f"starts must be one of {', '.join(STARTS)}, not {starts!r}")
+        if unknown not in UNKNOWN:
+            raise ValueError(f"unknown must be one of {', '.join(UNKNOWN)}, not {unknown!r}")
+        if shrink not in SHRINK:
+            raise ValueError(f"shrink must be one of {', '.join(SHRINK)}, not {shrink!r}")
+        if not math.isfinite(service) or service < 0:
+            raise ValueError(f"service must be finite and >= 0, got {service}")
+        if not 0 <= service_floor <= 1:
+            raise ValueError(f"service_floor must be in [0, 1], got {service_floor}")
         self.starts = starts
+        self.unknown = unknown
+        self.shrink = shrink
+        self.service = service
+        self.service_floor = service_floor
         self.seed = seed
         self.p = p
         self.lambda_n = lambda_n
@@ -133,7 +169,8 @@ class SiaPolicy:
         problem = build(rows, columns, names)
         jobs = {job.id: job for job in state.jobs}
         currents = {row.job.id: row.current for row in rows}
-        banned = np.zeros(problem.values.size, dtype=bool)
+        banned = self._shrinks(state, rows, columns, problem)
+        weights = self._weights(rows, problem)
         for attempt in range(REPAIRS + 1):
             selection = select(
                 problem.owners,
@@ -144,6 +181,7 @@ class SiaPolicy:
                 self.lambda_n,
                 self.time_limit,
                 fallback=problem.current & ~banned,
+                weights=weights,
             )
             pairs = problem.chosen(rows, selection.chosen)
             chosen = {job_id: config_of(columns, problem, pair) for job_id, pair in pairs.items()}
@@ -161,6 +199,32 @@ class SiaPolicy:
                 note += "; moved to make room for another job"
             notes[row.job.id] = note
         return Decision(allocations=allocations, notes=notes)
+
+    def _shrinks(
+        self, state: ClusterState, rows: Sequence[Row], columns: Columns, problem: Problem
+    ) -> BoolArray:
+        """The pairs `shrink` rules out: fewer GPUs for a running job while one is idle."""
+        banned = np.zeros(problem.values.size, dtype=bool)
+        if self.shrink == "any":
+            return banned
+        held = sum(sum(job.allocation) for job in state.jobs)
+        if held >= sum(node.gpus for node in state.nodes):
+            return banned
+        sizes = np.array([config.nodes * config.gpus for config in columns.configs])
+        for number, row in enumerate(rows):
+            if row.current is not None and row.current_column >= 0:  # it may stay as it is
+                start, end = int(problem.offsets[number]), int(problem.offsets[number + 1])
+                mine = sizes[problem.columns[start:end]]
+                banned[start:end] = mine < row.current.nodes * row.current.gpus
+        return banned
+
+    def _weights(self, rows: Sequence[Row], problem: Problem) -> FloatArray | None:
+        """Each pair's job weight under `service` (None: off)."""
+        if not self.service:
+            return None
+        served = np.array([row.job.attained_service for row in rows], dtype=np.float64)
+        weight = np.power(1.0 + np.maximum(served, 0.0) / self.service, -0.5)
+        return np.maximum(weight, self.service_floor)[problem.owners]
 
     def matrix(self, state: ClusterState, now: float) -> Matrix:
         """This round's G (module docstring); ValueError for an allocation of the wrong length."""
@@ -185,7 +249,7 @@ class SiaPolicy:
         standard = standard_configs(pools, self.max_gpus)
         token = self._memo.token((standard, tuple(pool.gpu_type for pool in pools)))
         columns = Columns(pools, standard, room, token)
-        limits = Limits(self.max_growth, self.max_gpus)
+        limits = Limits(self.max_growth, self.max_gpus, prior=self.unknown == "prior")
         self._memo.start_decision()
         triples = []
         held = sum(sum(job.allocation) for job in state.jobs)

@@ -15,7 +15,9 @@ improve an optimum and gets no variable: with p < 0 and lambda_n = 1.1,
 any value below 1.1^(1/p) ~ 0.83 (an unplaced job costs less). p = 0 is
 not allowed (the artifact asserts it). Unlike the artifact, G^p is neither
 rounded to 2 decimals nor clipped at 3000: pairs the artifact clips are
-pairs without a variable here.
+pairs without a variable here. With job weights w (gpuq's service rule),
+each job's terms are multiplied by its w: c = w (v^p - lambda_n), the
+same sign, so the same pairs get variables.
 
 Solver: `scipy.optimize.milp` (HiGHS). Its LP relaxation is solved first:
 a multiple-choice problem with few shared rows, it is usually integral at
@@ -86,11 +88,14 @@ def select(
     lambda_n: float,
     time_limit: float,
     fallback: BoolArray | None = None,
+    weights: FloatArray | None = None,
 ) -> Selection:
     """Choose at most one pair per job, within `usage @ x <= capacity` (module docstring).
 
     `jobs[k]` is pair k's job (any integers), `values[k] > 0` its value, and
     `usage` has one row per resource (GPUs of a pool, say) and one column per pair.
+    `weights[k] > 0`, where given, scales pair k's coefficient: its job's
+    weight in the objective (gpuq's service rule, `gpuq.policies.sia.policy`).
     """
     count = len(values)
     chosen = np.zeros(count, dtype=bool)
@@ -99,6 +104,8 @@ def select(
     positive = values > 0
     c = np.zeros(count)
     c[positive] = costs(values[positive], p, lambda_n)
+    if weights is not None:
+        c *= weights
     useful = np.flatnonzero(positive & (c < 0))
     if useful.size == 0:
         return Selection(chosen, True, "no pair improves on leaving every job waiting")
