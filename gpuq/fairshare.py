@@ -103,14 +103,17 @@ def limit_reason(
     return None
 
 
-def queued_limit_reason(user: str, queued: int, max_queued: int) -> str | None:
-    """Why one more job of `user` (who has `queued` waiting) is refused, or None if it fits.
+def queued_limit_reason(user: str, queued: int, max_queued: int, adding: int = 1) -> str | None:
+    """Why `adding` more jobs of `user` (who has `queued` waiting) are refused, or None.
 
     For the submission handler: `queued` counts the user's jobs not yet
     started or finished (held and queued); `max_queued` 0 is no limit.
     """
-    if max_queued > 0 and queued >= max_queued:
-        return f"user {user or '?'} at max_queued {max_queued} ({queued} waiting)"
+    if max_queued > 0 and queued + adding > max_queued:
+        return (
+            f"{user or '?'} has {queued} job(s) waiting; {adding} more would pass the lab's "
+            f"limit of {max_queued} (max_queued)"
+        )
     return None
 
 

@@ -161,8 +161,12 @@ def test_limits_name_the_user_and_the_limit() -> None:
     assert limit_reason("alice", 4, 2, 4, max_gpus=8) is None
     assert limit_reason("bob", 0, 3, 1, max_running=3) == "user bob at max_running 3 (3 running)"
     assert limit_reason("bob", 100, 100, 8) is None  # 0: no limit
-    assert queued_limit_reason("carol", 5, 5) == "user carol at max_queued 5 (5 waiting)"
+    assert queued_limit_reason("carol", 5, 5) == (
+        "carol has 5 job(s) waiting; 1 more would pass the lab's limit of 5 (max_queued)"
+    )
     assert queued_limit_reason("carol", 4, 5) is None
+    assert queued_limit_reason("carol", 3, 5, adding=3) is not None  # an array counts whole
+    assert queued_limit_reason("carol", 3, 5, adding=2) is None
     assert queued_limit_reason("carol", 400, 0) is None
 
 

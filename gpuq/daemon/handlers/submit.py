@@ -22,6 +22,7 @@ from gpuq.daemon.scheduler.constraints import (
 from gpuq.daemon.state import DaemonState
 from gpuq.daemon.store import NewJob
 from gpuq.errors import NotFoundError, PermissionDenied, ResourceError, UsageError
+from gpuq.fairshare import queued_limit_reason
 from gpuq.models import GpuInfo, JobSpec, JobState
 from gpuq.policies.confine import node_names
 from gpuq.protocol import Submit, validate_spec
@@ -140,11 +141,10 @@ def check_queue_limit(state: DaemonState, caller: Caller, adding: int) -> None:
         for job in state.active.values()
         if job.spec.uid == caller.uid and job.state in (JobState.QUEUED, JobState.HELD)
     )
-    if waiting + adding > limit:
+    reason = queued_limit_reason(caller.name, waiting, limit, adding)
+    if reason is not None:
         raise PermissionDenied(
-            f"{caller.name} has {waiting} job(s) waiting; {adding} more would pass the lab's "
-            f"limit of {limit} (max_queued)",
-            "wait for some to start, or cancel some (gpuq ls; gpuq cancel ID)",
+            reason, "wait for some to start, or cancel some (gpuq ls; gpuq cancel ID)"
         )
 
 
