@@ -169,7 +169,7 @@ class SiaPolicy:
         problem = build(rows, columns, names)
         jobs = {job.id: job for job in state.jobs}
         currents = {row.job.id: row.current for row in rows}
-        banned = self._shrinks(state, rows, columns, problem)
+        banned = self._shrinks(matrix, problem)
         weights = self._weights(rows, problem)
         for attempt in range(REPAIRS + 1):
             selection = select(
@@ -200,18 +200,13 @@ class SiaPolicy:
             notes[row.job.id] = note
         return Decision(allocations=allocations, notes=notes)
 
-    def _shrinks(
-        self, state: ClusterState, rows: Sequence[Row], columns: Columns, problem: Problem
-    ) -> BoolArray:
+    def _shrinks(self, matrix: Matrix, problem: Problem) -> BoolArray:
         """The pairs `shrink` rules out: fewer GPUs for a running job while one is idle."""
         banned = np.zeros(problem.values.size, dtype=bool)
-        if self.shrink == "any":
+        if self.shrink == "any" or not matrix.idle:
             return banned
-        held = sum(sum(job.allocation) for job in state.jobs)
-        if held >= sum(node.gpus for node in state.nodes):
-            return banned
-        sizes = np.array([config.nodes * config.gpus for config in columns.configs])
-        for number, row in enumerate(rows):
+        sizes = np.array([config.nodes * config.gpus for config in matrix.columns.configs])
+        for number, row in enumerate(matrix.rows):
             if row.current is not None and row.current_column >= 0:  # it may stay as it is
                 start, end = int(problem.offsets[number]), int(problem.offsets[number + 1])
                 mine = sizes[problem.columns[start:end]]
@@ -265,7 +260,7 @@ class SiaPolicy:
                 factor = 1.0
             triples.append((job, current, factor))
         rows = job_rows(triples, columns, names, limits, self._memo)
-        return Matrix(columns, rows, names, free, pinned)
+        return Matrix(columns, rows, names, free, pinned, idle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +274,8 @@ class Matrix:
     """GPUs of each node free of unpreemptible jobs."""
     pinned: list[JobView]
     """Running jobs that cannot be preempted: they keep their GPUs, outside G."""
+    idle: bool
+    """Whether some GPU is held by no job this round (`starts`, `shrink`)."""
 
     def row(self, job_id: int) -> dict[Config, float]:
         """Job `job_id`'s row: its configurations and their values (after the restart factor)."""
