@@ -29,6 +29,7 @@ the step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
@@ -37,8 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 import gpuq.runner as gq
+import gpuq.runner.gns
 import gpuq.runner.tuning
 from bench.adaptive_tasks import Samples, Task, keep
+from gpuq.goodput import GradParams
 
 
 @dataclass
@@ -117,6 +120,43 @@ def pinned() -> Iterator[None]:
         yield
     finally:
         tuner.decision_due = saved  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def decisions_see_noise_times(factor: float) -> Iterator[None]:
+    """While inside, tuners decide as if tr(Sigma) were `factor` times the measured one.
+
+    A diagnosis, not a tuning rule: the noise scale a decision sees is multiplied
+    by `factor` (the learning rate's gain and the progress count still use the
+    measured one), to ask whether the batch sizes a tuner reaches with the noise
+    scale the fixed runs' sample counts imply would close the gap to the best fixed
+    size (bench/RESULTS.md, the fifth round of goodput tuning).
+    """
+    if factor == 1.0:
+        yield
+        return
+    tuner = gpuq.runner.tuning.BatchTuner
+    noise = gpuq.runner.gns.GradientNoiseScale
+    retune, measured = tuner.retune, noise.cautious_estimate
+
+    def scaled(self: gpuq.runner.gns.GradientNoiseScale) -> GradParams | None:
+        estimate = measured(self)
+        return (
+            None if estimate is None else dataclasses.replace(estimate, var=estimate.var * factor)
+        )
+
+    def deciding(self: gpuq.runner.tuning.BatchTuner) -> gpuq.runner.tuning.BatchConfig:
+        noise.cautious_estimate = scaled  # type: ignore[method-assign]
+        try:
+            return retune(self)
+        finally:
+            noise.cautious_estimate = measured  # type: ignore[method-assign]
+
+    tuner.retune = deciding  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tuner.retune = retune  # type: ignore[method-assign]
 
 
 def _loader(task: Task, data: Samples, batch: int | None) -> gq.AdaptiveDataLoader:

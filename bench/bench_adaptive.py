@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bench.adaptive_overhead import hook_cost, step_overhead
-from bench.adaptive_runs import Outcome, initial_loss, pinned, train
+from bench.adaptive_runs import Outcome, decisions_see_noise_times, initial_loss, pinned, train
 from bench.adaptive_tasks import TASKS, Task, mlp_data
 
 
@@ -225,8 +225,14 @@ def configurations(task: Task, all_rules: bool) -> list[tuple[int | None, str | 
     return runs
 
 
-def run_task(name: str, repeats: int, show: bool, all_rules: bool = False) -> dict[str, object]:
-    """Every configuration of one task, `repeats` times each in alternation, and the ratios."""
+def run_task(
+    name: str, repeats: int, show: bool, all_rules: bool = False, noise_factor: float = 1.0
+) -> dict[str, object]:
+    """Every configuration of one task, `repeats` times each in alternation, and the ratios.
+
+    With `noise_factor`, the adaptive run's decisions see the noise scale that many
+    times the measured one (`decisions_see_noise_times`: a diagnosis).
+    """
     task, setting = TASKS[name], SETTINGS[name]
     data = task.make_data(setting.samples, 0)
     held_out = task.make_data(4_096, 99)
@@ -235,7 +241,14 @@ def run_task(name: str, repeats: int, show: bool, all_rules: bool = False) -> di
         limit = math.inf  # GIVE_UP x the initial batch size's time, once that is known
         for batch, rule in configurations(task, all_rules):
             fixed_above_m0 = batch is not None and batch > task.init_batch
-            with pinned() if fixed_above_m0 else contextlib.nullcontext():
+            context: contextlib.AbstractContextManager[None]
+            if fixed_above_m0:
+                context = pinned()
+            elif batch is None:
+                context = decisions_see_noise_times(noise_factor)
+            else:
+                context = contextlib.nullcontext()
+            with context:
                 run = train(
                     task,
                     data,
@@ -295,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run each fixed size above M0 with every learning-rate scaling rule",
     )
     parser.add_argument(
+        "--noise-factor",
+        type=float,
+        default=1.0,
+        help="a diagnosis: the adaptive run decides as if the noise scale were this many "
+        "times the measured one (the LR gain and progress still use the measured one)",
+    )
+    parser.add_argument(
         "--calibrate", action="store_true", help="print each task's target by the rule, and stop"
     )
     parser.add_argument(
@@ -314,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in TASKS]
     if unknown:
         parser.error(f"unknown tasks {unknown}; known: {', '.join(TASKS)}")
-    results = [run_task(name, args.repeats, not args.json, args.all_rules) for name in names]
+    results = [
+        run_task(name, args.repeats, not args.json, args.all_rules, args.noise_factor)
+        for name in names
+    ]
     overhead: dict[str, object] = {}
     if not args.no_overhead:
         small = (mlp_data(16_384, 1), None)  # short epochs, many alternations

@@ -238,3 +238,22 @@ def test_a_size_beyond_the_largest_timed_is_tried_when_its_extrapolation_pays() 
         fn, current, max_batch_size=4096, max_local=64, accumulation=False, beyond=beyond
     )
     assert capped.local_bsz <= 64
+
+
+def test_the_largest_size_timed_is_judged_by_the_model_of_the_sizes_beyond_it() -> None:
+    # Timed at 16 and 32 (20 and 24 ms); the fitted line overstates 32 at 30 ms. A size
+    # just above 32 is predicted from 32's own time, so it must beat that time, not the
+    # line's: at a noise scale of 3 samples nothing beyond 32 pays, and 32 is kept.
+    overstated = PerfParams(0.014, 0.0005, 0.0, 0.0, 0.0, 0.0, 1.0)
+    fn = GoodputFunction(overstated, GradParams(1.0, 0.1), 32)
+    beyond = extrapolation({(1, 16): 0.020, (1, 32): 0.024}, 1, overstated)
+    current = BatchConfig(32)
+    kept = choose_config(
+        fn, current, max_batch_size=256, max_local=64, accumulation=False, beyond=beyond
+    )
+    assert kept == current
+    # By the line's time for 32, a size beyond it would have looked worth the move.
+    assert beyond is not None
+    untried = GoodputFunction(beyond[1], fn.grad, 32)
+    best_beyond, _, _ = untried.optimize(1, 1, 256, (33, 64), accumulation=False)
+    assert best_beyond > SPEEDUP_THRESHOLD * fn.evaluate(1, 1, 32, 0)

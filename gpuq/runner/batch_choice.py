@@ -119,4 +119,10 @@ def choose_config(
         return current
     fits = current.local_bsz <= max_local
     now = goodput_fn.evaluate(1, k, current.local_bsz, current.accum_steps) if fits else 0.0
+    if fits and beyond is not None and current.local_bsz == beyond[0]:
+        # The largest size timed, judged as the sizes beyond it are: by its own time, which
+        # the power law passes through, where the fitted line may overstate it. Otherwise
+        # the two models' difference reads as a gain, and a size one sample larger is taken.
+        at_top = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
+        now = max(now, at_top.evaluate(1, k, current.local_bsz, current.accum_steps))
     return BatchConfig(local, accum, k) if best > threshold * now else current
