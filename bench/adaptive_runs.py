@@ -63,6 +63,8 @@ class Outcome:
     losses: list[float] = field(default_factory=list)
     """The validation loss at each evaluation."""
     times: list[float] = field(default_factory=list)
+    sample_counts: list[int] = field(default_factory=list)
+    """The samples trained on at each evaluation (above `eval_every` apart at large batches)."""
     """The training CPU time at each evaluation."""
     rule: str = ""
     """The learning-rate scaling rule of a fixed run above M0 when not the task's own."""
@@ -227,6 +229,7 @@ def train(
                     outcome.loss = _validation_loss(task, model, validation)
                 outcome.batches.append(loader.batch_size * (loader.accumulation_steps + 1))
                 outcome.losses.append(outcome.loss)
+                outcome.sample_counts.append(outcome.samples)
                 outcome.times.append(outcome.seconds)
                 outcome.reached = outcome.loss <= target
                 if outcome.reached and len(outcome.losses) > 1:

@@ -280,8 +280,53 @@ def run_task(
         "best_fixed": best,
         "adaptive_over_best": adaptive / fixed[best],
         "adaptive_over_initial": adaptive / fixed[initial],
+        "implied_noise_scales": implied_noise_scales(name, runs),
         "runs": [asdict(r) for r in runs],
     }
+
+
+IMPLIED_ABOVE_TARGET = (0.3, 0.2, 0.1, 0.05, 0.02, 0.0)
+"""Validation losses (this much above a task's target) at which `implied_noise_scales` looks."""
+
+
+def implied_noise_scales(name: str, runs: list[Outcome]) -> dict[float, dict[int, float]]:
+    """The noise scale each fixed size's samples imply, at losses from above the target down to it.
+
+    Pollux's efficiency of a batch of M samples against M0 is (phi + M0) / (phi + M), and
+    it is the ratio of the samples the two need to a loss: so samples(M0) / samples(M) =
+    e gives phi = (M0 - e M) / (e - 1), infinite where e >= 1 (no cost in samples). Taken
+    at the first validation at or below each loss, from each size's first run with the
+    task's own rule; what the tuner measures can be set beside it (bench/RESULTS.md).
+    """
+    task, target = TASKS[name], SETTINGS[name].target
+    first: dict[int, Outcome] = {}
+    for run in runs:
+        if run.batch is not None and not run.rule:
+            first.setdefault(run.batch, run)
+    m0 = task.init_batch
+    implied: dict[float, dict[int, float]] = {}
+    for above in IMPLIED_ABOVE_TARGET:
+        loss = target + above
+        samples = {
+            batch: next(
+                (
+                    n
+                    for n, value in zip(run.sample_counts, run.losses, strict=True)
+                    if value <= loss
+                ),
+                0,
+            )
+            for batch, run in first.items()
+        }
+        if not samples.get(m0):
+            continue
+        row = {}
+        for batch, needed in sorted(samples.items()):
+            if batch > m0 and needed:
+                ratio = samples[m0] / needed
+                row[batch] = (m0 - ratio * batch) / (ratio - 1) if ratio < 1 else math.inf
+        implied[round(loss, 4)] = row
+    return implied
 
 
 def _by_label(runs: list[Outcome]) -> dict[str, list[Outcome]]:
@@ -313,6 +358,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1.0,
         help="a diagnosis: the adaptive run decides as if the noise scale were this many "
         "times the measured one (the LR gain and progress still use the measured one)",
+    )
+    parser.add_argument(
+        "--implied",
+        action="store_true",
+        help="also print the noise scale each fixed size's samples imply, by loss",
     )
     parser.add_argument(
         "--calibrate", action="store_true", help="print each task's target by the rule, and stop"
@@ -352,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for result in results:
         print(_summary(result))
+        if args.implied:
+            print(_implied(result))
     if overhead:
         _print_overhead(overhead, args.wide_hidden)
     return 0
@@ -368,6 +420,16 @@ def _summary(result: dict[str, object]) -> str:
         f"adaptive / best fixed ({result['best_fixed']}) {over_best:.2f} (goal <= 1), "
         f"adaptive / initial {over_initial:.2f} (goal <= 1.05)"
     )
+
+
+def _implied(result: dict[str, object]) -> str:
+    implied = result["implied_noise_scales"]
+    assert isinstance(implied, dict)
+    lines = [f"{result['task']}: noise scale implied by the fixed sizes' samples, by loss"]
+    for loss, row in implied.items():
+        sizes = "  ".join(f"{batch}: {phi:.0f}" for batch, phi in row.items())
+        lines.append(f"  loss {loss:.3f}: {sizes}")
+    return "\n".join(lines)
 
 
 def _print_overhead(overhead: dict[str, object], wide_hidden: int) -> None:
