@@ -63,9 +63,9 @@ class Outcome:
     losses: list[float] = field(default_factory=list)
     """The validation loss at each evaluation."""
     times: list[float] = field(default_factory=list)
+    """The training CPU time at each evaluation."""
     sample_counts: list[int] = field(default_factory=list)
     """The samples trained on at each evaluation (above `eval_every` apart at large batches)."""
-    """The training CPU time at each evaluation."""
     rule: str = ""
     """The learning-rate scaling rule of a fixed run above M0 when not the task's own."""
 

@@ -101,7 +101,9 @@ def choose_config(
 
     With `beyond` = (the largest local batch timed, a step-time model), local
     batches above it (up to `max_local`) are predicted with that model instead
-    of the fitted one (`extrapolation`).
+    of the fitted one (`extrapolation`), and the current configuration, if it is
+    that largest size, by the better of the two models: the extrapolation passes
+    through its measured time, which the fitted line may overstate.
     """
     k = current.replicas
     max_local = max(1, min(max_local, max_batch_size))
