@@ -14,10 +14,11 @@ reports over each quarter of `--steps`:
   scale phi they give;
 - the mean product g_t . g_{t+k} of the gradients of steps k apart, for
   k = 1, 2, 4, ..., 32: independent samples, so an unbiased estimate of
-  G_t . G_{t+k}, the part of the gradient that persists k steps. Where it
-  falls to about zero while |G|^2 does not, the gradient is mostly an
-  oscillation across the valley (plain SGD at the edge of stability, or
-  momentum's overshoot), which M0's later steps undo rather than follow.
+  G_t . G_{t+k}, the part of the gradient that persists k steps. A negative
+  product at k = 1 is plain SGD bouncing across its steepest directions at
+  the edge of stability; a dip at larger k is momentum's overshoot. On all
+  four tasks it is near zero by k = 4 to 8, so persistence alone does not
+  tell which tasks Pollux's efficiency fits (bench/RESULTS.md, round 5).
 
 Then, with ``--pinned SIZES``, each size trains pinned (the tuner on,
 AdaScale's or the task's rule, never changing the batch) to the task's
