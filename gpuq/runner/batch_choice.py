@@ -111,20 +111,22 @@ def choose_config(
     best, local, accum = goodput_fn.optimize(
         1, k, max_batch_size, (1, known), accumulation=accumulation
     )
-    if beyond is not None and known < max_local:  # the sizes not timed yet
-        untried = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
+    top, extrapolated = None, None  # the largest size timed, and the model beyond it
+    if beyond is not None:
+        top = beyond[0]
+        extrapolated = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
+    if extrapolated is not None and known < max_local:  # the sizes not timed yet
         bounds = (known + 1, max_local)
-        tried = untried.optimize(1, k, max_batch_size, bounds, accumulation=accumulation)
+        tried = extrapolated.optimize(1, k, max_batch_size, bounds, accumulation=accumulation)
         if tried[0] > best:
             best, local, accum = tried
     if best <= 0:
         return current
     fits = current.local_bsz <= max_local
     now = goodput_fn.evaluate(1, k, current.local_bsz, current.accum_steps) if fits else 0.0
-    if fits and beyond is not None and current.local_bsz == beyond[0]:
+    if fits and extrapolated is not None and current.local_bsz == top:
         # The largest size timed, judged as the sizes beyond it are: by its own time, which
         # the power law passes through, where the fitted line may overstate it. Otherwise
         # the two models' difference reads as a gain, and a size one sample larger is taken.
-        at_top = GoodputFunction(beyond[1], goodput_fn.grad, goodput_fn.init_batch_size)
-        now = max(now, at_top.evaluate(1, k, current.local_bsz, current.accum_steps))
+        now = max(now, extrapolated.evaluate(1, k, current.local_bsz, current.accum_steps))
     return BatchConfig(local, accum, k) if best > threshold * now else current
