@@ -349,6 +349,24 @@ class NodeRead:
     offset: int = 0
     limit: int = 256 * 1024
     tail: int | None = None
+    raw: bool = False
+    """The bytes as they are, in base64, instead of text (a copy of the file: `node.output`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutput:
+    """Write part of a lab job's earlier output to its default log here, before it restarts here.
+
+    The job moved from another server; its attempt here appends to the file.
+    `offset` 0 starts the file anew; `data` is base64.
+    """
+
+    head: str
+    job: int
+    stream: str
+    uid: int
+    offset: int
+    data: str
 
 
 NODE_REQUESTS: Final = (
@@ -360,6 +378,7 @@ NODE_REQUESTS: Final = (
     NodeCheck,
     NodeDirs,
     NodeRead,
+    NodeOutput,
 )
 """What another server's daemon asks of this one (`node.*`): they run jobs as any user."""
 
@@ -395,6 +414,7 @@ Request = (
     | NodeCheck
     | NodeDirs
     | NodeRead
+    | NodeOutput
 )
 
 METHODS: Final[dict[str, type[Request]]] = {
@@ -429,6 +449,7 @@ METHODS: Final[dict[str, type[Request]]] = {
     "node.check": NodeCheck,
     "node.dirs": NodeDirs,
     "node.read": NodeRead,
+    "node.output": NodeOutput,
 }
 METHOD_NAMES: Final = {cls: name for name, cls in METHODS.items()}
 STREAM_TOPICS: Final = ("jobs", "gpus", "metrics")

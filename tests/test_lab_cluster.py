@@ -163,7 +163,7 @@ def test_a_runner_job_reaches_its_control_socket_and_checkpoints_as_its_owner(
 def test_a_lab_job_moves_between_servers_with_its_checkpoint_and_ends_as_if_never_moved(
     lab: LabCluster,
 ) -> None:
-    """The service account copies the owner's checkpoints, as the head's migration needs."""
+    """The service account copies the owner's checkpoints; the daemons copy the owner's logs."""
     work = lab.work_dir(lab.alice)
     reference, moved, gate = work / "reference.pt", work / "moved.pt", work / "go"
     plain = lab.gpuq(HEAD, lab.alice, "submit", "-q", "--", *_control(reference))
@@ -194,7 +194,10 @@ def test_a_lab_job_moves_between_servers_with_its_checkpoint_and_ends_as_if_neve
     assert done["state"] == "succeeded", "\n".join(events)
     for source, target in ((first, other), (other, first)):
         assert any(r.startswith(f"checkpoint copied from {source} to {target}: ") for r in events)
-    assert "resumed from step" in lab.gpuq(HEAD, lab.alice, "logs", str(job_id)).stdout
+    assert not [r for r in events if "stays on" in r], "\n".join(events)
+    # Its output followed it, though only alice may read it: each stay's, in one log.
+    output = lab.gpuq(HEAD, lab.alice, "logs", str(job_id)).stdout
+    assert output.count("resumed from step") == 2 and output.count("done at step") == 1, output
     lab.head.wait_state(int(plain.stdout), "succeeded", timeout=300)
     a, b = torch.load(reference), torch.load(moved)
     for key, tensor in a["model"].items():
@@ -330,6 +333,10 @@ def test_an_admin_who_is_not_the_service_account_may_not_send_node_requests(
     for method, params in (
         ("node.sync", {"head": "forged", "expect": {}}),
         ("node.check", {"head": "forged", "job": 1}),
+        (
+            "node.output",
+            {"head": "forged", "job": 1, "stream": "stdout", "uid": 0, "offset": 0, "data": ""},
+        ),
     ):
         reply = raw_request(lab, lab.carol, server, {"method": method, "params": params})
         assert "result" not in reply, reply

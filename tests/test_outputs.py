@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.daemon.outputs import LogLimit, OutputError, Outputs, open_output
+from gpuq.daemon.outputs import LogLimit, OutputError, Outputs, open_output, write_carried
 from gpuq.units import expand_output_pattern, path_component
 from tests.daemon_harness import DaemonHarness, running_daemon
 
@@ -169,3 +169,60 @@ def test_a_chatty_job_s_log_stays_under_max_size(tmp_path: Path) -> None:
 def daemon(tmp_path: Path) -> Iterator[DaemonHarness]:
     with running_daemon(tmp_path) as harness:
         yield harness
+
+
+# -- a moved lab job's earlier output, written by the daemon for its owner --
+
+
+def _me() -> tuple[int, int]:
+    return os.getuid(), os.getgid()
+
+
+def test_a_carried_log_is_a_new_private_file_of_the_owner_s(tmp_path: Path) -> None:
+    uid, gid = _me()
+    assert write_carried(tmp_path, "7.out", uid, gid, b"step 1\n", 0) == 7
+    assert write_carried(tmp_path, "7.out", uid, gid, b"step 2\n", 7) == 14
+    info = (tmp_path / "7.out").stat()
+    assert (tmp_path / "7.out").read_bytes() == b"step 1\nstep 2\n"
+    assert (info.st_uid, info.st_mode & 0o777) == (uid, 0o600)
+
+
+def test_a_carried_log_replaces_an_earlier_stay_s_from_its_start(tmp_path: Path) -> None:
+    (tmp_path / "7.out").write_bytes(b"what the job wrote here before it moved away\n")
+    uid, gid = _me()
+    write_carried(tmp_path, "7.out", uid, gid, b"", 0)
+    assert (tmp_path / "7.out").read_bytes() == b""
+
+
+def test_a_link_planted_at_a_carried_log_is_replaced_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone else's file\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "7.out").symlink_to(victim)
+    uid, gid = _me()
+    write_carried(logs, "7.out", uid, gid, b"the job's output\n", 0)
+    assert victim.read_bytes() == b"someone else's file\n"
+    assert not (logs / "7.out").is_symlink()
+    assert (logs / "7.out").read_bytes() == b"the job's output\n"
+
+
+def test_a_carried_log_changed_between_two_parts_is_not_appended_to(tmp_path: Path) -> None:
+    uid, gid = _me()
+    write_carried(tmp_path, "7.out", uid, gid, b"first part\n", 0)
+    with open(tmp_path / "7.out", "ab") as handle:
+        handle.write(b"written meanwhile\n")
+    with pytest.raises(OutputError, match="changed while"):
+        write_carried(tmp_path, "7.out", uid, gid, b"second part\n", 11)
+    os.link(tmp_path / "7.out", tmp_path / "second-name")
+    with pytest.raises(OutputError, match="changed while"):
+        write_carried(tmp_path, "7.out", uid, gid, b"second part\n", 29)
+
+
+def test_a_carried_log_is_never_written_through_a_linked_directory(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    uid, gid = _me()
+    with pytest.raises(OutputError, match="cannot use the directory"):
+        write_carried(tmp_path / "linked", "7.out", uid, gid, b"x", 0)
+    assert not (tmp_path / "real" / "7.out").exists()

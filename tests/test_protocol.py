@@ -46,6 +46,7 @@ from gpuq.protocol import (
     NodeControl,
     NodeDirs,
     NodeLaunch,
+    NodeOutput,
     NodeRead,
     NodeReceive,
     NodeSignal,
@@ -176,6 +177,16 @@ EVERY_METHOD: list[tuple[str, dict[str, Any], Request]] = [
         "node.read",
         {"head": "gpu1", "job": 7, "stream": "stderr", "offset": 10, "limit": 5, "tail": 3},
         NodeRead("gpu1", 7, "stderr", 10, 5, 3),
+    ),
+    (
+        "node.read",
+        {"head": "gpu1", "job": 7, "stream": "stdout", "raw": True},
+        NodeRead("gpu1", 7, "stdout", raw=True),
+    ),
+    (
+        "node.output",
+        {"head": "gpu1", "job": 7, "stream": "stdout", "uid": 1001, "offset": 0, "data": "aGk="},
+        NodeOutput("gpu1", 7, "stdout", 1001, 0, "aGk="),
     ),
 ]
 

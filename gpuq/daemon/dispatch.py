@@ -45,6 +45,7 @@ from gpuq.protocol import (
     NodeControl,
     NodeDirs,
     NodeLaunch,
+    NodeOutput,
     NodeRead,
     NodeReceive,
     NodeSignal,
@@ -131,5 +132,7 @@ async def dispatch(
             return node.dirs(request)
         case NodeRead():
             return node.read(state, request)
+        case NodeOutput():
+            return await node.output(state, request)
         case _:
             assert_never(request)

@@ -19,6 +19,7 @@ daemon's own scheduling (`lent_gpus`).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import logging
@@ -42,6 +43,7 @@ from gpuq.daemon.outputs import (
     open_for_reading,
     tail_offset,
     user_log_dir,
+    write_carried,
 )
 from gpuq.daemon.spawner import Spawned, SpawnerClient
 from gpuq.errors import ConflictError, NotFoundError, PermissionDenied, StateError, UsageError
@@ -396,9 +398,19 @@ class Hosted:
         return held
 
     def read(
-        self, head: str, job: int, stream: str, offset: int, limit: int, tail: int | None
+        self,
+        head: str,
+        job: int,
+        stream: str,
+        offset: int,
+        limit: int,
+        tail: int | None,
+        raw: bool = False,
     ) -> dict[str, Any]:
-        """Bytes of an attempt's output from `offset` (or its last `tail` lines), as text."""
+        """Bytes of an attempt's output from `offset` (or its last `tail` lines), as text.
+
+        With `raw`, the bytes as they are, in base64 (a copy of the file).
+        """
         if stream not in ("stdout", "stderr"):
             raise UsageError(f"unknown stream {stream!r}", "use stdout or stderr")
         recorded = jobfiles.read_json(self.executor(head).jobs_dir / str(job) / jobfiles.LAUNCH)
@@ -421,11 +433,48 @@ class Hosted:
             data = handle.read(max(0, min(limit, 4 * 1024 * 1024)))
             size = os.fstat(handle.fileno()).st_size
         return {
-            "data": data.decode(errors="replace"),
+            "data": base64.b64encode(data).decode() if raw else data.decode(errors="replace"),
             "offset": offset + len(data),
             "size": size,
             "path": path,
         }
+
+    def put_output(
+        self, head: str, job: int, stream: str, uid: int, offset: int, data: bytes
+    ) -> int:
+        """Write part of a moved lab job's earlier output to its default log here; its length.
+
+        The file is the one the job's attempt here will append to: in the
+        user's own directory below `head`'s log directory, the user's and
+        private to them (`outputs.write_carried`). Refused while an attempt
+        of the job runs here, and for root's or an unknown uid.
+        """
+        if stream not in ("stdout", "stderr"):
+            raise UsageError(f"unknown stream {stream!r}", "use stdout or stderr")
+        current = self.attempts.get((head, job))
+        if current is not None and current.outcome is None:
+            raise ConflictError(
+                f"job {job} of {head} runs here: its output is its own",
+                "the head copies a job's output before the attempt that appends to it",
+            )
+        if lab_owner(uid) is None:
+            raise PermissionDenied(
+                f"uid {uid} does not run its jobs as itself here",
+                "only a lab job's output, written by the root daemon for its owner, is copied",
+            )
+        try:
+            account = pwd.getpwuid(uid)
+        except KeyError:
+            raise NotFoundError(f"uid {uid} has no account on this server") from None
+        name = f"{job}.{'out' if stream == 'stdout' else 'err'}"
+        try:
+            self.open_to_users(head)
+            directory = user_log_dir(self.log_root / check_head(head), uid, account.pw_gid)
+            return write_carried(directory, name, uid, account.pw_gid, data, offset)
+        except OutputError as exc:
+            raise StateError(str(exc), "nothing else was written") from None
+        except OSError as exc:
+            raise StateError(f"cannot prepare the log directory of job {job}: {exc}") from None
 
     # -- a restart -------------------------------------------------------
 

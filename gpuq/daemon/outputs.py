@@ -244,6 +244,76 @@ def user_log_dir(log_dir: Path, uid: int, gid: int) -> Path:
     return log_dir / USERS_DIR / str(uid)
 
 
+def write_carried(directory: Path, name: str, uid: int, gid: int, data: bytes, offset: int) -> int:
+    """Write part of a moved job's earlier output to `directory/name`; the file's length after.
+
+    A lab job's default log moves with it (`gpuq.daemon.transfer`): the
+    daemon, as root, writes it into the user's own log directory, where the
+    job's next attempt appends to it. At `offset` 0 whatever has the name
+    goes (a log of an earlier stay here, or a link the user planted) and a
+    new file is made, the user's and private to them (0600), so no link is
+    ever followed and no file but this new one is written; a later part
+    appends to it only while it is still that: a regular file of the user's
+    with one link, `offset` bytes long. Raises OutputError.
+    """
+    path = directory / name
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"cannot use the directory {directory}: {exc.strerror}") from None
+    try:
+        if offset == 0:
+            fd = _fresh_file(dir_fd, name, path)
+            try:
+                os.fchown(fd, uid, gid)
+                os.fchmod(fd, 0o600)
+            except BaseException:
+                os.close(fd)
+                raise
+        else:
+            try:
+                fd = os.open(
+                    name, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+                )
+            except OSError as exc:
+                raise OutputError(f"cannot append to {path}: {exc.strerror}") from None
+            info = os.fstat(fd)
+            if not (
+                stat.S_ISREG(info.st_mode)
+                and (info.st_uid, info.st_nlink, info.st_size) == (uid, 1, offset)
+            ):
+                os.close(fd)
+                raise OutputError(f"{path} changed while the job's output was copied to it")
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        return os.fstat(fd).st_size
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _fresh_file(dir_fd: int, name: str, path: Path) -> int:
+    """A new, empty file `name` in `dir_fd`, whatever had the name removed first."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise OutputError(f"cannot replace {path}: {exc.strerror}") from None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:  # EEXIST: something took the name between the two
+        raise OutputError(f"cannot create {path}: {exc.strerror}") from None
+
+
 def _check_daemon_owns(fd: int, path: Path) -> None:
     """Raise OSError (EPERM) unless the daemon's user owns the directory `fd` (at `path`)."""
     owner = os.fstat(fd).st_uid

@@ -31,6 +31,7 @@ node it names, so recovery queues it again, and the copy runs anew.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import shutil
 import subprocess
@@ -43,6 +44,15 @@ from typing import Any
 from gpuq import ckptfile
 from gpuq.cluster.ssh import prepare_ssh_dir, rsync_argv
 from gpuq.daemon import faults, incoming, jobfiles
+from gpuq.daemon.executor import lab_owner
+from gpuq.daemon.identity import Account, UnknownAccount
+from gpuq.daemon.outputs import (
+    USERS_DIR,
+    OutputError,
+    open_for_reading,
+    user_log_dir,
+    write_carried,
+)
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, StateError
 from gpuq.models import Job, JobState
@@ -126,19 +136,49 @@ async def carry_outputs(state: DaemonState, job: Job, source: str, target: str) 
     The attempt on `target` appends to them, so `gpuq logs` there shows all
     the job wrote, as if it had never moved. Output the job sends to files
     of its own (`--output`, below its working directory) is left alone. A
-    copy that fails only costs the earlier output there: "" when all went,
-    else a note for the event saying what stays behind.
+    lab job's logs are its owner's alone, which the service account may not
+    read, so the two daemons read and write them for it (`_carry_as_owner`);
+    other jobs' go by rsync. A copy that fails only costs the earlier output
+    there: "" when all went, else a note for the event saying what stays
+    behind.
     """
-    names = ([] if job.spec.output else [f"{job.id}.out"]) + (
-        [] if job.spec.error or job.spec.output else [f"{job.id}.err"]
+    streams = ([] if job.spec.output else ["stdout"]) + (
+        [] if job.spec.error or job.spec.output else ["stderr"]
     )
-    if not names:
+    if not streams:
         return ""
+    owner = lab_owner(job.spec.uid)
+    try:
+        if owner is not None:
+            for stream in streams:
+                await _carry_as_owner(state, job.id, owner, stream, source, target)
+        else:
+            await _carry_by_rsync(state, job.id, streams, source, target)
+    except GpuqError as exc:
+        log.warning("job %d: its output stays on %s: %s", job.id, source, exc.message)
+        return f"; its output so far stays on {source} ({exc.message})"
+    return ""
+
+
+CARRY_CHUNK = 512 * 1024
+"""Bytes of a lab job's log per `node.read` or `node.output` (a request is at most 1 MiB)."""
+
+
+def _log_name(job_id: int, stream: str) -> str:
+    """The name of a job's default log of `stream` in a log directory."""
+    return f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
+
+
+async def _carry_by_rsync(
+    state: DaemonState, job_id: int, streams: list[str], source: str, target: str
+) -> None:
+    """Copy the default logs with rsync (between two other servers, through this one)."""
     src_dir, dst_dir = _log_dir(state, source), _log_dir(state, target)
     both_remote = source in state.remotes and target in state.remotes
-    hop = state.config.daemon.state_dir / "transfer" / f"{job.id}.logs"
+    hop = state.config.daemon.state_dir / "transfer" / f"{job_id}.logs"
     try:
-        for name in names:
+        for stream in streams:
+            name = _log_name(job_id, stream)
             src = _at(state, source, src_dir / name)
             if both_remote:
                 shutil.rmtree(hop, ignore_errors=True)
@@ -146,12 +186,81 @@ async def carry_outputs(state: DaemonState, job: Job, source: str, target: str) 
                 await rsync(state, src, str(hop), one_file=True)
                 src = str(hop / name)
             await rsync(state, src, _at(state, target, dst_dir), one_file=True)
-    except GpuqError as exc:
-        log.warning("job %d: its output stays on %s: %s", job.id, source, exc.message)
-        return f"; its output so far stays on {source} ({exc.message})"
     finally:
         shutil.rmtree(hop, ignore_errors=True)
-    return ""
+
+
+async def _carry_as_owner(
+    state: DaemonState, job_id: int, owner: int, stream: str, source: str, target: str
+) -> None:
+    """Copy a lab job's default log of `stream` part by part, read and written by the daemons.
+
+    Each side's daemon (root) reads or writes the file in the owner's own
+    log directory with the checks it applies to a job's output: the source
+    reads only a regular file of the owner's, the target makes a new file of
+    the owner's in place of whatever had its name. The first part, even an
+    empty one, starts the target's file anew. StateError says what failed.
+    """
+    offset = 0
+    while True:
+        data = await _read_part(state, job_id, owner, stream, source, offset)
+        await _write_part(state, job_id, owner, stream, target, offset, data)
+        offset += len(data)
+        if len(data) < CARRY_CHUNK:
+            return
+
+
+async def _read_part(
+    state: DaemonState, job_id: int, owner: int, stream: str, node: str, offset: int
+) -> bytes:
+    """Up to `CARRY_CHUNK` bytes of the job's log on `node` from `offset`."""
+    remote = state.remotes.get(node)
+    if remote is not None:
+        reply = await remote.request(
+            "node.read", job=job_id, stream=stream, offset=offset, limit=CARRY_CHUNK, raw=True
+        )
+        return base64.b64decode(str(reply["data"]))
+    path = state.config.daemon.log_dir / USERS_DIR / str(owner) / _log_name(job_id, stream)
+
+    def read() -> bytes:
+        opened = open_for_reading(str(path), owner)
+        if opened is None:
+            return b""
+        with opened as handle:
+            handle.seek(offset)
+            return handle.read(CARRY_CHUNK)
+
+    try:
+        return await asyncio.to_thread(read)
+    except (OutputError, OSError) as exc:
+        raise StateError(f"cannot read {path}: {exc}") from None
+
+
+async def _write_part(
+    state: DaemonState, job_id: int, owner: int, stream: str, node: str, offset: int, data: bytes
+) -> None:
+    """Write `data` at `offset` of the job's log on `node`, for its attempt there to append to."""
+    remote = state.remotes.get(node)
+    if remote is not None:
+        await remote.request(
+            "node.output",
+            job=job_id,
+            stream=stream,
+            uid=owner,
+            offset=offset,
+            data=base64.b64encode(data).decode(),
+        )
+        return
+
+    def write() -> None:
+        account = Account.of_uid(owner)
+        directory = user_log_dir(state.config.daemon.log_dir, owner, account.gid)
+        write_carried(directory, _log_name(job_id, stream), owner, account.gid, data, offset)
+
+    try:
+        await asyncio.to_thread(write)
+    except (OutputError, UnknownAccount, OSError) as exc:
+        raise StateError(f"cannot write the log of job {job_id} here: {exc}") from None
 
 
 def _log_dir(state: DaemonState, node: str) -> Path:

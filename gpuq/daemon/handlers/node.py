@@ -1,14 +1,17 @@
 """node.*: what a head daemon on another server asks of this one (`gpuq.daemon.hosted`).
 
 `node.launch` starts an attempt of the head's job, `node.signal` signals
-one, `node.read` reads its output, and `node.sync` reports the head's
-attempts and this server's GPUs, waiting for a change when asked (the
-head's long poll: a job's end reaches it at once, not at the next beat).
+one, `node.read` reads its output, `node.output` writes a moved lab job's
+earlier output for its attempt here to append to, and `node.sync` reports
+the head's attempts and this server's GPUs, waiting for a change when asked
+(the head's long poll: a job's end reaches it at once, not at the next beat).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import os
@@ -27,6 +30,7 @@ from gpuq.protocol import (
     NodeControl,
     NodeDirs,
     NodeLaunch,
+    NodeOutput,
     NodeRead,
     NodeReceive,
     NodeSignal,
@@ -205,5 +209,31 @@ def dirs(request: NodeDirs) -> dict[str, Any]:
 def read(state: DaemonState, request: NodeRead) -> dict[str, Any]:
     """Part of a hosted attempt's output."""
     return state.hosted.read(
-        request.head, request.job, request.stream, request.offset, request.limit, request.tail
+        request.head,
+        request.job,
+        request.stream,
+        request.offset,
+        request.limit,
+        request.tail,
+        request.raw,
     )
+
+
+async def output(state: DaemonState, request: NodeOutput) -> dict[str, Any]:
+    """Part of a moved lab job's earlier output, written here for its next attempt (a thread)."""
+    try:
+        data = base64.b64decode(request.data, validate=True)
+    except binascii.Error:
+        raise UsageError("node.output's data is not base64") from None
+    if request.offset < 0:
+        raise UsageError(f"node.output's offset is {request.offset}", "give 0 or more")
+    size = await asyncio.to_thread(
+        state.hosted.put_output,
+        request.head,
+        request.job,
+        request.stream,
+        request.uid,
+        request.offset,
+        data,
+    )
+    return {"size": size}
