@@ -220,12 +220,15 @@ class Audit:
     """The audit log of a lab daemon, newest `limit` entries (an admin's: everyone's).
 
     `user` narrows it to one user (admins only: a user sees their own
-    entries); `since` to entries from that time.
+    entries); `since` to entries from that time. `here`: on a lab member,
+    its own log (the head's node requests, reloads, what it refused itself)
+    rather than the lab's, which the head keeps.
     """
 
     user: str | None = None
     since: float | None = None
     limit: int = 1000
+    here: bool = False
 
 
 @dataclass(frozen=True, slots=True)

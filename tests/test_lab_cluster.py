@@ -343,6 +343,20 @@ def test_an_admin_who_is_not_the_service_account_may_not_send_node_requests(
         assert reply["error"]["code"] == "permission", (method, reply)
 
 
+def test_audit_here_shows_what_gpu2_refused_itself_and_the_lab_s_log_does_not(
+    lab: LabCluster,
+) -> None:
+    forged = {"method": "node.check", "params": {"head": "forged", "job": 424242}}
+    assert raw_request(lab, lab.carol, MEMBER, forged)["error"]["code"] == "permission"
+    own = lab.gpuq_json(MEMBER, lab.carol, "audit", "--here", "--limit", "1000")["entries"]
+    lab_wide = lab.gpuq_json(MEMBER, lab.carol, "audit", "--limit", "1000")["entries"]
+    refused = [e for e in own if e["action"] == "node.check" and e["target"] == "424242"]
+    assert refused and refused[-1]["user"] == lab.carol.name and not refused[-1]["ok"], own
+    assert not [e for e in lab_wide if e["target"] == "424242"], "the head never saw it"
+    mine = lab.gpuq_json(MEMBER, lab.alice, "audit", "--here", "--limit", "1000")["entries"]
+    assert {e["user"] for e in mine} <= {lab.alice.name}, "a user sees only their own"
+
+
 def test_without_the_head_gpu2_refuses_queue_requests_but_answers_for_itself(
     lab: LabCluster,
 ) -> None:

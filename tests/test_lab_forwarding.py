@@ -23,6 +23,7 @@ from gpuq.daemon.forward import NOT_TRUSTED, forwards, said_here, speaking_for
 from gpuq.daemon.identity import Account, Caller
 from gpuq.errors import NotFoundError, PermissionDenied, ProtocolError
 from gpuq.protocol import (
+    Audit,
     Cancel,
     DaemonStatus,
     Gpus,
@@ -121,6 +122,12 @@ def test_a_member_forwards_the_queue_and_keeps_its_own_daemon_s_requests() -> No
         NodeSync(head="h", expect={}),
     ):
         assert not forwards(MEMBER, alice, own)
+
+
+def test_a_member_answers_audit_here_itself_and_forwards_the_lab_s_audit() -> None:
+    alice = caller("alice")
+    assert forwards(MEMBER, alice, Audit())
+    assert not forwards(MEMBER, alice, Audit(here=True))
 
 
 def test_the_head_and_a_one_server_lab_forward_nothing() -> None:

@@ -34,6 +34,14 @@ def audit(
         str | None, typer.Option("--since", help="Only entries this recent (1h, 7d).")
     ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many, newest.")] = 100,
+    here: Annotated[
+        bool,
+        typer.Option(
+            "--here",
+            help="This server's own log, not the lab's: on a member, the head's node "
+            "requests, reloads and what it refused itself.",
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -43,6 +51,8 @@ def audit(
     logs, clean, ...) is recorded with the caller's uid as the kernel gives
     it, and every refused request too. Admins see everyone's entries; a user
     sees their own. Only a lab daemon keeps one (exit 2 on a personal one).
+    On a lab of several servers the head keeps the lab's log, which every
+    server shows; `--here` shows the server's own instead.
     """
 
     def body() -> None:
@@ -53,7 +63,8 @@ def audit(
         cutoff = None if since is None else time.time() - parse_duration(since)
         with Client.connect(load_config(config), autostart=False) as client:
             note(client)
-            result = client.call("audit", user=user, since=cutoff, limit=limit)
+            own = {"here": True} if here else {}
+            result = client.call("audit", user=user, since=cutoff, limit=limit, **own)
         if json_out:
             print_json(result)
             return

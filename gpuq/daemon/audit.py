@@ -40,7 +40,7 @@ _MAX_TARGET: Final = 200
 
 
 def target(request: Request) -> str:
-    """What the request acts on, briefly: job ids, or the submitted command."""
+    """What the request acts on, briefly: job ids (a node request's too), or the command."""
     if isinstance(request, Submit):
         command = request.spec.get("command")
         words = [str(w) for w in command] if isinstance(command, list) else []
@@ -48,8 +48,11 @@ def target(request: Request) -> str:
     ids = getattr(request, "ids", None)
     if isinstance(ids, tuple):
         return _clip(",".join(str(i) for i in ids))
-    job_id = getattr(request, "id", None)
-    return str(job_id) if isinstance(job_id, int) else ""
+    for field in ("id", "job"):
+        job_id = getattr(request, field, None)
+        if isinstance(job_id, int) and not isinstance(job_id, bool):
+            return str(job_id)
+    return ""
 
 
 def _clip(text: str) -> str:

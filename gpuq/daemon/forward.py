@@ -33,6 +33,7 @@ from gpuq.protocol import (
     MAX_REPLY_BYTES,
     NODE_REQUESTS,
     PROTOCOL_VERSION,
+    Audit,
     DaemonStatus,
     Hello,
     Reload,
@@ -56,12 +57,14 @@ EXIT_WAIT: Final = 2.0
 def forwards(config: Config, caller: Caller, request: Request) -> bool:
     """True when this daemon is a lab member and `request` belongs to the head.
 
-    The service account's requests never are: they are the head's own.
+    The service account's requests never are: they are the head's own; nor
+    is `gpuq audit --here`, which asks for this server's own audit log.
     """
     return (
         config.lab.enabled
         and bool(config.lab.head)
         and not isinstance(request, LOCAL)
+        and not (isinstance(request, Audit) and request.here)
         and not is_service_account(config, caller)
     )
 
