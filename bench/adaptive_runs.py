@@ -125,6 +125,26 @@ def pinned() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def measuring(share: float | None = None, every: int | None = None) -> Iterator[None]:
+    """While inside, noise measurements may take `share` of the time, one in `every` steps at least.
+
+    A diagnosis of how much the tuner's decisions and AdaScale's gain suffer from
+    measuring the noise too seldom (gpuq.runner.gns `MEASURE_SHARE` and
+    `MEASURE_EVERY`, 2% and 32); fixed and adaptive runs alike (bench/RESULTS.md, the
+    sixth round of goodput tuning). None keeps gpuq's value.
+    """
+    saved = gpuq.runner.gns.MEASURE_SHARE, gpuq.runner.gns.MEASURE_EVERY
+    if share is not None:
+        gpuq.runner.gns.MEASURE_SHARE = share
+    if every is not None:
+        gpuq.runner.gns.MEASURE_EVERY = every
+    try:
+        yield
+    finally:
+        gpuq.runner.gns.MEASURE_SHARE, gpuq.runner.gns.MEASURE_EVERY = saved
+
+
+@contextlib.contextmanager
 def decisions_see_noise_times(factor: float) -> Iterator[None]:
     """While inside, tuners decide as if tr(Sigma) were `factor` times the measured one.
 

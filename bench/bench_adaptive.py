@@ -72,7 +72,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from bench.adaptive_overhead import hook_cost, step_overhead
-from bench.adaptive_runs import Outcome, decisions_see_noise_times, initial_loss, pinned, train
+from bench.adaptive_runs import (
+    Outcome,
+    decisions_see_noise_times,
+    initial_loss,
+    measuring,
+    pinned,
+    train,
+)
 from bench.adaptive_tasks import TASKS, Task, mlp_data
 
 
@@ -360,6 +367,19 @@ def main(argv: list[str] | None = None) -> int:
         "times the measured one (the LR gain and progress still use the measured one)",
     )
     parser.add_argument(
+        "--measure-share",
+        type=float,
+        default=None,
+        help="a diagnosis: the share of the time noise measurements may take (gpuq: 0.02), "
+        "in every run",
+    )
+    parser.add_argument(
+        "--measure-every",
+        type=int,
+        default=None,
+        help="a diagnosis: at least one noise measurement in this many steps (gpuq: 32)",
+    )
+    parser.add_argument(
         "--implied",
         action="store_true",
         help="also print the noise scale each fixed size's samples imply, by loss",
@@ -384,10 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in names if name not in TASKS]
     if unknown:
         parser.error(f"unknown tasks {unknown}; known: {', '.join(TASKS)}")
-    results = [
-        run_task(name, args.repeats, not args.json, args.all_rules, args.noise_factor)
-        for name in names
-    ]
+    with measuring(args.measure_share, args.measure_every):
+        results = [
+            run_task(name, args.repeats, not args.json, args.all_rules, args.noise_factor)
+            for name in names
+        ]
     overhead: dict[str, object] = {}
     if not args.no_overhead:
         small = (mlp_data(16_384, 1), None)  # short epochs, many alternations

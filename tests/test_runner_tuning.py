@@ -18,10 +18,14 @@ from gpuq.goodput import (
     efficiency,
     fit_one_replica,
 )
+from gpuq.runner.job import Job
+from gpuq.runner.noise import NoiseAverage
 from gpuq.runner.tuning import (
     SPEEDUP_THRESHOLD,
     BatchConfig,
+    BatchTuner,
     StepProfile,
+    agreed,
     choose_config,
     extrapolation,
     gain,
@@ -257,3 +261,54 @@ def test_the_largest_size_timed_is_judged_by_the_model_of_the_sizes_beyond_it() 
     untried = GoodputFunction(beyond[1], fn.grad, 32)
     best_beyond, _, _ = untried.optimize(1, 1, 256, (33, 64), accumulation=False)
     assert best_beyond > SPEEDUP_THRESHOLD * fn.evaluate(1, 1, 32, 0)
+
+
+# -- moves the uncertain noise scale agrees on --
+
+
+def test_a_move_is_taken_only_where_every_plausible_noise_scale_agrees_on_its_direction() -> None:
+    up, down, here = BatchConfig(128), BatchConfig(40), BatchConfig(64)
+    assert agreed(here, [BatchConfig(128), BatchConfig(96), BatchConfig(200)]) == BatchConfig(96)
+    assert agreed(here, [down, BatchConfig(48), BatchConfig(32)]) == BatchConfig(48)
+    assert agreed(here, [up, here, BatchConfig(200)]) == here
+    assert agreed(here, [up, down, up]) == here
+
+
+def test_the_bounds_are_one_standard_error_of_the_squared_gradient_either_side() -> None:
+    steady, noisy = NoiseAverage(), NoiseAverage()
+    for sqr in [1.0, 1.0, 1.0, 1.0]:
+        steady.update(sqr, 2.0, 1.0, "unbiased")
+    for sqr in [2.0, 0.0, 2.0, 0.0]:
+        noisy.update(sqr, 2.0, 1.0, "unbiased")
+    assert steady.bounds() == (GradParams(1.0, 2.0), GradParams(1.0, 2.0))
+    bounds = noisy.bounds()
+    assert bounds is not None
+    (low, high), error, middle = bounds, noisy.sqr_error(), noisy.cautious()
+    assert error == pytest.approx(0.5, rel=0.01)  # a spread of 1 over four estimates
+    assert middle is not None and middle.sqr == pytest.approx(1.0, rel=0.01)
+    assert (low.sqr, high.sqr) == pytest.approx((middle.sqr + error, middle.sqr - error))
+    assert low.var == high.var == 2.0
+    assert NoiseAverage().bounds() is None
+
+
+def _tuner_at_64(estimates: list[float]) -> BatchTuner:
+    """A tuner at batch 64, ONE_GPU's step times at 32 and 64, these |G|^2 estimates."""
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tuner = BatchTuner(
+        optimizer, Job(environ={}), init_batch_size=32, max_batch_size=4096, lr_scaling="adascale"
+    )
+    for m in (32, 64):
+        for _ in range(8):
+            tuner.profile.record_time(BatchConfig(m), ONE_GPU.alpha_c + ONE_GPU.beta_c * m)
+    for sqr in estimates:
+        tuner.gns.average.update(sqr, 12.5, 1.0, "unbiased")  # a noise scale of 200 at 2.0
+    tuner.config, tuner.steps = BatchConfig(64), 100
+    return tuner
+
+
+def test_the_tuner_grows_on_a_steady_noise_scale_and_waits_out_an_uncertain_one() -> None:
+    steady = _tuner_at_64([2.0] * 12)
+    assert steady.retune().batch_size > 64
+    uncertain = _tuner_at_64([7.0, -3.0] * 6)  # the same mean, a standard error of 1.4
+    assert uncertain.retune() == BatchConfig(64)

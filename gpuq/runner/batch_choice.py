@@ -130,3 +130,23 @@ def choose_config(
         # the two models' difference reads as a gain, and a size one sample larger is taken.
         now = max(now, extrapolated.evaluate(1, k, current.local_bsz, current.accum_steps))
     return BatchConfig(local, accum, k) if best > threshold * now else current
+
+
+def agreed(current: BatchConfig, choices: list[BatchConfig]) -> BatchConfig:
+    """`current`, unless every one of `choices` moves the batch size the same way; then the nearest.
+
+    The choices are the best configurations under the noise scales the
+    measurements cannot tell apart (the estimate, and one standard error of
+    |G|^2 either side: `gpuq.runner.noise.NoiseAverage.bounds`). Where they
+    disagree on the direction, the estimate is too uncertain to act on: a
+    CNN's noise scale, measured once in 32 steps, read 47 to 242 within one
+    run, and a tuner that followed it went 61 -> 117 -> 58 -> 148 -> 88 and
+    needed 28,700 samples where the fixed size it kept passing (64) needs
+    17,500. Where they agree, the move goes as far as the most cautious of them.
+    """
+    size = current.batch_size
+    if all(choice.batch_size > size for choice in choices):
+        return min(choices, key=lambda choice: choice.batch_size)
+    if all(choice.batch_size < size for choice in choices):
+        return max(choices, key=lambda choice: choice.batch_size)
+    return current

@@ -118,11 +118,36 @@ class NoiseAverage:
         params = self.params()
         if params is None or self._cautious is not None:
             return params if params is None else self._cautious
+        self._cautious = GradParams(max(params.sqr, CAUTION * self.sqr_error()), params.var)
+        return self._cautious
+
+    def sqr_error(self) -> float:
+        """The standard error of the |G|^2 average: its estimates' spread, over their number.
+
+        The number is the moving average's effective one (its weights'
+        squares); 0 before the first update.
+        """
+        if self.weight <= 0:
+            return 0.0
         mean = self.biased_sqr / self.weight
         spread = max(self.biased_sqr2 / self.weight - mean**2, 0.0)
-        error = math.sqrt(spread * self.weight2) / self.weight
-        self._cautious = GradParams(max(params.sqr, CAUTION * error), params.var)
-        return self._cautious
+        return math.sqrt(spread * self.weight2) / self.weight
+
+    def bounds(self) -> tuple[GradParams, GradParams] | None:
+        """`cautious` with |G|^2 one standard error above, and below (at least 0).
+
+        The noise scales the measurements cannot yet tell from the estimate,
+        the lower first: a batch size is changed only where all three agree
+        (`gpuq.runner.batch_choice.agreed`). None before the first update.
+        """
+        middle = self.cautious()
+        if middle is None or middle.var <= 0:  # no noise: a noise scale of 0, however measured
+            return None
+        error = self.sqr_error()
+        return (
+            GradParams(middle.sqr + error, middle.var),
+            GradParams(max(middle.sqr - error, 0.0), middle.var),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The averages, for a checkpoint."""

@@ -38,10 +38,14 @@ keeps the state a checkpoint saves:
   Pollux's priors make new GPU counts look perfectly scalable for the same
   reason: a size never tried is never learned. The tuner switches only when the
   prediction beats the current configuration by more than 5%
-  (`SPEEDUP_THRESHOLD`), and only once the noise average holds
+  (`SPEEDUP_THRESHOLD`), only once the noise average holds
   `MIN_MEASUREMENTS` measurements (the |G|^2 of a few small-batch
-  measurements is mostly noise); until then the noise is measured every
-  other step.
+  measurements is mostly noise; until then the noise is measured every
+  other step), and only in a direction the noise scales one standard error
+  of |G|^2 either side of the estimate agree on, as far as the most cautious
+  of them goes (`agreed`): where measurements are few (one in 32 steps on a
+  small model), the estimate swings several-fold within a run, and a tuner
+  that followed it went up and down past the best size.
 - **When.** Decisions are made at step boundaries, any of them
   (`decision_due`, asked by the loader before each step), not only at
   epoch starts: a model that reaches its best batch size in a few hundred
@@ -95,6 +99,7 @@ deterministic clock to make decisions reproducible.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import time
@@ -109,6 +114,7 @@ from gpuq.runner.batch_choice import (
     EXPLORE_FACTOR,
     SPEEDUP_THRESHOLD,
     BatchConfig,
+    agreed,
     choose_config,
     extrapolation,
     memory_bound,
@@ -138,6 +144,7 @@ __all__ = [
     "BatchTuner",
     "LrScaling",
     "StepProfile",
+    "agreed",
     "choose_config",
     "extrapolation",
     "gain",
@@ -320,14 +327,19 @@ class BatchTuner:
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
         times = self.profile.compute_times()
         timed = max(m for _, m in times)
-        chosen = choose_config(
-            goodput_fn,
-            self.config,
+        choose = functools.partial(
+            choose_config,
+            current=self.config,
             max_batch_size=self.max_batch_size,
             max_local=min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound),
             accumulation=self.accumulation,
             beyond=extrapolation(times, self.config.replicas, perf),
         )
+        chosen = choose(goodput_fn)
+        bounds = self.gns.average.bounds() if chosen != self.config else None
+        if bounds is not None:  # a move: only one the uncertain noise scale agrees on
+            others = [choose(GoodputFunction(perf, g, self.init_batch_size)) for g in bounds]
+            chosen = agreed(self.config, [chosen, *others])
         k = chosen.replicas
         if chosen != self.config:
             interval = SETTLE_STEPS
