@@ -206,7 +206,7 @@ def test_decisions_take_at_most_their_share_of_the_training_time(
 
     monkeypatch.setattr(StepProfile, "fit", slow_fit)
     monkeypatch.setattr(BatchTuner, "_use", counted_use)
-    train(clock, 6)
+    train(clock, 20)  # decisions 500 steps apart: the first, on 8 measurements, cannot move
     deciding, changes = 0.05 * fits[0], configs[0] - 1  # the first is the initial batch
     # Decisions that kept the configuration cost at most their share; each change is
     # followed by one at once (the new batch size's times are in).
