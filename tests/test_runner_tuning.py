@@ -272,6 +272,8 @@ def test_a_move_is_taken_only_where_every_plausible_noise_scale_agrees_on_its_di
     assert agreed(here, [down, BatchConfig(48), BatchConfig(32)]) == BatchConfig(48)
     assert agreed(here, [up, here, BatchConfig(200)]) == here
     assert agreed(here, [up, down, up]) == here
+    split = BatchConfig(32, 1)  # the same 64 samples, another split: no noise scale bears on it
+    assert agreed(here, [split, up, down]) == split
 
 
 def test_the_bounds_are_one_standard_error_of_the_squared_gradient_either_side() -> None:
@@ -312,3 +314,12 @@ def test_the_tuner_grows_on_a_steady_noise_scale_and_waits_out_an_uncertain_one(
     assert steady.retune().batch_size > 64
     uncertain = _tuner_at_64([7.0, -3.0] * 6)  # the same mean, a standard error of 1.4
     assert uncertain.retune() == BatchConfig(64)
+
+
+def test_a_configuration_that_no_longer_fits_is_left_however_uncertain_the_noise_scale() -> None:
+    tuner = _tuner_at_64([7.0, -3.0] * 6)
+    tuner.accumulation = True
+    tuner.profile.record_peak(32, 32_000)
+    tuner.profile.record_peak(64, 64_000)
+    tuner.capacity = 48_000  # a local batch of 48 at most
+    assert tuner.retune().local_bsz <= 48

@@ -136,8 +136,11 @@ def agreed(current: BatchConfig, choices: list[BatchConfig]) -> BatchConfig:
     """`current`, unless every one of `choices` moves the batch size the same way; then the nearest.
 
     The choices are the best configurations under the noise scales the
-    measurements cannot tell apart (the estimate, and one standard error of
-    |G|^2 either side: `gpuq.runner.noise.NoiseAverage.bounds`). Where they
+    measurements cannot tell apart: the estimate's first, then those with
+    |G|^2 one standard error either side (`gpuq.runner.noise.NoiseAverage.bounds`).
+    The estimate's choice of another split of the same batch size (local
+    batch and accumulation steps) is taken as it is: the noise scale bears on
+    the batch size alone. Where they
     disagree on the direction, the estimate is too uncertain to act on: a
     CNN's noise scale, measured once in 32 steps, read 47 to 242 within one
     run, and a tuner that followed it went 61 -> 117 -> 58 -> 148 -> 88 and
@@ -145,6 +148,8 @@ def agreed(current: BatchConfig, choices: list[BatchConfig]) -> BatchConfig:
     17,500. Where they agree, the move goes as far as the most cautious of them.
     """
     size = current.batch_size
+    if choices[0].batch_size == size:
+        return choices[0]
     if all(choice.batch_size > size for choice in choices):
         return min(choices, key=lambda choice: choice.batch_size)
     if all(choice.batch_size < size for choice in choices):

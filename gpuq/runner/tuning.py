@@ -327,16 +327,18 @@ class BatchTuner:
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
         times = self.profile.compute_times()
         timed = max(m for _, m in times)
+        max_local = min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound)
         choose = functools.partial(
             choose_config,
             current=self.config,
             max_batch_size=self.max_batch_size,
-            max_local=min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound),
+            max_local=max_local,
             accumulation=self.accumulation,
             beyond=extrapolation(times, self.config.replicas, perf),
         )
         chosen = choose(goodput_fn)
-        bounds = self.gns.average.bounds() if chosen != self.config else None
+        fits = self.config.local_bsz <= min(max_local, self.max_batch_size)  # else it must go
+        bounds = self.gns.average.bounds() if chosen != self.config and fits else None
         if bounds is not None:  # a move: only one the uncertain noise scale agrees on
             others = [choose(GoodputFunction(perf, g, self.init_batch_size)) for g in bounds]
             chosen = agreed(self.config, [chosen, *others])
