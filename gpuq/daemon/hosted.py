@@ -40,6 +40,7 @@ from gpuq.daemon.executor import Executor, LaunchSpec, Outcome, lab_owner
 from gpuq.daemon.outputs import (
     USERS_DIR,
     OutputError,
+    log_name,
     open_for_reading,
     tail_offset,
     user_log_dir,
@@ -466,11 +467,12 @@ class Hosted:
             account = pwd.getpwuid(uid)
         except KeyError:
             raise NotFoundError(f"uid {uid} has no account on this server") from None
-        name = f"{job}.{'out' if stream == 'stdout' else 'err'}"
         try:
             self.open_to_users(head)
             directory = user_log_dir(self.log_root / check_head(head), uid, account.pw_gid)
-            return write_carried(directory, name, uid, account.pw_gid, data, offset)
+            return write_carried(
+                directory, log_name(job, stream), uid, account.pw_gid, data, offset
+            )
         except OutputError as exc:
             raise StateError(str(exc), "nothing else was written") from None
         except OSError as exc:

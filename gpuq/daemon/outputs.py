@@ -244,6 +244,11 @@ def user_log_dir(log_dir: Path, uid: int, gid: int) -> Path:
     return log_dir / USERS_DIR / str(uid)
 
 
+def log_name(job_id: int, stream: str) -> str:
+    """The name of a job's default log of `stream` ("stdout" or "stderr") in a log directory."""
+    return f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
+
+
 def write_carried(directory: Path, name: str, uid: int, gid: int, data: bytes, offset: int) -> int:
     """Write part of a moved job's earlier output to `directory/name`; the file's length after.
 

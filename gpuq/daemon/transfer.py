@@ -49,6 +49,7 @@ from gpuq.daemon.identity import Account, UnknownAccount
 from gpuq.daemon.outputs import (
     USERS_DIR,
     OutputError,
+    log_name,
     open_for_reading,
     user_log_dir,
     write_carried,
@@ -164,11 +165,6 @@ CARRY_CHUNK = 512 * 1024
 """Bytes of a lab job's log per `node.read` or `node.output` (a request is at most 1 MiB)."""
 
 
-def _log_name(job_id: int, stream: str) -> str:
-    """The name of a job's default log of `stream` in a log directory."""
-    return f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
-
-
 async def _carry_by_rsync(
     state: DaemonState, job_id: int, streams: list[str], source: str, target: str
 ) -> None:
@@ -178,7 +174,7 @@ async def _carry_by_rsync(
     hop = state.config.daemon.state_dir / "transfer" / f"{job_id}.logs"
     try:
         for stream in streams:
-            name = _log_name(job_id, stream)
+            name = log_name(job_id, stream)
             src = _at(state, source, src_dir / name)
             if both_remote:
                 shutil.rmtree(hop, ignore_errors=True)
@@ -220,7 +216,7 @@ async def _read_part(
             "node.read", job=job_id, stream=stream, offset=offset, limit=CARRY_CHUNK, raw=True
         )
         return base64.b64decode(str(reply["data"]))
-    path = state.config.daemon.log_dir / USERS_DIR / str(owner) / _log_name(job_id, stream)
+    path = state.config.daemon.log_dir / USERS_DIR / str(owner) / log_name(job_id, stream)
 
     def read() -> bytes:
         opened = open_for_reading(str(path), owner)
@@ -255,7 +251,7 @@ async def _write_part(
     def write() -> None:
         account = Account.of_uid(owner)
         directory = user_log_dir(state.config.daemon.log_dir, owner, account.gid)
-        write_carried(directory, _log_name(job_id, stream), owner, account.gid, data, offset)
+        write_carried(directory, log_name(job_id, stream), owner, account.gid, data, offset)
 
     try:
         await asyncio.to_thread(write)
