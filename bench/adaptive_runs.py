@@ -68,6 +68,8 @@ class Outcome:
     """The samples trained on at each evaluation (above `eval_every` apart at large batches)."""
     rule: str = ""
     """The learning-rate scaling rule of a fixed run above M0 when not the task's own."""
+    seed: int = 0
+    """The seed of the model's initial weights and of the order of the data."""
 
     @property
     def label(self) -> str:
@@ -181,13 +183,13 @@ def decisions_see_noise_times(factor: float) -> Iterator[None]:
         tuner.retune = retune  # type: ignore[method-assign]
 
 
-def _loader(task: Task, data: Samples, batch: int | None) -> gq.AdaptiveDataLoader:
+def _loader(task: Task, data: Samples, batch: int | None, seed: int) -> gq.AdaptiveDataLoader:
     """The run's loader: fixed at M0, pinned at `batch` with the tuner on, or adaptive."""
     if batch == task.init_batch:
-        return gq.AdaptiveDataLoader(data, batch_size=batch, collate_fn=keep)
+        return gq.AdaptiveDataLoader(data, batch_size=batch, collate_fn=keep, seed=seed)
     top = task.max_batch if batch is None else batch
     loader = gq.AdaptiveDataLoader(
-        data, batch_size=task.init_batch, max_batch_size=top, collate_fn=keep
+        data, batch_size=task.init_batch, max_batch_size=top, collate_fn=keep, seed=seed
     )
     tuner = loader.tuner if loader.adaptive else None
     if tuner is None:
@@ -210,15 +212,17 @@ def train(
     rule: str | None = None,
     lr_factor: float = 1.0,
     max_seconds: float = math.inf,
+    seed: int = 0,
 ) -> Outcome:
     """Train until the validation loss, measured every `eval_every` samples, reaches `target`.
 
     Above M0 the learning rate scales by `rule` (the task's own if None); `lr_factor`
-    multiplies the task's learning rate (the grid of `bench.bench_adaptive.tune_lr`).
+    multiplies the task's learning rate (the grid of `bench.bench_adaptive.tune_lr`);
+    `seed` sets the model's initial weights and the loader's order of the data.
     The run gives up, unreached, after `max_samples` or `max_seconds` of training.
     """
     gq.init(environ={}).close()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = task.make_model()
     optimizer = task.optimizer(model, lr_factor)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=task.lr_decay)
@@ -226,12 +230,12 @@ def train(
     own = rule is None or rule == task.lr_scaling
     scaling = None if batch == task.init_batch else rule or task.lr_scaling
     gq.State(model=model, optimizer=optimizer, lr_scaling=scaling)
-    outcome = Outcome(task.name, batch, False, 0.0, 0.0, 0, 0, float("inf"))
+    outcome = Outcome(task.name, batch, False, 0.0, 0.0, 0, 0, float("inf"), seed=seed)
     outcome.rule = "" if own or batch == task.init_batch else str(rule)
     next_eval = eval_every
     clock = TrainingClock()
     with cpu_clock(clock), contextlib.closing(job):
-        loader = _loader(task, data, batch)
+        loader = _loader(task, data, batch, seed)
         cpu, wall = clock(), time.perf_counter()
         for _ in gq.epochs(10**6):
             for x, y in loader:

@@ -48,7 +48,13 @@ because benchmark machines are shared; wall time is printed too. Each
 configuration runs ``--repeats`` times (five times that for the MLP, whose
 runs are short and vary much), alternating, and the medians are compared:
 adaptive / best fixed (goal: at most 1) and adaptive / M0 (goal: at most
-1.05).
+1.05). Repeat r trains every configuration from seed r (the model's initial
+weights and the order of the data), so each median is over as many
+trajectories as runs: from one seed, a fixed size's runs differ by timing
+alone and are one trajectory, adaptive's differ by its decisions too, and the
+best of seven sizes' single trajectories is the luckiest of them
+(``--same-seed`` runs every repeat from seed 0, as rounds 1 to 6 of
+bench/RESULTS.md did).
 
 Then the runner's own cost per step, as before: at batch 16 two MLPs train
 in lockstep, one through a fixed loader and one through an adaptive one,
@@ -233,18 +239,24 @@ def configurations(task: Task, all_rules: bool) -> list[tuple[int | None, str | 
 
 
 def run_task(
-    name: str, repeats: int, show: bool, all_rules: bool = False, noise_factor: float = 1.0
+    name: str,
+    repeats: int,
+    show: bool,
+    all_rules: bool = False,
+    noise_factor: float = 1.0,
+    same_seed: bool = False,
 ) -> dict[str, object]:
     """Every configuration of one task, `repeats` times each in alternation, and the ratios.
 
-    With `noise_factor`, the adaptive run's decisions see the noise scale that many
+    Repeat r runs from seed r, or every one from seed 0 with `same_seed`. With
+    `noise_factor`, the adaptive run's decisions see the noise scale that many
     times the measured one (`decisions_see_noise_times`: a diagnosis).
     """
     task, setting = TASKS[name], SETTINGS[name]
     data = task.make_data(setting.samples, 0)
     held_out = task.make_data(4_096, 99)
     runs: list[Outcome] = []
-    for _ in range(repeats * setting.repeat_factor):
+    for repeat in range(repeats * setting.repeat_factor):
         limit = math.inf  # GIVE_UP x the initial batch size's time, once that is known
         for batch, rule in configurations(task, all_rules):
             fixed_above_m0 = batch is not None and batch > task.init_batch
@@ -266,6 +278,7 @@ def run_task(
                     max_samples=setting.samples * setting.max_epochs,
                     rule=rule,
                     max_seconds=limit if fixed_above_m0 else math.inf,
+                    seed=0 if same_seed else repeat,
                 )
             if batch == task.init_batch and run.reached:
                 limit = GIVE_UP * run.seconds
@@ -302,29 +315,20 @@ def implied_noise_scales(name: str, runs: list[Outcome]) -> dict[float, dict[int
     Pollux's efficiency of a batch of M samples against M0 is (phi + M0) / (phi + M), and
     it is the ratio of the samples the two need to a loss: so samples(M0) / samples(M) =
     e gives phi = (M0 - e M) / (e - 1), infinite where e >= 1 (no cost in samples). Taken
-    at the first validation at or below each loss, from each size's first run with the
-    task's own rule; what the tuner measures can be set beside it (bench/RESULTS.md).
+    at the first validation at or below each loss, the median over a size's runs with the
+    task's own rule that reach it (one trajectory a seed); what the tuner measures can be
+    set beside it (bench/RESULTS.md).
     """
     task, target = TASKS[name], SETTINGS[name].target
-    first: dict[int, Outcome] = {}
+    own: dict[int, list[Outcome]] = {}
     for run in runs:
         if run.batch is not None and not run.rule:
-            first.setdefault(run.batch, run)
+            own.setdefault(run.batch, []).append(run)
     m0 = task.init_batch
     implied: dict[float, dict[int, float]] = {}
     for above in IMPLIED_ABOVE_TARGET:
         loss = target + above
-        samples = {
-            batch: next(
-                (
-                    n
-                    for n, value in zip(run.sample_counts, run.losses, strict=True)
-                    if value <= loss
-                ),
-                0,
-            )
-            for batch, run in first.items()
-        }
+        samples = {batch: _samples_to(loss, group) for batch, group in own.items()}
         if not samples.get(m0):
             continue
         row = {}
@@ -334,6 +338,18 @@ def implied_noise_scales(name: str, runs: list[Outcome]) -> dict[float, dict[int
                 row[batch] = (m0 - ratio * batch) / (ratio - 1) if ratio < 1 else math.inf
         implied[round(loss, 4)] = row
     return implied
+
+
+def _samples_to(loss: float, runs: list[Outcome]) -> float:
+    """The median, over the `runs` that reach `loss`, of the samples they needed; 0 if none do."""
+    needed = [
+        next(
+            (n for n, value in zip(run.sample_counts, run.losses, strict=True) if value <= loss), 0
+        )
+        for run in runs
+    ]
+    reached = [n for n in needed if n]
+    return statistics.median(reached) if reached else 0
 
 
 def _by_label(runs: list[Outcome]) -> dict[str, list[Outcome]]:
@@ -380,6 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a diagnosis: at least one noise measurement in this many steps (gpuq: 32)",
     )
     parser.add_argument(
+        "--same-seed",
+        action="store_true",
+        help="run every repeat from seed 0 (weights and data order), not repeat r from seed r",
+    )
+    parser.add_argument(
         "--implied",
         action="store_true",
         help="also print the noise scale each fixed size's samples imply, by loss",
@@ -406,7 +427,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown tasks {unknown}; known: {', '.join(TASKS)}")
     with measuring(args.measure_share, args.measure_every):
         results = [
-            run_task(name, args.repeats, not args.json, args.all_rules, args.noise_factor)
+            run_task(
+                name,
+                args.repeats,
+                not args.json,
+                args.all_rules,
+                args.noise_factor,
+                args.same_seed,
+            )
             for name in names
         ]
     overhead: dict[str, object] = {}
@@ -476,7 +504,8 @@ def _print_overhead(overhead: dict[str, object], wide_hidden: int) -> None:
 def _describe(run: Outcome) -> str:
     reached = "reached" if run.reached else "NOT reached"
     return (
-        f"{run.task:11s} {run.label:11s} {run.seconds:6.2f} s CPU ({run.wall_seconds:6.2f} s wall)"
+        f"{run.task:11s} {run.label:11s} seed {run.seed:<3d}"
+        f"{run.seconds:6.2f} s CPU ({run.wall_seconds:6.2f} s wall)"
         f"  {reached}: loss {run.loss:.4f} after {run.samples} samples, {run.steps} steps; "
         f"batches {sorted(set(run.batches))}"
     )

@@ -40,3 +40,11 @@ def test_a_size_that_never_reaches_a_loss_is_left_out_there() -> None:
     never.losses = [loss + 2.0 for loss in never.losses]  # stays above every loss looked at
     implied = implied_noise_scales("mlp", [run(16, 1000), run(64, 2000), never])
     assert all(128 not in row for row in implied.values())
+
+
+def test_with_several_seeds_a_size_counts_the_median_of_its_runs_samples() -> None:
+    # M0's three seeds need 900, 1000 and 1300 samples (median 1000); 64's 1800, 2000, 2100.
+    m0 = [run(16, n) for n in (900, 1000, 1300)]
+    larger = [run(64, n) for n in (1800, 2000, 2100)]
+    implied = implied_noise_scales("mlp", [*m0, *larger])
+    assert implied[round(SETTINGS["mlp"].target, 4)] == {64: pytest.approx(32.0)}
