@@ -548,10 +548,14 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
     d = DefaultsConfig()
     client = _Table(data.get("client", {}), "client", source)
     logs = _Table(data.get("logs", {}), "logs", source)
+    lab = _lab(data.get("lab", {}), source, path, env)
+    policy = scheduler.get("policy", s.policy, _live_policy)
+    if lab.enabled:
+        _lab_policy(policy, source)
     return Config(
         daemon=daemon,
         scheduler=SchedulerConfig(
-            policy=scheduler.get("policy", s.policy, _live_policy),
+            policy=policy,
             memory_margin=scheduler.get("memory_margin", s.memory_margin, _fraction(0.5)),
             foreign_tolerance=scheduler.get("foreign_tolerance", s.foreign_tolerance, _size),
             auto_mem_margin=scheduler.get("auto_mem_margin", s.auto_mem_margin, _fraction(1.0)),
@@ -570,9 +574,23 @@ def _build(data: Mapping[str, Any], source: Path | None, env: Mapping[str, str])
         ),
         logs=LogsConfig(max_size=logs.get("max_size", LogsConfig().max_size, _log_size)),
         cluster=_cluster(data.get("cluster", {}), source, path),
-        lab=_lab(data.get("lab", {}), source, path, env),
+        lab=lab,
         source=source,
     )
+
+
+def _lab_policy(policy: str, source: Path | None) -> None:
+    """Refuse, with `[lab] enabled`, a policy that ignores the lab's fair share and limits."""
+    from gpuq.policies.registry import check_lab_policy
+
+    try:
+        check_lab_policy(policy)
+    except UsageError as exc:
+        where = f" in {source}" if source else ""
+        raise ConfigError(
+            f"invalid scheduler.policy = {policy!r} with [lab] enabled{where}: {exc.message}",
+            exc.hint,
+        ) from None
 
 
 def _choice(choices: tuple[str, ...]) -> Converter[str]:

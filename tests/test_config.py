@@ -365,6 +365,34 @@ def test_bad_values_are_named_with_what_is_accepted(
     assert info.value.hint is not None and hint_part in info.value.hint
 
 
+@pytest.mark.parametrize("policy", ["pollux", "tiresias", "gandiva", "fifo:moves=false"])
+def test_a_lab_refuses_a_policy_that_ignores_its_fair_share_and_limits(
+    tmp_path: Path, env: dict[str, str], policy: str
+) -> None:
+    # Such a policy would schedule the lab's users first come, first served and let
+    # any of them past max_gpus; outside lab mode the same policy loads.
+    lab = write(tmp_path, f"[scheduler]\npolicy = '{policy}'\n[lab]\nenabled = true\n")
+    alone = write(tmp_path, f"[scheduler]\npolicy = '{policy}'\n", name="alone.toml")
+    if policy.startswith("fifo"):  # fifo applies them, with or without its moves
+        assert load_config(str(lab), env).scheduler.policy == policy
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(str(lab), env)
+    message = info.value.message
+    assert message.startswith(f"invalid scheduler.policy = '{policy}' with [lab] enabled in ")
+    assert "fair share or its per-user limits" in message
+    assert message.endswith("in lab mode the daemon runs: fifo, gpuq")
+    assert info.value.hint is not None and "gpuq is the default" in info.value.hint
+    assert load_config(str(alone), env).scheduler.policy == policy
+
+
+def test_a_lab_runs_the_default_policy_which_applies_its_fair_share(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    path = write(tmp_path, "[lab]\nenabled = true\nmax_gpus = 4\n")
+    assert load_config(str(path), env).scheduler.policy == "gpuq"
+
+
 @pytest.mark.parametrize(
     ("table", "key", "hint_part"),
     [

@@ -37,6 +37,7 @@ from gpuq.policies.fairness import budgets, ranks
 from gpuq.policies.fifo import FifoBackfill, queue_order
 from gpuq.policies.gpuq.policy import GpuqPolicy
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
+from gpuq.policies.registry import LIVE_POLICY_NAMES, get_policy
 from tests.test_policy_pollux import LINEAR
 
 DAY = 86400.0
@@ -289,6 +290,13 @@ def test_a_user_at_max_running_starts_no_more_jobs(policy: Any) -> None:
     decision = policy.decide(lab(*waiting, count=4, standing=standing), NOW)
     assert started(decision) == [1, 2, 4]
     assert decision.notes[3] == "user alice at max_running 2 (2 running)"
+
+
+def test_the_policies_declaring_fair_share_are_the_two_tested_to_apply_it() -> None:
+    # A lab daemon refuses the others (gpuq.policies.registry.check_lab_policy): a policy
+    # that declares fair_share must pass the limit tests above, so add it to them.
+    declared = {name for name in LIVE_POLICY_NAMES if get_policy(name).capabilities.fair_share}
+    assert declared == {"fifo", "gpuq"}
 
 
 def test_rigid_jobs_start_in_fair_share_order() -> None:

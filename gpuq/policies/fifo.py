@@ -208,7 +208,7 @@ class FifoBackfill:
             raise ValueError(f"move_after must be 0 or more seconds, not {move_after}")
         self.moves = moves
         self.move_after = float(move_after)
-        self.capabilities = Capabilities(preemption=moves, multi_node=True)
+        self.capabilities = Capabilities(preemption=moves, multi_node=True, fair_share=True)
 
     def decide(self, state: ClusterState, now: float) -> Decision:
         """Start what fits in queue order, backfilling around the head's reservation."""

@@ -318,7 +318,11 @@ class Capabilities:
     - `quantum`: with `time_slicing`, the seconds of each turn on a shared GPU;
     - `multi_node`: the policy places jobs whose `JobView.spread` is above 1
       (a part's GPUs on each of that many nodes); the daemon refuses
-      `--nodes N` jobs under a policy that does not.
+      `--nodes N` jobs under a policy that does not;
+    - `fair_share`: the policy reads `ClusterState.fair`: it orders waiting
+      jobs by the users' fair share and applies the per-user limits
+      (`gpuq.policies.fairness`); a lab daemon refuses a policy that does
+      not, whose decisions would ignore the lab's shares and its limits.
     """
 
     adaptive_jobs: bool = False
@@ -329,6 +333,7 @@ class Capabilities:
     remembers: bool = False
     quantum: float = 60.0
     multi_node: bool = False
+    fair_share: bool = False
 
 
 class Policy(Protocol):

@@ -107,6 +107,25 @@ def check_live_policy(spec: str) -> str:
     return spec
 
 
+def check_lab_policy(spec: str) -> str:
+    """`spec` if it applies a lab's fair share and per-user limits, else a UsageError.
+
+    A lab daemon (`[lab] enabled`) serves many users; a policy without
+    `capabilities.fair_share` would schedule them first come, first served
+    and let any of them past `max_gpus` and `max_running`, whatever the
+    configuration says. So the configuration refuses it when it is read.
+    """
+    if get_policy(spec).capabilities.fair_share:
+        return spec
+    fair = [name for name in LIVE_POLICY_NAMES if get_policy(name).capabilities.fair_share]
+    raise UsageError(
+        f"policy {spec!r} does not apply a lab's fair share or its per-user limits "
+        f"([lab] shares, max_gpus, max_running); in lab mode the daemon runs: {', '.join(fair)}",
+        hint="set scheduler.policy to one of those (gpuq is the default), or compare the "
+        "others on the lab's workload with gpuq sim",
+    )
+
+
 def policy_available(name: str) -> bool:
     """True when policy `name` is known and its module is present in this build."""
     entry = _POLICIES.get(name)
@@ -181,6 +200,7 @@ __all__ = [
     "LIVE_POLICY_NAMES",
     "POLICY_NAMES",
     "available_policies",
+    "check_lab_policy",
     "check_live_policy",
     "get_policy",
     "policy_available",

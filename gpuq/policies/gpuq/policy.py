@@ -310,6 +310,7 @@ class GpuqPolicy(PolluxPolicy):
             remembers=True,
             quantum=quantum,
             multi_node=True,
+            fair_share=True,
         )
 
     def decide(self, state: ClusterState, now: float) -> Decision:
