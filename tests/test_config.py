@@ -369,7 +369,7 @@ def test_bad_values_are_named_with_what_is_accepted(
 def test_a_lab_refuses_a_policy_that_ignores_its_fair_share_and_limits(
     tmp_path: Path, env: dict[str, str], policy: str
 ) -> None:
-    # Such a policy would schedule the lab's users first come, first served and let
+    # Such a policy would order the lab's jobs without regard to their owners and let
     # any of them past max_gpus; outside lab mode the same policy loads.
     lab = write(tmp_path, f"[scheduler]\npolicy = '{policy}'\n[lab]\nenabled = true\n")
     alone = write(tmp_path, f"[scheduler]\npolicy = '{policy}'\n", name="alone.toml")

@@ -111,9 +111,10 @@ def check_lab_policy(spec: str) -> str:
     """`spec` if it applies a lab's fair share and per-user limits, else a UsageError.
 
     A lab daemon (`[lab] enabled`) serves many users; a policy without
-    `capabilities.fair_share` would schedule them first come, first served
-    and let any of them past `max_gpus` and `max_running`, whatever the
-    configuration says. So the configuration refuses it when it is read.
+    `capabilities.fair_share` would order and size their jobs without regard
+    to their owners and let any of them past `max_gpus` and `max_running`,
+    whatever the configuration says. So the configuration refuses it when
+    it is read.
     """
     if get_policy(spec).capabilities.fair_share:
         return spec
