@@ -31,7 +31,7 @@ from gpuq.daemon import faults, incoming, jobfiles, oom, suspend, transfer
 from gpuq.daemon.executor import LaunchSpec, Outcome, lab_owner, run_as_for
 from gpuq.daemon.identity import Account, UnknownAccount
 from gpuq.daemon.node.gang import GangNode, Part, address_toward
-from gpuq.daemon.outputs import USERS_DIR, user_log_dir
+from gpuq.daemon.outputs import USERS_DIR, log_name, user_log_dir
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
@@ -93,14 +93,14 @@ def output_targets(
     if spec.output:
         stdout = expand(spec.output)
     else:
-        stdout = str(log_dir / f"{job.id}.out")
+        stdout = str(log_dir / log_name(job.id, "stdout"))
         below[stdout] = str(log_dir)
     if spec.error:
         stderr = expand(spec.error)
     elif spec.output:
         stderr = stdout
     else:
-        stderr = str(log_dir / f"{job.id}.err")
+        stderr = str(log_dir / log_name(job.id, "stderr"))
         below[stderr] = str(log_dir)
     return stdout, stderr, below
 
