@@ -8,6 +8,11 @@
   `SpeedupFunction`) for every job: target 10 ms.
 - A fresh `SpeedupFunction` answering the same 64 pairs, then a memoized
   repeat, for reference (no target).
+- The question a training job's tuner asks at each decision, on one GPU:
+  `optimize` and `evaluate` with scalars, which take a path of their own,
+  beside the same answers through the broadcasting path (one-element
+  arrays), and their ratio (no target: the fast path exists to make
+  decisions cheap enough to come often, bench/RESULTS.md).
 
 Prints the median of several runs and its ratio to the target. No test
 asserts wall-clock times.
@@ -62,6 +67,16 @@ def measurements(seed: int) -> tuple[IntArray, IntArray, IntArray, FloatArray, F
     return nodes, replicas, local_bsz, accum, optim
 
 
+def per_call(run: Callable[[], object], runs: int, calls: int = 100) -> float:
+    """Median seconds of one call of `run`, timed over `calls` calls at a time."""
+
+    def many() -> None:
+        for _ in range(calls):
+            run()
+
+    return median_seconds(many, runs) / calls
+
+
 def report(name: str, seconds: float, target: float | None) -> None:
     line = f"{name}: {seconds * 1000:.2f} ms median"
     if target is not None:
@@ -107,6 +122,19 @@ def main() -> None:
         median_seconds(lambda: memoized(nodes, replicas), args.runs),
         None,
     )
+    one = np.array([1])
+    paths = [
+        ("optimize on one GPU", lambda: fn.optimize(1, 1, 32 * M0, bounds, False),
+         lambda: fn.optimize(one, one, 32 * M0, bounds, False)),
+        ("evaluate one configuration", lambda: fn.evaluate(1, 1, 64, 0),
+         lambda: fn.evaluate(one, one, [64], [0])),
+    ]  # fmt: skip
+    for name, scalar, broadcast in paths:
+        fast, slow = per_call(scalar, args.runs), per_call(broadcast, args.runs)
+        print(
+            f"{name}: scalars {fast * 1e6:.1f} us, one-element arrays {slow * 1e6:.1f} us;"
+            f" ratio {fast / slow:.3f}"
+        )
 
 
 if __name__ == "__main__":

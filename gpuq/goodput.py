@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +71,7 @@ CANDIDATES = 50  # total batch sizes tried per (nodes, replicas) pair
 MEMO_REPLICAS = 64  # SpeedupFunction memoizes pairs with at most this many replicas
 _EPS = 1e-8  # tolerance for ceil() of ratios, and the artifact's floor on K - 2
 _LOWER = 1e-8  # lower bound of every alpha and beta in the fit
+_CANDIDATE_STEPS = np.linspace(0.0, 1.0, CANDIDATES)  # `optimize`'s geometric spacing
 _INITIAL = (0.1, 0.01, 0.1, 0.01, 0.1, 0.01, 1.001)  # the artifact's starting point
 
 
@@ -233,9 +234,43 @@ class GoodputFunction:
         self, nodes: Values, replicas: Values, local_bsz: Values, accum_steps: Values
     ) -> float | FloatArray:
         """Goodput: throughput x efficiency, in M0-equivalent samples per second."""
+        if _is_scalar(nodes, replicas, local_bsz, accum_steps):
+            values = (float(cast(Scalar, v)) for v in (nodes, replicas, local_bsz, accum_steps))
+            return self._evaluate_scalar(*values)
         args = [np.asarray(v) for v in (nodes, replicas, local_bsz, accum_steps)]
         result = self._goodput(*args)
         return float(result) if _is_scalar(nodes, replicas, local_bsz, accum_steps) else result
+
+    def _evaluate_scalar(
+        self, nodes: float, replicas: float, local_bsz: float, accum: float
+    ) -> float:
+        """`evaluate` of one configuration in plain floats: the same arithmetic (to rounding).
+
+        Why: the runner's tuner evaluates its current configuration at every
+        decision, where numpy's per-call cost is most of the work.
+        """
+        perf = self.perf
+        compute = perf.alpha_c + perf.beta_c * local_bsz
+        retrogression = max(replicas - 2, _EPS)
+        if nodes > 1:
+            sync = perf.alpha_n + perf.beta_n * retrogression
+        elif replicas > 1:
+            sync = perf.alpha_r + perf.beta_r * retrogression
+        else:
+            sync = 0.0
+        high, low = max(compute, sync), min(compute, sync)
+        ratio = low / high if high > 0 else 0.0
+        step = accum * compute + high * math.pow(
+            1.0 + math.pow(ratio, perf.gamma), 1.0 / perf.gamma
+        )
+        batch = replicas * local_bsz * (accum + 1)
+        if step <= 0 or batch <= 0:  # what numpy makes of a zero model or an empty batch
+            args = [np.asarray(v) for v in (nodes, replicas, local_bsz, accum)]
+            return float(self._goodput(*args))
+        m0, grad = self.init_batch_size, self.grad
+        denom = grad.var / (batch / m0) + grad.sqr
+        gain = (grad.var + grad.sqr) / denom if denom > 0 else 1.0
+        return batch / step * (gain * m0 / batch)
 
     @overload
     def optimize(  # type: ignore[overload-overlap]
@@ -274,6 +309,8 @@ class GoodputFunction:
             raise ValueError(f"max_batch_size {max_batch} is below init_batch_size {m0}")
         if not 1 <= min_local <= max_local:
             raise ValueError(f"local_bsz_bounds must satisfy 1 <= low <= high: {local_bsz_bounds}")
+        if _is_scalar(nodes, replicas) and nodes == 1 and replicas == 1:
+            return self._optimize_one_gpu(max_batch, min_local, max_local, accumulation)
         n_in, k_in = np.broadcast_arrays(np.asarray(nodes), np.asarray(replicas))
         shape = n_in.shape
         n, k = n_in.astype(np.int64).ravel(), k_in.astype(np.int64).ravel()
@@ -281,7 +318,7 @@ class GoodputFunction:
             raise ValueError("optimize needs 1 <= nodes <= replicas")
         # Rows: CANDIDATES total batch sizes, geometric from `smallest` to `max_batch`.
         smallest = np.maximum(m0, min_local * k).astype(np.float64)
-        steps = np.linspace(0.0, 1.0, CANDIDATES)[:, None]
+        steps = _CANDIDATE_STEPS[:, None]
         local = smallest * (max_batch / smallest) ** steps / k
         if accumulation:
             # At least 0: a per-GPU batch far below a huge max_local rounds to -1 otherwise.
@@ -302,6 +339,35 @@ class GoodputFunction:
         if _is_scalar(nodes, replicas):
             return float(best_goodput), int(best_local), int(best_accum)
         return best_goodput, best_local, best_accum
+
+    def _optimize_one_gpu(
+        self, max_batch: int, min_local: int, max_local: int, accumulation: bool
+    ) -> tuple[float, int, int]:
+        """`optimize` on one GPU: the same candidates and arithmetic, without broadcasting.
+
+        Why: a training job's tuner asks this at its decisions, several times
+        each, and the general path's broadcasting over (nodes, replicas) pairs
+        costs it several times the arithmetic (there is no sync term to add).
+        """
+        m0 = self.init_batch_size
+        smallest = float(max(m0, min_local))
+        local = smallest * (max_batch / smallest) ** _CANDIDATE_STEPS
+        if accumulation:
+            accum = np.maximum(np.ceil(local / max_local - _EPS) - 1, 0)
+            accum = np.where(local > m0 + _EPS, np.maximum(accum, 1), accum).astype(np.int64)
+        else:
+            accum = np.zeros(CANDIDATES, dtype=np.int64)
+        local_bsz = np.minimum(
+            np.ceil(local / (accum + 1) - _EPS).astype(np.int64), max_batch // (accum + 1)
+        )
+        m = np.maximum(local_bsz, 1)
+        compute = self.perf.alpha_c + self.perf.beta_c * m.astype(np.float64)
+        step = accum * compute + compute  # `_overlap` with no sync term is the compute time
+        batch = (m * (accum + 1)).astype(np.float64)
+        goodput = batch / step * (_gain(self.grad, m0, batch) * m0 / batch)
+        valid = (min_local <= local_bsz) & (local_bsz <= max_local)
+        best = int(np.argmax(np.where(valid, goodput, 0.0)))
+        return float(goodput[best]) if valid[best] else 0.0, int(local_bsz[best]), int(accum[best])
 
 
 def optimize_many(
@@ -527,6 +593,7 @@ ONE_REPLICA_GRID = 51
 """Points of each grid `fit_one_replica` searches, each narrower than the one before."""
 ONE_REPLICA_TOLERANCE = 1e-7
 """Width of the last grid, as a share of the step time that grows with the batch."""
+_ONE_REPLICA_UNIT = np.linspace(0.0, 1.0, ONE_REPLICA_GRID)
 
 
 def _fit_on_bound(log_t: FloatArray, free: FloatArray, fixed: FloatArray) -> float:
@@ -570,21 +637,21 @@ def fit_one_replica(local_bsz: npt.ArrayLike, step_time: npt.ArrayLike) -> PerfP
         beta = _fit_on_bound(log_t, m, alpha * ones)
         return PerfParams(alpha, max(beta, _LOWER), 1.1 * _LOWER, 1.1 * _LOWER, _LOWER, _LOWER, 1.0)
     ratio = m / m.max()
+    rise = ratio - 1.0  # (1 - s) + s ratio = 1 + s (ratio - 1)
 
     def errors(shares: FloatArray) -> tuple[FloatArray, FloatArray]:
-        shape = np.log((1.0 - shares)[:, None] + shares[:, None] * ratio[None, :])
-        residual = log_t[None, :] - shape
+        residual = log_t - np.log(1.0 + np.multiply.outer(shares, rise))
         log_c = residual.mean(axis=1)
-        return np.sum((residual - log_c[:, None]) ** 2, axis=1), log_c
+        return np.square(residual - log_c[:, None]).sum(axis=1), log_c
 
     low, high = 0.0, 1.0
     while True:  # each grid narrows the search to the two cells around its best point
-        shares = np.linspace(low, high, ONE_REPLICA_GRID)
+        shares = low + (high - low) * _ONE_REPLICA_UNIT
         sse, log_c = errors(shares)
         best = int(np.argmin(sse))
         if high - low < ONE_REPLICA_TOLERANCE:
             break
-        low, high = shares[max(best - 1, 0)], shares[min(best + 1, shares.size - 1)]
+        low, high = float(shares[max(best - 1, 0)]), float(shares[min(best + 1, shares.size - 1)])
     share, scale = float(shares[best]), math.exp(float(log_c[best]))
     alpha, beta = scale * (1.0 - share), scale * share / float(m.max())
     if beta < _LOWER:  # on the bound: beta_c = 1e-8 and the best alpha_c beside it

@@ -292,6 +292,51 @@ def test_optimize_broadcasts_like_scalar_calls() -> None:
             assert (best[i, j], local_bsz[i, j], accum[i, j]) == single
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    perf_params,
+    grad_params,
+    st.integers(1, 512),
+    st.integers(1, 64),
+    st.integers(1, 1024),
+    st.integers(0, 1024),
+    st.booleans(),
+)
+def test_one_gpu_is_answered_exactly_as_the_broadcast_path_would(
+    perf: PerfParams,
+    grad: GradParams,
+    m0: int,
+    growth: int,
+    low: int,
+    span: int,
+    accumulation: bool,
+) -> None:
+    # The tuner's question (scalars, one GPU) takes a path of its own; the answer is the same.
+    fn = GoodputFunction(perf, grad, m0)
+    args = (m0 * growth, (low, low + span), accumulation)
+    best, local_bsz, accum = fn.optimize(np.array([1]), np.array([1]), *args)
+    assert fn.optimize(1, 1, *args) == (float(best[0]), int(local_bsz[0]), int(accum[0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    perf_params,
+    grad_params,
+    st.integers(1, 512),
+    st.integers(1, 8),
+    st.integers(0, 24),
+    st.integers(1, 1024),
+    st.integers(0, 8),
+)
+def test_one_configuration_is_evaluated_as_arrays_are_to_rounding(
+    perf: PerfParams, grad: GradParams, m0: int, nodes: int, extra: int, local: int, accum: int
+) -> None:
+    fn = GoodputFunction(perf, grad, m0)
+    replicas = nodes + extra
+    many = fn.evaluate([nodes], [replicas], [local], [accum])
+    assert fn.evaluate(nodes, replicas, local, accum) == pytest.approx(float(many[0]), rel=1e-12)
+
+
 @pytest.mark.parametrize(
     ("nodes", "replicas", "max_batch"), [(2, 1, M0), (0, 1, M0), (1, 1, M0 - 1)]
 )

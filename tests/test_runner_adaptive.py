@@ -195,10 +195,10 @@ def test_decisions_take_at_most_their_share_of_the_training_time(
     fits, configs = [0], [0]
     real_fit, real_use = StepProfile.fit, BatchTuner._use
 
-    def slow_fit(profile: StepProfile) -> Any:
+    def slow_fit(profile: StepProfile, times: Any = None) -> Any:
         fits[0] += 1
         clock.now += 0.05  # a decision costs as much as five steps
-        return real_fit(profile)
+        return real_fit(profile, times)
 
     def counted_use(tuner: BatchTuner, config: Any) -> None:
         configs[0] += 1

@@ -56,12 +56,13 @@ class StepProfile:
             pooled.setdefault((replicas, local), []).extend(times)
         return {km: statistics.median(v) for km, v in sorted(pooled.items()) if v}
 
-    def fit(self) -> PerfParams | None:
+    def fit(self, times: dict[tuple[int, int], float] | None = None) -> PerfParams | None:
         """Pollux's step-time model fitted to the medians; None before any step was timed.
 
         A median on several replicas is a step's T_iter only (module docstring).
+        `times` are the medians if the caller has them (`compute_times`).
         """
-        times = self.compute_times()
+        times = self.compute_times() if times is None else times
         if not times or min(times.values()) <= 0:
             return None
         replicas, sizes = [k for k, _ in times], [m for _, m in times]

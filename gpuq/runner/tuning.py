@@ -317,7 +317,8 @@ class BatchTuner:
             self.next_decision = self.steps + 1
             return self.config
         started = step_clock()
-        perf = self.profile.fit()
+        times = self.profile.compute_times()
+        perf = self.profile.fit(times)
         if perf is None:
             self.next_decision = self.steps + 1
             return self.config
@@ -325,7 +326,6 @@ class BatchTuner:
         grad = self.gns.cautious_estimate() or PRIOR
         goodput_fn = GoodputFunction(perf, grad, self.init_batch_size)
         bound = None if self.capacity is None else memory_bound(self.profile.peaks, self.capacity)
-        times = self.profile.compute_times()
         timed = max(m for _, m in times)
         max_local = min(EXPLORE_FACTOR * timed, self.max_batch_size if bound is None else bound)
         choose = functools.partial(
