@@ -32,6 +32,13 @@ Aging
     `1 + waited_K / aging`, less than `waited_J / aging`), so J is passed
     over only by jobs submitted before it or within `aging` after it. With
     a single user, ranking by it is first come, first served, as before.
+Turns (`turn_shares`)
+    Where jobs of several users take turns on an over-subscribed node, a
+    job's part of the node's time is weighted by its owner's share over
+    the GPUs that owner's jobs ask for there, so a user's jobs together
+    compute for the user's share of the node, however many they are; with
+    one user's jobs, or fair share off, each is owed G / D. The daemon's
+    time-slicer and the simulator apply this one rule.
 Limits (`lab.max_gpus`, `lab.max_running`, `lab.max_queued`; 0: none)
     A job whose owner already holds `max_gpus` GPUs (or would with it) or
     runs `max_running` jobs is not started; its reason says so
@@ -157,6 +164,50 @@ class Fairness:
     def limited(self) -> bool:
         """True if a per-user limit is set."""
         return self.max_gpus > 0 or self.max_running > 0
+
+
+def turn_shares(
+    gpus: int, members: Mapping[int, tuple[str, int]], fair: Fairness | None
+) -> dict[int, float]:
+    """Each member's part (at most 1) of the time of a node of `gpus` its jobs take turns on.
+
+    `members` maps each job sharing the node to its owner and the GPUs it
+    asks for there (module docstring, "Turns"). Each job's weight is 1, or
+    with fair share and members of several users its owner's share over
+    the GPUs its owner's members ask for; parts are proportional to the
+    weights, and what a job cannot use (a part above 1) goes to the others
+    by their weights, as the turns give it: the node's GPUs never idle
+    while a member waits. Without shares that is G / D each, D the GPUs the
+    members ask for together (1 each where D <= G).
+    """
+    sizes = {job_id: size for job_id, (_, size) in members.items()}
+    demand = sum(sizes.values())
+    if demand <= gpus:
+        return dict.fromkeys(sizes, 1.0)
+    asked: dict[str, int] = {}
+    for user, size in members.values():
+        asked[user] = asked.get(user, 0) + size
+    if fair is None or len(asked) < 2:
+        return dict.fromkeys(sizes, gpus / demand)
+    weight = {
+        job_id: fair.of(user).share / asked[user] if asked[user] else 0.0
+        for job_id, (user, _) in members.items()
+    }
+    parts: dict[int, float] = {}
+    while True:  # water-filling: fix the members whose part reaches 1, share out the rest
+        left = [j for j in sizes if j not in parts]
+        room = gpus - sum(sizes[j] for j in parts)
+        weighed = sum(weight[j] * sizes[j] for j in left)
+        if weighed <= 0:  # those left have no share: what remains goes to them evenly
+            rest = sum(sizes[j] for j in left)
+            parts.update((j, min(1.0, room / rest) if rest else 0.0) for j in left)
+            return parts
+        level = room / weighed
+        full = [j for j in left if level * weight[j] >= 1.0]
+        if not full:
+            parts.update((j, level * weight[j]) for j in left)
+            return parts
+        parts.update((j, 1.0) for j in full)
 
 
 @dataclass(slots=True)
@@ -295,4 +346,5 @@ __all__ = [
     "fair_share_factor",
     "limit_reason",
     "queued_limit_reason",
+    "turn_shares",
 ]

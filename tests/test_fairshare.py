@@ -8,6 +8,7 @@ The simulator's acceptance runs are in tests/test_sim_fairshare.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -31,6 +32,7 @@ from gpuq.fairshare import (
     fair_share_factor,
     limit_reason,
     queued_limit_reason,
+    turn_shares,
 )
 from gpuq.models import JobState
 from gpuq.policies.fairness import budgets, ranks
@@ -492,3 +494,62 @@ def test_a_user_at_its_share_preempts_nobody() -> None:
     )  # fmt: skip
     decision = GpuqPolicy(timeslice="off").decide(state, NOW)
     assert sorted(decision.allocations) == [1, 2, 3, 4]
+
+
+# ---- turns on an over-subscribed node -------------------------------------------------
+
+
+def shared(**shares: float) -> Fairness:
+    return Fairness({user: UserShare(share=share) for user, share in shares.items()})
+
+
+def test_without_shares_each_job_is_owed_the_gpus_over_what_they_ask() -> None:
+    members = {1: ("alice", 2), 2: ("bob", 1), 3: ("bob", 3)}
+    assert turn_shares(4, members, None) == dict.fromkeys(members, 4 / 6)
+    assert turn_shares(6, members, shared(alice=5.0)) == dict.fromkeys(members, 1.0)  # room for all
+    assert turn_shares(4, {1: ("alice", 2), 2: ("alice", 4)}, shared(alice=5.0)) == {
+        1: 4 / 6,
+        2: 4 / 6,
+    }
+
+
+@pytest.mark.parametrize(
+    ("shares", "bob", "alices"),
+    [((1.0, 1.0), 1.0, 3 / 5), ((5.0, 1.0), 4 / 6, 4 / 6), ((1.0, 3.0), 1.0, 3 / 5)],
+)
+def test_several_users_jobs_take_turns_by_their_owners_shares(
+    shares: tuple[float, float], bob: float, alices: float
+) -> None:
+    """Alice's five one-GPU jobs and bob's one on four GPUs (the slicer's test, by the rule).
+
+    Bob's half of the node is two GPUs, more than his one job can use: it
+    computes all the time and the rest goes to alice's five.
+    """
+    members = {i: ("alice", 1) for i in range(1, 6)} | {6: ("bob", 1)}
+    parts = turn_shares(4, members, shared(alice=shares[0], bob=shares[1]))
+    assert parts[6] == pytest.approx(bob)
+    assert [parts[i] for i in range(1, 6)] == pytest.approx([alices] * 5)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 8)), min_size=1, max_size=12),
+    st.integers(1, 16),
+    st.tuples(*[st.floats(0.1, 10.0)] * 3),
+)
+def test_turns_fill_the_node_never_give_more_than_all_and_follow_the_weights(
+    jobs: list[tuple[str, int]], gpus: int, shares: tuple[float, float, float]
+) -> None:
+    members = dict(enumerate(jobs))
+    fair = shared(a=shares[0], b=shares[1], c=shares[2])
+    parts = turn_shares(gpus, members, fair)
+    assert all(0.0 <= part <= 1.0 + 1e-12 for part in parts.values())
+    used = sum(parts[j] * size for j, (_, size) in members.items())
+    assert used == pytest.approx(min(gpus, sum(size for _, size in jobs)))
+    # Where neither is held back by its GPUs' limit, parts go as the owners' weights.
+    asked = {user: sum(s for u, s in jobs if u == user) for user, _ in jobs}
+    weight = {j: fair.of(user).share / asked[user] for j, (user, _) in members.items()}
+    if len(asked) < 2:
+        weight = dict.fromkeys(members, 1.0)
+    free = [j for j in members if parts[j] < 1.0 - 1e-9]
+    for j, k in itertools.pairwise(free):
+        assert parts[j] / parts[k] == pytest.approx(weight[j] / weight[k])

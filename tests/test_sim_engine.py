@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
+from gpuq.fairshare import Fairness, UserShare
 from gpuq.goodput import GoodputFunction, adascale_gain, fit_perf_params
 from gpuq.policies.interface import (
     Capabilities,
@@ -383,3 +384,16 @@ def test_a_lone_job_is_treated_about_fairly() -> None:
     (record_,) = Simulator(Fifo(), workload, nodes=1, gpus_per_node=4).run().jobs
     assert record_.rho == pytest.approx(1.0)  # alone, it is its own equal share
     assert math.isclose(record_.isolated_jct, 30.0 + solo_seconds("bert", (2,), 48))
+
+
+@pytest.mark.parametrize(("alice", "parts"), [(1.0, (0.5, 0.5)), (3.0, (0.75, 0.25))])
+def test_in_lab_mode_a_packed_group_takes_turns_as_one_job_of_its_owner(
+    alice: float, parts: tuple[float, float]
+) -> None:
+    # Alice's packed pair and bob's job over-subscribe two GPUs; the pair shares its part.
+    allocations = {1: (2,), 2: (2,), 3: (2,)}
+    owners = {1: "alice", 2: "alice", 3: "bob"}
+    fair = Fairness({"alice": UserShare(share=alice), "bob": UserShare()})
+    factors = sharing((2,), allocations, ((1, 2),), 0.0, 0.1, owners, fair)
+    group, bob = parts
+    assert factors == pytest.approx({1: (group / 2, 0.9), 2: (group / 2, 0.9), 3: (bob, 1.0)})

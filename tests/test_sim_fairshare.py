@@ -24,12 +24,13 @@ from pathlib import Path
 import pytest
 
 from gpuq.fairshare import FairShare
+from gpuq.policies.interface import Decision
 from gpuq.policies.registry import get_policy
 from gpuq.sim import SimLab, Simulator, WorkloadJob, assign_users, copies_for_users
 from gpuq.sim.fair import UserTick, all_backlogged, gpu_time_shares, max_min_shares
 from gpuq.sim.metrics import SimResult
 from gpuq.sim.workload import lab_workload, load_workload, write_workload
-from tests.test_sim_engine import SMALL, Fifo
+from tests.test_sim_engine import SMALL, Fifo, Scripted, job, solo_seconds
 
 # ---- workloads with users -----------------------------------------------------------
 
@@ -93,6 +94,30 @@ def test_users_are_charged_what_their_jobs_held_as_the_daemon_would() -> None:
     users = result.users()
     held = sum(float(figures["gpu_time"]) for figures in users.values())
     assert held == pytest.approx(sum(job.gpu_time for job in result.jobs))
+
+
+@pytest.mark.parametrize(("shares", "first"), [({"alice": 3.0}, "alice"), ({}, None)])
+def test_users_jobs_taking_turns_on_a_node_progress_by_their_owners_shares(
+    shares: dict[str, float], first: str | None
+) -> None:
+    """Two users' jobs over-subscribe one node: as the daemon's turns give it, alice's 3:1.
+
+    Alice's job computes 3/4 of the time until it ends (4/3 of its time alone),
+    then bob's runs alone; with equal shares both take half, as without a lab.
+    """
+    work = (
+        replace(job("a", 0.0, "bert", 2, 48), user="alice"),
+        replace(job("b", 0.0, "bert", 2, 48), user="bob"),
+    )
+    both = Scripted(lambda now, s: Decision({j.id: (2,) for j in s.jobs}))
+    lab = SimLab(shares)
+    result = Simulator(both, work, nodes=1, gpus_per_node=2, restart_penalty=0, lab=lab).run()
+    solo = solo_seconds("bert", (2,), 48)
+    jct = {record.user: record.jct for record in result.jobs}
+    if first is None:
+        assert jct == pytest.approx({"alice": 2 * solo, "bob": 2 * solo}, rel=0.01)
+    else:
+        assert jct == pytest.approx({"alice": 4 / 3 * solo, "bob": 2 * solo}, rel=0.01)
 
 
 def test_backlog_and_shares_over_ticks() -> None:

@@ -15,6 +15,7 @@ import pytest
 from gpuq.daemon.scheduler.slicer import PARK_RESIDENT_BYTES, Slicer, Waiting
 from gpuq.fairshare import Fairness, UserShare
 from gpuq.policies.interface import ClusterState, Decision, GpuView, JobView, NodeView
+from gpuq.sim.engine import sharing as sim_sharing
 
 GIB = 1024**3
 RUNNER = Waiting(frozenset({"park", "checkpoint", "stop"}), 2 * GIB)
@@ -383,3 +384,25 @@ def test_in_lab_mode_turns_follow_the_users_shares_not_their_job_counts(
     computed = {i: server.computed[i] / hours for i in server.jobs}
     assert computed[6] == pytest.approx(bob, rel=0.05)
     assert [computed[i] for i in range(1, 6)] == pytest.approx([(4 - bob) / 5] * 5, rel=0.05)
+
+
+@pytest.mark.parametrize("shares", [(1.0, 1.0), (5.0, 1.0), (1.0, 3.0), (2.0, 1.0)])
+def test_the_simulator_gives_each_job_the_part_the_turns_give_it(
+    shares: tuple[float, float],
+) -> None:
+    """Live and simulated lab turns agree: `gpuq sim` runs the rule the slicer realizes.
+
+    Four of alice's one-GPU jobs and two of bob's on four GPUs, over eight hours of turns.
+    """
+    server = Server.of(4, 6)
+    server.jobs = {
+        i: replace(job, user="bob" if i > 4 else "alice") for i, job in server.jobs.items()
+    }
+    fair = Fairness({"alice": UserShare(share=shares[0]), "bob": UserShare(share=shares[1])})
+    server.fair = fair
+    hours = 8 * 3600.0
+    server.run(hours)
+    owners = {i: job.user for i, job in server.jobs.items()}
+    simulated = sim_sharing((4,), {i: (1,) for i in server.jobs}, (), 0.0, 0.0, owners, fair)
+    for i in server.jobs:
+        assert server.computed[i] / hours == pytest.approx(simulated[i][0], rel=0.05)

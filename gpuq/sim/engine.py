@@ -22,7 +22,9 @@ Sharing, applied in step 4 (choices the papers leave to the simulator):
 
 - Time-slicing: a node whose allocations exceed its GPUs runs its jobs
   round-robin, so each progresses at `gpus / demand` of its rate; a job
-  spanning several nodes runs at the smallest share among them. A
+  spanning several nodes runs at the smallest share among them. In lab
+  mode, jobs of several users on a node take its time by their owners'
+  shares, as the daemon's time-slicer gives it (`gpuq.fairshare.turn_shares`). A
   `Decision.packed` group shares the same GPUs at once and counts once in
   the node's demand, with the group's largest allocation there.
 - Packing: the tables measure exclusive GPUs only and give no utilization
@@ -80,7 +82,7 @@ from typing import Any
 import numpy as np
 
 from gpuq.errors import GpuqError
-from gpuq.fairshare import FairShare
+from gpuq.fairshare import Fairness, FairShare, turn_shares
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy, TypeModel
 from gpuq.sim.apps import Application, get_application
 from gpuq.sim.cluster import SimCluster, uniform_cluster
@@ -214,7 +216,7 @@ class Simulator:
                 decision_times.append(time.perf_counter() - started)
                 reallocations += self._apply(decision, active)
                 served = [job.attained_service for job in active]
-                self._advance(decision, active, now)
+                self._advance(decision, active, now, state.fair)
                 if self.account is not None:
                     self._charge(self.account, active, served, now)
                 if any(job.finish_time is not None for job in active):
@@ -328,10 +330,19 @@ class Simulator:
                 by_id[job_id].set_batch_size(int(batch_size))
         return restarts
 
-    def _advance(self, decision: Decision, active: list[SimJob], now: float) -> None:
+    def _advance(
+        self, decision: Decision, active: list[SimJob], now: float, fair: Fairness | None
+    ) -> None:
         allocations = {job.id: job.allocation for job in active if job.placement}
+        owners = {job.id: job.spec.user for job in active} if fair is not None else None
         factors = sharing(
-            self.capacity, allocations, decision.packed, self.interference, self.packing_overhead
+            self.capacity,
+            allocations,
+            decision.packed,
+            self.interference,
+            self.packing_overhead,
+            owners,
+            fair,
         )
         for job in active:
             if job.id in factors:
@@ -408,12 +419,15 @@ def sharing(
     packed: Sequence[Sequence[int]],
     interference: float,
     packing_overhead: float,
+    owners: Mapping[int, str] | None = None,
+    fair: Fairness | None = None,
 ) -> dict[int, tuple[float, float]]:
     """`(share, speed)` of each allocated job: its time share and its slowdown factor.
 
     A job progresses at `share * speed` of its exclusive rate and holds its
     GPUs `share` of the time (module docstring: time-slicing, packing,
-    interference).
+    interference). With `fair` (lab mode) and each job's user in `owners`,
+    a node's turns follow the users' shares (`shared_turns`).
     """
     width = len(capacity)
     group_of: dict[int, int] = {}
@@ -434,6 +448,9 @@ def sharing(
     for use in group_use.values():
         demand = [d + u for d, u in zip(demand, use, strict=True)]
     node_share = [min(1.0, c / d) if d else 1.0 for c, d in zip(capacity, demand, strict=True)]
+    turns = None
+    if fair is not None and owners is not None:
+        turns = shared_turns(capacity, allocations, packed, group_of, group_use, owners, fair)
     spread = {job_id for job_id, a in allocations.items() if sum(1 for g in a if g) > 1}
     crowding = [0] * width
     for job_id in spread:
@@ -441,9 +458,13 @@ def sharing(
     factors = {}
     for job_id, allocation in allocations.items():
         used = [i for i, a in enumerate(allocation) if a]
-        share = min(node_share[i] for i in used)
-        speed = 1.0
         number = group_of.get(job_id)
+        if turns is None:
+            share = min(node_share[i] for i in used)
+        else:
+            member = job_id if number is None else -1 - number
+            share = min(turns[i][member] for i in used)
+        speed = 1.0
         if number is not None:
             share /= group_size[number]
             speed = 1.0 - packing_overhead
@@ -451,3 +472,32 @@ def sharing(
             speed *= 1.0 - interference
         factors[job_id] = (share, speed)
     return factors
+
+
+def shared_turns(
+    capacity: Sequence[int],
+    allocations: Mapping[int, tuple[int, ...]],
+    packed: Sequence[Sequence[int]],
+    group_of: Mapping[int, int],
+    group_use: Mapping[int, list[int]],
+    owners: Mapping[int, str],
+    fair: Fairness,
+) -> list[dict[int, float]]:
+    """Per node, each member's part of its time by the lab's rule (`gpuq.fairshare.turn_shares`).
+
+    The members are the jobs on the node, a packed group counting as one
+    (key -1 - its index in `packed`) with its largest allocation there and
+    its lowest job id's owner, as the daemon slices a group by one anchor.
+    """
+    turns: list[dict[int, float]] = []
+    for node, gpus in enumerate(capacity):
+        members: dict[int, tuple[str, int]] = {}
+        for job_id, allocation in allocations.items():
+            if allocation[node] and job_id not in group_of:
+                members[job_id] = (owners.get(job_id, ""), allocation[node])
+        for number, use in group_use.items():
+            if use[node]:
+                anchor = min(j for j in packed[number] if group_of.get(j) == number)
+                members[-1 - number] = (owners.get(anchor, ""), use[node])
+        turns.append(turn_shares(gpus, members, fair) if members else {})
+    return turns

@@ -73,7 +73,7 @@ from gpuq.daemon.scheduler.room import (
     sharing,
     wait_mode,
 )
-from gpuq.fairshare import Fairness
+from gpuq.fairshare import Fairness, turn_shares
 from gpuq.policies.interface import ClusterState, Decision, JobView, Policy
 
 __all__ = ["PARK_RESIDENT_BYTES", "REBALANCE_QUANTA", "Slicer", "Slices", "Waiting", "slicer_for"]
@@ -477,22 +477,10 @@ class Slicer:
 def turn_rates(node: SlicedNode, fair: Fairness | None) -> dict[int, float]:
     """Each member's owed part of the node's time (at most 1): G / D, or weighted by shares.
 
-    With fair share and members of several users, a job's weight is its
-    owner's share over the GPUs the owner's members ask for, so a user's
-    members together are owed the user's share of the node's GPU time.
+    The rule the simulator applies too (`gpuq.fairshare.turn_shares`).
     """
-    gpus = len(node.gpus)
-    sizes = {job.id: node.size[job.id] for job in node.members}
-    users = {job.user for job in node.members}
-    if fair is None or len(users) < 2:
-        demand = sum(sizes.values())
-        return {job_id: min(1.0, gpus / demand) for job_id in sizes}
-    asked = {user: 0 for user in users}
-    for job in node.members:
-        asked[job.user] += sizes[job.id]
-    weight = {job.id: fair.of(job.user).share / asked[job.user] for job in node.members}
-    total = sum(weight[job_id] * size for job_id, size in sizes.items())
-    return {job_id: min(1.0, gpus * weight[job_id] / total) for job_id in sizes}
+    members = {job.id: (job.user, node.size[job.id]) for job in node.members}
+    return turn_shares(len(node.gpus), members, fair)
 
 
 def slicer_for(policy: Policy) -> Slicer | None:
