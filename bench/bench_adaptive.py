@@ -86,7 +86,7 @@ from bench.adaptive_runs import (
     pinned,
     train,
 )
-from bench.adaptive_tasks import TASKS, Task, mlp_data
+from bench.adaptive_tasks import TASKS, Samples, Task, mlp_data
 
 
 @dataclass(frozen=True)
@@ -238,6 +238,35 @@ def configurations(task: Task, all_rules: bool) -> list[tuple[int | None, str | 
     return runs
 
 
+def to_target(
+    task: Task,
+    data: Samples,
+    held_out: Samples,
+    *,
+    batch: int | None,
+    rule: str | None = None,
+    max_seconds: float = math.inf,
+    seed: int = 0,
+) -> Outcome:
+    """One run of `task` to its target, validated and bounded as every run of the bench is.
+
+    `batch` None is the adaptive run; the rest is `bench.adaptive_runs.train`'s.
+    """
+    setting = SETTINGS[task.name]
+    return train(
+        task,
+        data,
+        (held_out.x, held_out.y),
+        batch=batch,
+        target=setting.target,
+        eval_every=setting.samples // EVALUATIONS_PER_EPOCH,
+        max_samples=setting.samples * setting.max_epochs,
+        rule=rule,
+        max_seconds=max_seconds,
+        seed=seed,
+    )
+
+
 def run_task(
     name: str,
     repeats: int,
@@ -268,14 +297,11 @@ def run_task(
             else:
                 context = contextlib.nullcontext()
             with context:
-                run = train(
+                run = to_target(
                     task,
                     data,
-                    (held_out.x, held_out.y),
+                    held_out,
                     batch=batch,
-                    target=setting.target,
-                    eval_every=setting.samples // EVALUATIONS_PER_EPOCH,
-                    max_samples=setting.samples * setting.max_epochs,
                     rule=rule,
                     max_seconds=limit if fixed_above_m0 else math.inf,
                     seed=0 if same_seed else repeat,

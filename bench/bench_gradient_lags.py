@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 import gpuq.runner.tuning
-from bench.adaptive_runs import pinned, train
+from bench.adaptive_runs import pinned
 from bench.adaptive_tasks import TASKS, Task
-from bench.bench_adaptive import EVALUATIONS_PER_EPOCH, SETTINGS
+from bench.bench_adaptive import SETTINGS, to_target
 
 LAGS = (1, 2, 4, 8, 16, 32)
 """Steps apart at which gradient products are averaged."""
@@ -103,7 +103,6 @@ def lags(task: Task, steps: int) -> list[dict[str, float]]:
 
 def measured_noise_scales(task: Task, size: int) -> tuple[bool, list[float]]:
     """A pinned run at `size` to the target: the noise scale the tuner measured, every 20 steps."""
-    setting = SETTINGS[task.name]
     seen: list[float] = []
     tuner = gpuq.runner.tuning.BatchTuner
     before_step = tuner._before_step
@@ -117,16 +116,8 @@ def measured_noise_scales(task: Task, size: int) -> tuple[bool, list[float]]:
     tuner._before_step = watch  # type: ignore[method-assign]
     try:
         with pinned():
-            held_out = task.make_data(4_096, 99)
-            run = train(
-                task,
-                task.make_data(setting.samples, 0),
-                (held_out.x, held_out.y),
-                batch=size,
-                target=setting.target,
-                eval_every=setting.samples // EVALUATIONS_PER_EPOCH,
-                max_samples=setting.samples * setting.max_epochs,
-            )
+            data = task.make_data(SETTINGS[task.name].samples, 0)
+            run = to_target(task, data, task.make_data(4_096, 99), batch=size)
     finally:
         tuner._before_step = before_step  # type: ignore[method-assign]
     return run.reached, seen
