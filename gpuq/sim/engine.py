@@ -450,7 +450,8 @@ def sharing(
     node_share = [min(1.0, c / d) if d else 1.0 for c, d in zip(capacity, demand, strict=True)]
     turns = None
     if fair is not None and owners is not None:
-        turns = shared_turns(capacity, allocations, packed, group_of, group_use, owners, fair)
+        busy = [c < d for c, d in zip(capacity, demand, strict=True)]  # the nodes with turns
+        turns = shared_turns(capacity, busy, allocations, packed, group_of, group_use, owners, fair)
     spread = {job_id for job_id, a in allocations.items() if sum(1 for g in a if g) > 1}
     crowding = [0] * width
     for job_id in spread:
@@ -463,7 +464,7 @@ def sharing(
             share = min(node_share[i] for i in used)
         else:
             member = job_id if number is None else -1 - number
-            share = min(turns[i][member] for i in used)
+            share = min(turns[i].get(member, node_share[i]) for i in used)
         speed = 1.0
         if number is not None:
             share /= group_size[number]
@@ -476,6 +477,7 @@ def sharing(
 
 def shared_turns(
     capacity: Sequence[int],
+    busy: Sequence[bool],
     allocations: Mapping[int, tuple[int, ...]],
     packed: Sequence[Sequence[int]],
     group_of: Mapping[int, int],
@@ -488,9 +490,13 @@ def shared_turns(
     The members are the jobs on the node, a packed group counting as one
     (key -1 - its index in `packed`) with its largest allocation there and
     its lowest job id's owner, as the daemon slices a group by one anchor.
+    Only the `busy` nodes (over-subscribed) have turns; the others' are empty.
     """
     turns: list[dict[int, float]] = []
     for node, gpus in enumerate(capacity):
+        if not busy[node]:
+            turns.append({})
+            continue
         members: dict[int, tuple[str, int]] = {}
         for job_id, allocation in allocations.items():
             if allocation[node] and job_id not in group_of:
