@@ -238,8 +238,7 @@ class GoodputFunction:
             values = (float(cast(Scalar, v)) for v in (nodes, replicas, local_bsz, accum_steps))
             return self._evaluate_scalar(*values)
         args = [np.asarray(v) for v in (nodes, replicas, local_bsz, accum_steps)]
-        result = self._goodput(*args)
-        return float(result) if _is_scalar(nodes, replicas, local_bsz, accum_steps) else result
+        return self._goodput(*args)
 
     def _evaluate_scalar(
         self, nodes: float, replicas: float, local_bsz: float, accum: float
