@@ -262,6 +262,24 @@ def test_an_adaptive_job_grows_into_idle_gpus_and_says_what_it_gains() -> None:
     assert action.reason.startswith(f"resized 1 -> {sum(decision.allocations[1])} GPUs: goodput +")
 
 
+def test_a_new_adaptive_job_alone_starts_on_one_gpu_and_says_why() -> None:
+    # Its runner has reported on no GPU count yet: Pollux's exploration cap
+    # holds it to one, so its speedup over a fair share of four reads 0.25.
+    cluster = state(adaptive(1, 1, 4, max_profiled_gpus=0), count=4)
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,)}
+    assert decision.notes[1] == (
+        "speedup 0.25 over a fair share; 1 of 1-4 GPUs until its runner reports"
+    )
+
+
+def test_an_adaptive_job_grows_twice_what_its_runner_reported_on_and_says_so() -> None:
+    cluster = state(adaptive(1, 1, 8, "GPU-0", max_profiled_gpus=1), count=8)
+    (action,) = plan(cluster, decide(cluster))
+    assert action.reason.startswith("resized 1 -> 2 GPUs: goodput +")
+    assert action.reason.endswith("; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on")
+
+
 def test_adaptive_jobs_share_the_gpus_by_goodput_with_rigid_ones() -> None:
     cluster = state(adaptive(1, 1, 4, "GPU-0", "GPU-1", "GPU-2", "GPU-3"), rigid(2, 2), count=4)
     decision = decide(cluster)

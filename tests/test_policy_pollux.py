@@ -521,6 +521,19 @@ def test_a_job_gets_none_or_at_least_its_minimum_even_unexplored() -> None:
     assert decision.notes[1] == "needs 4 GPUs; the cluster has 3"
 
 
+def test_a_job_held_back_by_exploration_says_so_in_its_note() -> None:
+    unexplored = job(1, LINEAR, max_gpus=8, max_profiled_gpus=0)
+    explored = job(2, LINEAR, max_gpus=8, max_profiled_gpus=8)
+    decision = fast().decide(ClusterState(cluster(16), (unexplored, explored)), NOW)
+    assert decision.allocations[1] == (1,)
+    assert decision.notes[1].endswith("; 1 of 1-8 GPUs until its runner reports")
+    assert decision.notes[2].startswith("speedup ")
+    assert "runner" not in decision.notes[2]  # it may have all it asks for
+    rigid = job(3, None, max_gpus=4, min_gpus=4, max_profiled_gpus=0, adaptive=False)
+    decision = fast().decide(ClusterState(cluster(8), (rigid,)), NOW)
+    assert "runner" not in decision.notes[3]  # a rigid job gets its count, not explored
+
+
 @settings(max_examples=60, deadline=None)
 @given(cluster_states(), st.sampled_from([1.0, -1.0, -10.0]))
 def test_decisions_never_exceed_capacity_caps_or_interference(

@@ -35,7 +35,7 @@ from gpuq.policies.gpuq.preempt import make_room
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
 from gpuq.policies.placement import Hardware, Hold, format_size
-from gpuq.policies.pollux.policy import Solution
+from gpuq.policies.pollux.policy import Solution, exploring
 from gpuq.policies.pollux.search import SearchProblem, job_speedups
 
 Search = Callable[[int, ClusterState], Solution | Decision]
@@ -533,12 +533,13 @@ def _sizes(solution: Solution) -> list[_Size]:
     sizes = []
     for row, job in enumerate(solution.jobs):
         speedup = float(now_speedups[row])
-        note = f"speedup {speedup:.2f} over a fair share"
+        target = tuple(int(n) for n in best[:, row])
+        held = exploring(job, sum(target), solution.max_gpu_factor)
+        note = f"speedup {speedup:.2f} over a fair share{held}"
         change = None
         if base_speedups[row] > 0:
             gain = speedup / float(base_speedups[row]) - 1.0
-            change = f"goodput {gain:+.0%} (speedup {speedup:.2f} over a fair share)"
-        target = tuple(int(n) for n in best[:, row])
+            change = f"goodput {gain:+.0%} (speedup {speedup:.2f} over a fair share){held}"
         sizes.append(_Size(job, target, note, change))
     return sizes
 

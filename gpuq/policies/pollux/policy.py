@@ -123,6 +123,27 @@ def gpu_cap(job: JobView, total_gpus: int, max_gpu_factor: int) -> int:
     return max(min(job.max_gpus, explore, by_batch, total_gpus), 0)
 
 
+def exploring(job: JobView, gpus: int, max_gpu_factor: int) -> str:
+    """Why an adaptive job gets no more than `gpus`, when Pollux's exploration cap is why.
+
+    A job is given at most `max_gpu_factor` times the most GPUs its runner has
+    reported on (one before any report), so that a size never measured is
+    reached a step at a time; alone on an empty server it then starts on one
+    GPU, and its speedup over a fair share reads low. "" where the cap does not
+    hold it back.
+    """
+    explore = max(max_gpu_factor * job.max_profiled_gpus, 1)
+    if not job.adaptive or gpus < explore or explore >= job.max_gpus:
+        return ""
+    asked = f"{max(job.min_gpus, 1)}-{job.max_gpus}"
+    if job.max_profiled_gpus == 0:
+        return f"; {gpus} of {asked} GPUs until its runner reports"
+    return (
+        f"; at most {explore} of {asked} GPUs,"
+        f" {max_gpu_factor}x the {job.max_profiled_gpus} its runner has reported on"
+    )
+
+
 def repair_order(jobs: Sequence[JobView]) -> list[JobView]:
     """The artifact's job order: least attained service, then oldest, then lowest id."""
     return sorted(jobs, key=lambda job: (job.attained_service, job.submit_time, job.id))
@@ -135,6 +156,8 @@ class Solution:
     jobs: list[JobView]
     problem: SearchProblem
     best: Allocations
+    max_gpu_factor: int = 2
+    """The exploration cap's factor the search ran with (`exploring`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +297,8 @@ class PolluxPolicy:
                 allocations[job.id] = tuple(int(count) for count in best[:, row])
                 nodes = int(np.count_nonzero(best[:, row]))
                 where = "" if len(state.nodes) == 1 else f" on {nodes} node{'s' * (nodes > 1)}"
-                notes[job.id] = f"speedup {speedups[row]:.2f} over a fair share{where}"
+                held = exploring(job, gpus, self.max_gpu_factor)
+                notes[job.id] = f"speedup {speedups[row]:.2f} over a fair share{where}{held}"
             elif job.min_gpus > problem.node_gpus.sum():
                 notes[job.id] = (
                     f"needs {job.min_gpus} GPUs; the cluster has {problem.node_gpus.sum()}"
@@ -311,7 +335,7 @@ class PolluxPolicy:
         self._previous = Population(job_ids, node_names, result.population)
         self.last_generations = result.generations
         best = keep_current_placements(problem, result.population[0])
-        return Solution(jobs, problem, best)
+        return Solution(jobs, problem, best, self.max_gpu_factor)
 
     def save(self) -> dict[str, Any]:
         """Its memory: the random generator and the last population (`Remembers`)."""
