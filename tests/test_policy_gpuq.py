@@ -263,13 +263,23 @@ def test_an_adaptive_job_grows_into_idle_gpus_and_says_what_it_gains() -> None:
 
 
 def test_a_new_adaptive_job_alone_starts_on_one_gpu_and_says_why() -> None:
-    # Its runner has reported on no GPU count yet: Pollux's exploration cap
-    # holds it to one, so its speedup over a fair share of four reads 0.25.
-    cluster = state(adaptive(1, 1, 4, max_profiled_gpus=0), count=4)
+    # Its runner has not reported yet: Pollux's exploration holds it to one
+    # GPU, so its speedup over a fair share of four reads 0.25.
+    cluster = state(adaptive(1, 1, 4, max_profiled_gpus=0, goodput=None), count=4)
     decision = decide(cluster)
     assert decision.allocations == {1: (1,)}
     assert decision.notes[1] == (
         "speedup 0.25 over a fair share; 1 of 1-4 GPUs until its runner reports"
+    )
+
+
+def test_a_running_adaptive_job_without_a_checkpoint_keeps_its_gpus_and_says_why() -> None:
+    cluster = state(adaptive(1, 1, 4, "GPU-0", preemptible=False), count=4)
+    decision = decide(cluster)
+    assert decision.allocations == {1: (1,)}
+    assert decision.notes[1] == (
+        "kept on 1 of 1-4 GPUs: it is resized only through a gpuq.runner checkpoint,"
+        " which it has not offered"
     )
 
 

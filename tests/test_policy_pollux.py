@@ -532,6 +532,10 @@ def test_a_job_held_back_by_exploration_says_so_in_its_note() -> None:
     rigid = job(3, None, max_gpus=4, min_gpus=4, max_profiled_gpus=0, adaptive=False)
     decision = fast().decide(ClusterState(cluster(8), (rigid,)), NOW)
     assert "runner" not in decision.notes[3]  # a rigid job gets its count, not explored
+    unmodelled = job(4, None, max_gpus=8, max_profiled_gpus=0, allocation=(1,))
+    decision = fast().decide(ClusterState(cluster(8), (unmodelled,)), NOW)
+    assert decision.allocations[4] == (1,)
+    assert decision.notes[4].endswith("; 1 of 1-8 GPUs until its runner reports")
 
 
 @settings(max_examples=60, deadline=None)

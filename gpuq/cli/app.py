@@ -175,6 +175,7 @@ def show(
                     result.get("metrics"),
                     result["attempts"],
                     migrations=result.get("migrations") or (),
+                    sizing=result.get("sizing"),
                 )
             )
 

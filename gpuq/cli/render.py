@@ -158,8 +158,11 @@ def job_detail(
     attempts: Sequence[dict[str, Any]] = (),
     now: float | None = None,
     migrations: Sequence[dict[str, Any]] = (),
+    sizing: str | None = None,
 ) -> str:
     """The `gpuq show` text: spec, state, GPUs, timings, attempts, moves, metrics and history.
+
+    `sizing` is why a running adaptive job has the GPUs it has (the policy's note).
 
     Each line goes through `visible`, so no field can add a line or a terminal escape.
     """
@@ -177,6 +180,7 @@ def job_detail(
         f"  User:       {job['user']}",
         f"  GPUs:       {gpus_cell(job)}"
         + (f" on {', '.join(job['gpu_uuids'])}" if job["gpu_uuids"] else ""),
+        *([f"  Sizing:     {sizing}"] if sizing else []),
         f"  Node:       {node_detail(job)}",
         f"  Priority:   {job['priority']}",
         f"  Submitted:  {_when(job['submit_time'])}",

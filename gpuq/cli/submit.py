@@ -38,8 +38,9 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "gpus",
         "N|MIN-MAX",
         "Number of GPUs (0: a CPU-only job). Default 1. MIN-MAX makes the job adaptive: "
-        "a goodput policy gives it from MIN to MAX GPUs and resizes it through its "
-        "gpuq.runner checkpoint; other policies give it MIN.",
+        "a goodput policy gives it from MIN to MAX GPUs by what its gpuq.runner reports "
+        "(docs/runner.md) and resizes it through its checkpoint, and gpuq show says why "
+        "it has the count it has; other policies give it MIN.",
     ),
     Option(
         ("--gpu-mem",),

@@ -97,14 +97,16 @@ class DaemonState:
         self.started = time.time()
         self.active: dict[int, Job] = {}
         self.waiting_reasons: dict[int, str] = {}
+        self.sizing: dict[int, str] = {}
+        """Why each running adaptive job has the GPUs it has: the policy's latest note."""
         self.gpus = GpuSnapshot()
         self.memory_peaks: dict[int, int] = {}
         self.child_pgids: dict[int, int] = {}
         self.next_begin: float | None = None
         self.latest_samples: dict[int, dict[str, Any]] = {}
+        """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.type_fits: dict[int, TypeFits] = {}
         """Each job's newest model per GPU type (`gpuq.daemon.scheduler.typed`)."""
-        """Each active job's newest runner sample (`suspend.ChannelListener`), for the view."""
         self.profiled_gpus: dict[int, int] = {}
         """The most GPUs each active job held while its runner reported: explored counts."""
         self.view_cache = ViewCache()
@@ -254,6 +256,7 @@ class DaemonState:
         if state.is_terminal:
             self.active.pop(job.id, None)
             self.waiting_reasons.pop(job.id, None)
+            self.sizing.pop(job.id, None)
             self.child_pgids.pop(job.id, None)
             self.latest_samples.pop(job.id, None)
             self.profiled_gpus.pop(job.id, None)

@@ -10,6 +10,7 @@ from gpuq.daemon.history import MIGRATING, attempts, migrations
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import NotFoundError
+from gpuq.models import JobState
 from gpuq.protocol import Show
 
 
@@ -42,4 +43,5 @@ def handle(state: DaemonState, request: Show, caller: Caller) -> dict[str, Any]:
         "attempts": [attempt.to_dict() for attempt in attempts(events, now)],
         "migrations": [move.to_dict() for move in migrations(events, times)],
         "metrics": state.store.latest_sample(job.id),
+        "sizing": state.sizing.get(job.id) if job.state is JobState.RUNNING else None,
     }

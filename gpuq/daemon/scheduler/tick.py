@@ -65,6 +65,20 @@ async def decide(state: DaemonState, cluster: ClusterState, now: float) -> Decis
         return f"the policy did not decide within {DECIDE_DEADLINE:g}s; waiting for it"
 
 
+def sizing(cluster: ClusterState, decision: Decision) -> dict[int, str]:
+    """Why each running adaptive job has its GPUs: the policy's note for it, where it gave one.
+
+    `gpuq show` prints it ("Sizing:"): a job of `--gpus 1-4` on one GPU of an
+    idle server says what holds it there, which its history's start reason
+    said only once.
+    """
+    return {
+        job.id: decision.notes[job.id]
+        for job in cluster.jobs
+        if job.adaptive and job.gpu_uuids and decision.notes.get(job.id)
+    }
+
+
 def _after_turns(
     state: DaemonState, starts: list[Placement], sliced: frozenset[int], waiting: dict[int, str]
 ) -> list[Placement]:
@@ -203,6 +217,7 @@ async def schedule_pass(state: DaemonState) -> list[Placement]:
         return []
     memory.persist(state)
     wanted = decision
+    state.sizing = sizing(cluster, decision)
     turn_end: float | None = None
     sliced: frozenset[int] = frozenset()
     if slicer is not None and slicer.needed(cluster, decision):

@@ -165,7 +165,7 @@ class _Class:
         """Admit, size, pack, slice, and say why the rest wait."""
         self.out.notes.update(self.limited)
         for job in self.fixed:
-            self._keep(job, self.board.jobs[job.id].allocation)
+            self._keep(job, self.board.jobs[job.id].allocation, _unresizable(job))
         gated = [job for job in self.queue if job.gpu_mem is not None or job.min_gpus >= 1]
         admitted = self._admit(gated) if gated else {}
         ungated = [job for job in self.queue if job.gpu_mem is None and job.min_gpus < 1]
@@ -509,6 +509,16 @@ class _Class:
         summary = capacity.summary(capacity.outside(job))
         where = "" if job.nodes is None else node_names(job.nodes)
         return summary.wait_reason(need, job.gpu_mem, job.exclusive, where)
+
+
+def _unresizable(job: JobView) -> str | None:
+    """Why a running adaptive job that cannot checkpoint keeps its GPUs (None: not such a job)."""
+    if not job.adaptive or job.preemptible or job.suspended or job.gpu_mem is not None:
+        return None
+    return (
+        f"kept on {sum(job.allocation)} of {max(job.min_gpus, 1)}-{job.max_gpus} GPUs:"
+        " it is resized only through a gpuq.runner checkpoint, which it has not offered"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,13 +127,13 @@ def exploring(job: JobView, gpus: int, max_gpu_factor: int) -> str:
     """Why an adaptive job gets no more than `gpus`, when Pollux's exploration cap is why.
 
     A job is given at most `max_gpu_factor` times the most GPUs its runner has
-    reported on (one before any report), so that a size never measured is
-    reached a step at a time; alone on an empty server it then starts on one
-    GPU, and its speedup over a fair share reads low. "" where the cap does not
-    hold it back.
+    reported on, and one before it reports, so that a size never measured is
+    reached a step at a time. Alone on an empty server a new job then starts
+    on one GPU, and its speedup over a fair share reads low. "" where the cap
+    does not hold it back.
     """
     explore = max(max_gpu_factor * job.max_profiled_gpus, 1)
-    if not job.adaptive or gpus < explore or explore >= job.max_gpus:
+    if not job.adaptive or gpus < explore or gpus >= job.max_gpus:
         return ""
     asked = f"{max(job.min_gpus, 1)}-{job.max_gpus}"
     if job.max_profiled_gpus == 0:
