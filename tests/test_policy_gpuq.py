@@ -290,6 +290,19 @@ def test_an_adaptive_job_grows_twice_what_its_runner_reported_on_and_says_so() -
     assert action.reason.endswith("; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on")
 
 
+
+def test_a_resize_without_a_throughput_model_says_it_is_the_priors() -> None:
+    # The runner reported from one GPU but no model (its loader is not adaptive):
+    # Pollux's prior takes two GPUs as twice as fast, and the reason says whose claim it is.
+    cluster = state(adaptive(1, 1, 8, "GPU-0", max_profiled_gpus=1, goodput=None), count=8)
+    (action,) = plan(cluster, decide(cluster))
+    assert action.reason == (
+        "resized 1 -> 2 GPUs: goodput +100% (speedup 0.25 over a fair share by the prior:"
+        " no throughput model from its runner yet); at most 2 of 1-8 GPUs, 2x the 1 its"
+        " runner has reported on"
+    )
+
+
 def test_adaptive_jobs_share_the_gpus_by_goodput_with_rigid_ones() -> None:
     cluster = state(adaptive(1, 1, 4, "GPU-0", "GPU-1", "GPU-2", "GPU-3"), rigid(2, 2), count=4)
     decision = decide(cluster)

@@ -535,7 +535,17 @@ def test_a_job_held_back_by_exploration_says_so_in_its_note() -> None:
     unmodelled = job(4, None, max_gpus=8, max_profiled_gpus=0, allocation=(1,))
     decision = fast().decide(ClusterState(cluster(8), (unmodelled,)), NOW)
     assert decision.allocations[4] == (1,)
-    assert decision.notes[4].endswith("; 1 of 1-8 GPUs until its runner reports")
+    assert (
+        decision.notes[4]
+        == "speedup 0.12 over a fair share; 1 of 1-8 GPUs until its runner reports"
+    )
+    reported = replace(unmodelled, max_profiled_gpus=1)  # on one GPU, with no model
+    decision = fast().decide(ClusterState(cluster(8), (reported,)), NOW)
+    assert decision.allocations[4] == (2,)
+    assert decision.notes[4] == (
+        "speedup 0.25 over a fair share by the prior: no throughput model from its runner yet"
+        "; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on"
+    )
 
 
 @settings(max_examples=60, deadline=None)

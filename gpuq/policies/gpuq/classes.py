@@ -35,7 +35,7 @@ from gpuq.policies.gpuq.preempt import make_room
 from gpuq.policies.gpuq.timeslice import Slicing
 from gpuq.policies.interface import ClusterState, Decision, JobView, NodeView
 from gpuq.policies.placement import Hardware, Hold, format_size
-from gpuq.policies.pollux.policy import Solution, exploring
+from gpuq.policies.pollux.policy import Solution, exploring, speedup_note
 from gpuq.policies.pollux.search import SearchProblem, job_speedups
 
 Search = Callable[[int, ClusterState], Solution | Decision]
@@ -545,11 +545,11 @@ def _sizes(solution: Solution) -> list[_Size]:
         speedup = float(now_speedups[row])
         target = tuple(int(n) for n in best[:, row])
         held = exploring(job, sum(target), solution.max_gpu_factor)
-        note = f"speedup {speedup:.2f} over a fair share{held}"
+        note = f"{speedup_note(job, speedup)}{held}"
         change = None
         if base_speedups[row] > 0:
             gain = speedup / float(base_speedups[row]) - 1.0
-            change = f"goodput {gain:+.0%} (speedup {speedup:.2f} over a fair share){held}"
+            change = f"goodput {gain:+.0%} ({speedup_note(job, speedup)}){held}"
         sizes.append(_Size(job, target, note, change))
     return sizes
 

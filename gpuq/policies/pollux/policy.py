@@ -123,6 +123,21 @@ def gpu_cap(job: JobView, total_gpus: int, max_gpu_factor: int) -> int:
     return max(min(job.max_gpus, explore, by_batch, total_gpus), 0)
 
 
+PRIOR_NOTE = " by the prior: no throughput model from its runner yet"
+"""Said of a speedup a job without a model gets from Pollux's prior: every count scales."""
+
+
+def speedup_note(job: JobView, speedup: float) -> str:
+    """The note "speedup S over a fair share", saying so when it is the prior's, not measured.
+
+    A job whose runner has reported without a model (its loader is not
+    adaptive, or not yet) is sized by the prior, which takes every GPU count
+    as perfectly scalable; before any report, `exploring` says why instead.
+    """
+    prior = job.goodput is None and job.max_profiled_gpus > 0
+    return f"speedup {speedup:.2f} over a fair share" + (PRIOR_NOTE if prior else "")
+
+
 def exploring(job: JobView, gpus: int, max_gpu_factor: int) -> str:
     """Why an adaptive job gets no more than `gpus`, when Pollux's exploration cap is why.
 
@@ -298,7 +313,7 @@ class PolluxPolicy:
                 nodes = int(np.count_nonzero(best[:, row]))
                 where = "" if len(state.nodes) == 1 else f" on {nodes} node{'s' * (nodes > 1)}"
                 held = exploring(job, gpus, self.max_gpu_factor)
-                notes[job.id] = f"speedup {speedups[row]:.2f} over a fair share{where}{held}"
+                notes[job.id] = f"{speedup_note(job, speedups[row])}{where}{held}"
             elif job.min_gpus > problem.node_gpus.sum():
                 notes[job.id] = (
                     f"needs {job.min_gpus} GPUs; the cluster has {problem.node_gpus.sum()}"
