@@ -290,7 +290,6 @@ def test_an_adaptive_job_grows_twice_what_its_runner_reported_on_and_says_so() -
     assert action.reason.endswith("; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on")
 
 
-
 def test_a_resize_without_a_throughput_model_says_it_is_the_priors() -> None:
     # The runner reported from one GPU but no model (its loader is not adaptive):
     # Pollux's prior takes two GPUs as twice as fast, and the reason says whose claim it is.
