@@ -53,8 +53,9 @@ def test_an_adaptive_job_is_resized_from_one_gpu_to_two_and_ends_bit_for_bit(
         events = daemon.call("show", id=job_id)["events"]
         reasons = [event["reason"] for event in events]
         starts = [r for r in reasons if r.startswith("starting on ")]
-        assert len(starts[0].removeprefix("starting on ").split(", ")) == 1
-        assert len(starts[-1].removeprefix("starting on ").split(", ")) == 2, "\n".join(reasons)
+        gpus = [start.removeprefix("starting on ").partition(": ")[0] for start in starts]
+        assert len(gpus[0].split(", ")) == 1
+        assert len(gpus[-1].split(", ")) == 2, "\n".join(reasons)
         resized = [r for r in reasons if r.startswith("resized 1 -> 2 GPUs")]
         assert resized, reasons
         assert any("checkpoint saved" in r and "queued to restart" in r for r in reasons)

@@ -101,7 +101,7 @@ def world_sizes(daemon: DaemonHarness, job_id: int) -> list[int]:
     """The number of GPUs of each attempt of the job so far, from its event log."""
     reasons = [event["reason"] for event in daemon.call("show", id=job_id)["events"]]
     starts = [r.removeprefix("starting on ") for r in reasons if r.startswith("starting on ")]
-    return [len(start.split(", ")) for start in starts]
+    return [len(start.partition(": ")[0].split(", ")) for start in starts]
 
 
 def running_on(daemon: DaemonHarness, job_id: int, gpus: int) -> bool:

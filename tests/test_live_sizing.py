@@ -17,8 +17,8 @@ from tests.daemon_harness import running_daemon, wait_for
 
 EXPLORING = "speedup 0.50 over a fair share; 1 of 1-2 GPUs until its runner reports"
 UNRESIZABLE = (
-    "kept on 1 of 1-2 GPUs: it is resized only through a gpuq.runner checkpoint,"
-    " which it has not offered"
+    "kept on 1 of 1-2 GPUs: it is resized only through a gpuq.runner checkpoint"
+    " and has offered none"
 )
 
 

@@ -278,8 +278,8 @@ def test_a_running_adaptive_job_without_a_checkpoint_keeps_its_gpus_and_says_why
     decision = decide(cluster)
     assert decision.allocations == {1: (1,)}
     assert decision.notes[1] == (
-        "kept on 1 of 1-4 GPUs: it is resized only through a gpuq.runner checkpoint,"
-        " which it has not offered"
+        "kept on 1 of 1-4 GPUs: it is resized only through a gpuq.runner checkpoint"
+        " and has offered none"
     )
 
 
@@ -287,7 +287,7 @@ def test_an_adaptive_job_grows_twice_what_its_runner_reported_on_and_says_so() -
     cluster = state(adaptive(1, 1, 8, "GPU-0", max_profiled_gpus=1), count=8)
     (action,) = plan(cluster, decide(cluster))
     assert action.reason.startswith("resized 1 -> 2 GPUs: goodput +")
-    assert action.reason.endswith("; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on")
+    assert action.reason.endswith("; at most 2 of 1-8 GPUs (2x the 1 its runner has reported on)")
 
 
 def test_a_resize_without_a_throughput_model_says_it_is_the_priors() -> None:
@@ -297,8 +297,8 @@ def test_a_resize_without_a_throughput_model_says_it_is_the_priors() -> None:
     (action,) = plan(cluster, decide(cluster))
     assert action.reason == (
         "resized 1 -> 2 GPUs: goodput +100% (speedup 0.25 over a fair share by the prior:"
-        " no throughput model from its runner yet); at most 2 of 1-8 GPUs, 2x the 1 its"
-        " runner has reported on"
+        " no throughput model from its runner yet); at most 2 of 1-8 GPUs (2x the 1 its"
+        " runner has reported on)"
     )
 
 

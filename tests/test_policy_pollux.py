@@ -544,7 +544,7 @@ def test_a_job_held_back_by_exploration_says_so_in_its_note() -> None:
     assert decision.allocations[4] == (2,)
     assert decision.notes[4] == (
         "speedup 0.25 over a fair share by the prior: no throughput model from its runner yet"
-        "; at most 2 of 1-8 GPUs, 2x the 1 its runner has reported on"
+        "; at most 2 of 1-8 GPUs (2x the 1 its runner has reported on)"
     )
 
 

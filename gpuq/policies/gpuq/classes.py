@@ -517,7 +517,7 @@ def _unresizable(job: JobView) -> str | None:
         return None
     return (
         f"kept on {sum(job.allocation)} of {max(job.min_gpus, 1)}-{job.max_gpus} GPUs:"
-        " it is resized only through a gpuq.runner checkpoint, which it has not offered"
+        " it is resized only through a gpuq.runner checkpoint and has offered none"
     )
 
 

@@ -154,8 +154,8 @@ def exploring(job: JobView, gpus: int, max_gpu_factor: int) -> str:
     if job.max_profiled_gpus == 0:
         return f"; {gpus} of {asked} GPUs until its runner reports"
     return (
-        f"; at most {explore} of {asked} GPUs,"
-        f" {max_gpu_factor}x the {job.max_profiled_gpus} its runner has reported on"
+        f"; at most {explore} of {asked} GPUs"
+        f" ({max_gpu_factor}x the {job.max_profiled_gpus} its runner has reported on)"
     )
 
 
