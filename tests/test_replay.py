@@ -25,6 +25,7 @@ from gpuq.replay.run import (
     measure,
     policy_runs_adaptive,
     replay,
+    started_on,
     submission,
     submit_spec,
     trace_command,
@@ -281,6 +282,23 @@ def test_under_pollux_adaptive_jobs_ask_for_a_range_and_their_gpu_time_is_what_t
     assert "--adaptive" in adaptive["command"]
     assert (rigid["gpus"], "gpus_max" in rigid) == (1, False)  # NCF's batch is fixed
     assert [job.gpu_time for job in result.jobs] == pytest.approx([120.0, 120.0])
+
+
+@pytest.mark.parametrize(
+    ("reason", "gpus"),
+    [
+        ("starting on GPU-a", 1),
+        ("starting on GPU-a, GPU-b", 2),
+        ("starting on GPU-a, GPU-b: speedup 0.50 over a fair share, say", 2),
+        ("starting on GPU-a (moved: frees GPU 0, GPU 1)", 1),
+        ("starting on GPU-a, GPU-b; its checkpoint is copied from gpu2 first", 2),
+        ("starting on CPU", 0),
+        ("starting on CPU: next in the queue, at priority 0", 0),
+        ("submitted", 0),
+    ],
+)
+def test_a_starts_gpus_are_read_up_to_what_the_policy_said(reason: str, gpus: int) -> None:
+    assert started_on(reason) == gpus
 
 
 def test_a_failed_job_stops_the_replay_with_its_reason() -> None:

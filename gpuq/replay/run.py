@@ -204,11 +204,24 @@ def _gpu_seconds(client: Caller, job_id: int) -> float:
     starts = [e for e in shown.get("events", ()) if e.get("state") == "starting"]
     total = 0.0
     for event, attempt in zip(starts, shown.get("attempts", ()), strict=False):
-        reason = str(event.get("reason", ""))
-        uuids = reason.removeprefix("starting on ")
-        gpus = 0 if uuids in (reason, "CPU") else len(uuids.split(", "))
+        gpus = started_on(str(event.get("reason", "")))
         total += float(attempt.get("run_time") or 0.0) * gpus
     return total
+
+
+def started_on(reason: str) -> int:
+    """The GPUs a start's reason names: "starting on GPU-a, GPU-b: why (note); ..." -> 2.
+
+    The daemon's start reason lists the GPUs (or "CPU"), then what the policy
+    said, after ": ", which may hold commas of its own; a replay's jobs run on
+    this server, so no server's name comes first.
+    """
+    listed = reason.removeprefix("starting on ")
+    if listed == reason:
+        return 0
+    for end in (": ", " (", "; "):
+        listed = listed.partition(end)[0]
+    return 0 if listed in ("", "CPU") else len(listed.split(", "))
 
 
 def _ended(client: Caller, ids: list[int]) -> dict[int, dict[str, Any]]:
