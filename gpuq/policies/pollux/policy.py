@@ -114,9 +114,14 @@ def realloc_factor(age: float, restarts: int, penalty: float) -> float:
     return max(age - restarts * penalty, 0.0) / (age + penalty)
 
 
+def explore_limit(job: JobView, max_gpu_factor: int) -> int:
+    """Pollux's exploration cap: `max_gpu_factor` times the most GPUs measured, one before any."""
+    return max(max_gpu_factor * job.max_profiled_gpus, 1)
+
+
 def gpu_cap(job: JobView, total_gpus: int, max_gpu_factor: int) -> int:
     """The most GPUs `job` may get now: user, exploration, batch and cluster limits."""
-    explore = max(max_gpu_factor * job.max_profiled_gpus, 1)
+    explore = explore_limit(job, max_gpu_factor)
     min_local = max(job.local_bsz_bounds[0], 1)
     batch = job.max_batch_size if job.adaptive else job.batch_size
     by_batch = max(batch // min_local, 1) if batch > 0 else total_gpus
@@ -147,7 +152,7 @@ def exploring(job: JobView, gpus: int, max_gpu_factor: int) -> str:
     on one GPU, and its speedup over a fair share reads low. "" where the cap
     does not hold it back.
     """
-    explore = max(max_gpu_factor * job.max_profiled_gpus, 1)
+    explore = explore_limit(job, max_gpu_factor)
     if not job.adaptive or gpus < explore or gpus >= job.max_gpus:
         return ""
     asked = f"{max(job.min_gpus, 1)}-{job.max_gpus}"
