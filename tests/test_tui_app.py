@@ -12,6 +12,7 @@ import asyncio
 import io
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +24,7 @@ from gpuq.tui.app import GpuqTop
 from gpuq.tui.detail import JobDetailScreen
 from gpuq.tui.screens import ConfirmScreen, HelpScreen
 from gpuq.tui.source import DaemonSource
-from tests.daemon_harness import DaemonHarness
+from tests.daemon_harness import DaemonHarness, running_daemon
 
 SIZE = (140, 45)
 
@@ -256,6 +257,35 @@ def test_job_detail_shows_spec_history_and_output(daemon: DaemonHarness) -> None
         await until(pilot, lambda: not isinstance(app.screen, JobDetailScreen), "the queue")
 
     run_app(daemon, scenario)
+
+
+def test_job_detail_follows_an_adaptive_jobs_sizing_note(tmp_path: Path) -> None:
+    # Under pollux, a plain `--gpus 1-2` job alone on two GPUs is held on one to
+    # explore; its speedup over a fair share doubles once a second job halves
+    # that share, which changes the note without changing the job's record.
+    config = '[scheduler]\npolicy = "pollux:population=16:generations=10"\ninterval = 1\n'
+    note = "speedup {:.2f} over a fair share; 1 of 1-2 GPUs until its runner reports"
+    with running_daemon(tmp_path / "d", extra_toml=config) as daemon:
+        adaptive = daemon.submit(["sleep", "300"], gpus=1, gpus_max=2)
+        daemon.wait_state(adaptive, "running")
+
+        async def scenario(app: GpuqTop, pilot: Pilot[Any]) -> None:
+            await select(pilot, app, adaptive)
+            await pilot.press("enter")
+            screen = await until(
+                pilot, lambda: isinstance(app.screen, JobDetailScreen) and app.screen, "the detail"
+            )
+            facts = screen.query_one("#facts", Static)
+            await until(pilot, lambda: note.format(0.5) in text_of(facts), "the first note")
+            other = daemon.submit(["sleep", "300"], gpus=1)
+            daemon.wait_state(other, "running")
+            await until(pilot, lambda: note.format(1.0) in text_of(facts), "the note after")
+            daemon.call("cancel", ids=[adaptive])
+            await until(pilot, lambda: "cancelled" in text_of(facts), "the cancelled job")
+            assert "Sizing" not in text_of(facts)
+            await pilot.press("escape")
+
+        run_app(daemon, scenario)
 
 
 def test_results_arriving_while_the_detail_closes_are_dropped(daemon: DaemonHarness) -> None:

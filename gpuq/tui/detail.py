@@ -2,7 +2,9 @@ r"""The job detail view: spec, history with reasons, live log tail, runner chart
 
 Data comes from thread workers (`show`, `metrics` polled every interval,
 `logs` followed); they hand results to the UI thread with `call_from_thread`
-and stop when the screen closes.
+and stop when the screen closes. `show` is fetched again whenever the job
+changes and, while an adaptive job runs, every `SIZING_POLLS` intervals:
+the policy's note on its GPU count changes as other jobs come and go.
 
 Everything shown is plain `Text`, never markup, and user text goes through
 `gpuq.textsafe.visible`: a job named `[bold]x` shows those brackets, and
@@ -37,6 +39,8 @@ from gpuq.tui.table import STATE_STYLES
 W = TypeVar("W", bound=Widget)
 
 LOG_TAIL_LINES = 200
+SIZING_POLLS = 5
+"""Intervals between fetches of a running adaptive job's sizing note (5 s at `top`'s 1 s)."""
 LOG_LAYOUT_CHARACTERS = "\n\r\t"
 """Control characters the log view lays out itself (line ends, tabs); others are escaped."""
 
@@ -95,6 +99,7 @@ class JobDetailScreen(Screen[None]):
         self.clock = clock
         self.job: dict[str, Any] | None = None
         self.events: list[dict[str, Any]] = []
+        self.sizing: str | None = None
         self.samples: list[Sample] = []
         self.metrics_supported: bool | None = None
         self._stop = threading.Event()
@@ -118,6 +123,7 @@ class JobDetailScreen(Screen[None]):
         """Start loading the job, its metrics and its output."""
         self.load_job()
         self.poll_metrics()
+        self.poll_sizing()
         self.follow_log()
 
     def _widget(self, selector: str, kind: type[W]) -> W | None:
@@ -148,7 +154,28 @@ class JobDetailScreen(Screen[None]):
         except GpuqError as exc:
             self.app.call_from_thread(self._show_error, exc.message)
             return
-        self.app.call_from_thread(self.show_job, result["job"], result.get("events", []))
+        self.app.call_from_thread(
+            self.show_job, result["job"], result.get("events", []), result.get("sizing")
+        )
+
+    @work(thread=True, group="detail-sizing")
+    def poll_sizing(self) -> None:
+        """Fetch `show` again every `SIZING_POLLS` intervals while the job is adaptive and running.
+
+        Its sizing note follows the policy's decisions, which other jobs'
+        arrivals and ends drive without this job's record changing.
+        """
+        while not self._stop.wait(self.interval * SIZING_POLLS):
+            job = self.job
+            if job is None or job.get("gpus_max") is None or job["state"] != "running":
+                continue
+            try:
+                result = self.source.show(self.job_id)
+            except GpuqError:
+                continue
+            sizing = result.get("sizing")
+            if sizing != self.sizing:
+                self.app.call_from_thread(self.show_job, result["job"], None, sizing)
 
     @work(thread=True, group="detail-metrics")
     def poll_metrics(self) -> None:
@@ -190,8 +217,17 @@ class JobDetailScreen(Screen[None]):
         if facts is not None:
             facts.update(Text(visible(message), style="bold red"))
 
-    def show_job(self, job: dict[str, Any], events: list[dict[str, Any]] | None = None) -> None:
-        """Draw the job's facts and, when given, its history."""
+    def show_job(
+        self,
+        job: dict[str, Any],
+        events: list[dict[str, Any]] | None = None,
+        sizing: str | None = None,
+    ) -> None:
+        """Draw the job's facts and, when given, its history.
+
+        `sizing` is the policy's note from `show`; a job change from the
+        subscription carries none and keeps the last one while the job runs.
+        """
         title_label = self._widget("#title", Label)
         facts_pane = self._widget("#facts", Static)
         history_pane = self._widget("#history", Static)
@@ -200,6 +236,11 @@ class JobDetailScreen(Screen[None]):
         self.job = job
         if events is not None:
             self.events = events
+            self.sizing = sizing
+        elif sizing is not None:
+            self.sizing = sizing
+        if job["state"] != "running":
+            self.sizing = None
         now = self.clock()
         title = Text(f"Job {job['id']}: {visible(job['name'])}  ")
         title.append(job["state"], style=STATE_STYLES.get(job["state"], ""))
@@ -207,7 +248,7 @@ class JobDetailScreen(Screen[None]):
         facts = Table.grid(padding=(0, 2))
         facts.add_column(style="bold")
         facts.add_column()
-        for label, value in job_facts(job, now):
+        for label, value in job_facts(job, now, self.sizing):
             facts.add_row(label, Text(value))  # Text: a command's "[x]" is not markup
         facts_pane.update(facts)
         history = Table(title="History", title_justify="left", box=None, padding=(0, 1))

@@ -427,8 +427,10 @@ def ago(stamp: float | None, now: float) -> str:
     return f"{format_duration(max(0.0, now - stamp))} ago"
 
 
-def job_facts(job: Job, now: float) -> list[tuple[str, str]]:
+def job_facts(job: Job, now: float, sizing: str | None = None) -> list[tuple[str, str]]:
     """The detail view's (label, value) lines for a job's spec and state.
+
+    `sizing` is why a running adaptive job has the GPUs it has (`show`'s note), shown after them.
 
     Values are shown through `textsafe.visible`: commands, paths and reasons are user text.
     """
@@ -445,6 +447,7 @@ def job_facts(job: Job, now: float) -> list[tuple[str, str]]:
         ("Directory", str(spec.get("cwd", ""))),
         ("User", str(job["user"])),
         ("GPUs", gpus),
+        *([("Sizing", sizing)] if sizing else []),
         ("Memory", memory_cell(job)),
         ("Node", node_fact(job)),
         ("Priority", str(job["priority"])),
