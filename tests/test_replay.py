@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -311,9 +313,13 @@ def test_a_failed_job_stops_the_replay_with_its_reason() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (ReplaySettings(speedup=0), "--speedup must be positive"),
-        (ReplaySettings(restart_penalty=-1), "--restart-penalty must be >= 0"),
+        (ReplaySettings(speedup=0), "--speedup must be a positive number"),
+        (ReplaySettings(speedup=math.nan), "--speedup must be a positive number, got nan"),
+        (ReplaySettings(speedup=math.inf), "--speedup must be a positive number, got inf"),
+        (ReplaySettings(restart_penalty=-1), "--restart-penalty must be a number of seconds"),
+        (ReplaySettings(restart_penalty=math.nan), "0 or more, got nan"),
     ],
+    ids=["zero speedup", "NaN speedup", "infinite speedup", "negative penalty", "NaN penalty"],
 )
 def test_impossible_settings_are_refused_before_anything_is_submitted(
     settings: ReplaySettings, message: str
@@ -322,6 +328,28 @@ def test_impossible_settings_are_refused_before_anything_is_submitted(
     with pytest.raises(UsageError, match=message):
         replay(daemon, [WorkloadJob("a", 0.0, "cifar10", 1, 128)], settings)
     assert daemon.jobs == {}
+
+
+@pytest.mark.parametrize(
+    ("workload", "message"),
+    [
+        ("no-such-file.csv", "no workload file or bundled workload"),
+        ("lab:-1", "the seed must be 0 or more"),
+        ("lab:1:nan", "the load must be in (0, 100], got nan"),
+    ],
+)
+def test_a_bad_workload_is_refused_before_a_daemon_is_reached(
+    tmp_path: Path, workload: str, message: str
+) -> None:
+    # No daemon runs under this home; reaching one would start it.
+    env = {**os.environ, "GPUQ_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", "replay", workload, "--json"],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert message in json.loads(result.stderr)["error"]["message"]
+    assert not (tmp_path / "home").exists()
 
 
 WORKLOAD = """name,time,application,num_replicas,batch_size

@@ -89,12 +89,13 @@ def replay_command(
         from gpuq.config import load_config
         from gpuq.replay.forkserver import ForkServer
         from gpuq.replay.run import ReplaySettings, replay
-        from gpuq.sim.run import resolve_workload
+        from gpuq.sim.run import check_workload, resolve_workload
 
         settings = ReplaySettings(speedup=speedup, restart_penalty=restart_penalty)
         settings.check()
         if first is not None and first < 1:
             raise UsageError(f"--first must be at least 1, got {first}")
+        check_workload(workload)  # before the daemon is reached (or started)
         with Client.connect(load_config(config)) as client:
             gpus = int(client.call("status").get("gpus", 0))
             if gpus < 1:

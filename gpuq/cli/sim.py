@@ -165,25 +165,57 @@ def _with_users(
     from gpuq.units import parse_duration
 
     if users and user_copies:
-        raise UsageError("--users and --user-copies both give jobs owners: use one")
+        raise UsageError(
+            "--users and --user-copies both give jobs owners: use one",
+            hint="--users draws an owner per job; --user-copies gives each user copies of all",
+        )
+    named: set[str] = set()
     if users:
-        jobs = assign_users(jobs, parse_users(users), settings.seed)
+        weights = parse_users(users)
+        named = set(weights)
+        if not any(weight > 0 for weight in weights.values()):
+            raise UsageError(
+                f"--users {users!r} gives no user a weight above 0",
+                hint="weights are odds of owning each job, such as alice=10,bob=1",
+            )
+        jobs = assign_users(jobs, weights, settings.seed)
     elif user_copies:
         counts = parse_users(user_copies)
-        if any(count != int(count) for count in counts.values()):
-            raise UsageError("--user-copies takes whole numbers of copies (alice=10,bob=1)")
+        named = set(counts)
+        if any(count != int(count) for count in counts.values()) or not any(counts.values()):
+            raise UsageError(
+                f"--user-copies {user_copies!r} must give whole numbers of copies, one above 0",
+                hint="such as --user-copies heavy=10,light=1",
+            )
         jobs = copies_for_users(jobs, {name: int(count) for name, count in counts.items()})
     if max_gpus < 0:
-        raise UsageError("--max-gpus-per-user must be 0 (no limit) or more")
+        raise UsageError(
+            "--max-gpus-per-user must be 0 (no limit) or more",
+            hint="the most GPUs one user's jobs hold at once",
+        )
     lab = SimLab(
         shares=parse_users(shares) if shares else {},
         half_life=parse_duration(half_life),
         max_gpus=max_gpus,
     )
     if lab.half_life <= 0:
-        raise UsageError("--half-life must be more than 0")
+        raise UsageError("--half-life must be more than 0", hint="such as 7d (the default) or 12h")
     if any(share <= 0 for share in lab.shares.values()):
-        raise UsageError("--shares must be more than 0 (alice=2,bob=1)")
+        raise UsageError(
+            f"--shares {shares!r}: every share must be more than 0",
+            hint="shares are relative, such as alice=2,bob=1; a user left out has 1",
+        )
+    owners = sorted(named | {job.user for job in jobs if job.user})
+    strangers = sorted(set(lab.shares) - set(owners))
+    if strangers:
+        raise UsageError(
+            f"--shares names {', '.join(strangers)}, who own"
+            f"{'s' if len(strangers) == 1 else ''} no job of the workload"
+            + (f" (its users: {', '.join(owners)})" if owners else ""),
+            hint="name the users of --users or --user-copies (or of the workload's user column)"
+            if owners
+            else "give jobs owners with --users or --user-copies, or a workload with a user column",
+        )
     if not (users or user_copies or shares or max_gpus):
         return jobs, settings
     return jobs, dataclasses.replace(settings, lab=lab)

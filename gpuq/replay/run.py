@@ -23,6 +23,7 @@ drive it.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -62,12 +63,19 @@ class ReplaySettings:
 
     def check(self) -> None:
         """Refuse settings that cannot be replayed, with a hint."""
-        if not self.speedup > 0:
-            raise UsageError(f"--speedup must be positive, got {self.speedup:g}")
-        if self.restart_penalty < 0:
-            raise UsageError(f"--restart-penalty must be >= 0, got {self.restart_penalty:g}")
-        if not self.tick > 0:
-            raise UsageError(f"--tick must be positive, got {self.tick:g}")
+        if not (self.speedup > 0 and math.isfinite(self.speedup)):
+            raise UsageError(
+                f"--speedup must be a positive number, got {self.speedup:g}",
+                hint="60 (the default) replays a simulated minute in a second",
+            )
+        if not (self.restart_penalty >= 0 and math.isfinite(self.restart_penalty)):
+            raise UsageError(
+                f"--restart-penalty must be a number of seconds, 0 or more, "
+                f"got {self.restart_penalty:g}",
+                hint="30 simulated seconds by default, as in gpuq sim",
+            )
+        if not (self.tick > 0 and math.isfinite(self.tick)):
+            raise UsageError(f"--tick must be a positive number, got {self.tick:g}")
 
 
 @dataclass(frozen=True, slots=True)

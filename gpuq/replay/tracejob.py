@@ -339,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--started", type=float, help=argparse.SUPPRESS)  # the fork server's
     args = parser.parse_args(argv)
-    if args.speedup <= 0 or args.tick <= 0 or args.batch_size <= 0 or args.restart_penalty < 0:
+    positive = (args.speedup, args.tick, args.batch_size)
+    if not (all(0 < x < math.inf for x in positive) and 0 <= args.restart_penalty < math.inf):
         parser.error("--speedup, --tick, --batch-size must be positive, the penalty not negative")
 
     import gpuq.runner as gq

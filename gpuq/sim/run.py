@@ -32,6 +32,7 @@ so importing this module stays light.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -74,45 +75,105 @@ class SimSettings:
     """Fair-share settings (`gpuq.sim.fair`); None: the defaults where jobs have users."""
 
     def check(self) -> None:
-        """Raise UsageError for settings the simulator cannot run."""
+        """Raise UsageError for settings the simulator cannot run (NaN and infinity included)."""
         if self.nodes < 1 or self.gpus_per_node < 1:
-            raise UsageError("--nodes and --gpus-per-node must be at least 1")
-        if self.interval <= 0 or self.restart_penalty < 0:
-            raise UsageError("--interval must be positive and --restart-penalty not negative")
+            raise UsageError(
+                "--nodes and --gpus-per-node must be at least 1",
+                hint="the default cluster is 16 nodes of 4 GPUs; --cluster names others",
+            )
+        if not (self.interval > 0 and math.isfinite(self.interval)):
+            raise UsageError(
+                f"--interval must be a positive number of seconds, got {self.interval:g}",
+                hint="the policies decide every 60 s by default",
+            )
+        if not (self.restart_penalty >= 0 and math.isfinite(self.restart_penalty)):
+            raise UsageError(
+                f"--restart-penalty must be a number of seconds, 0 or more, "
+                f"got {self.restart_penalty:g}",
+                hint="each (re)start costs 30 s by default; 0 makes reallocations free",
+            )
         if not 0.0 <= self.interference < 1.0:
-            raise UsageError(f"--interference must be in [0, 1), got {self.interference}")
+            raise UsageError(
+                f"--interference must be in [0, 1), got {self.interference:g}",
+                hint="0 (the default) is no slowdown; 0.25 slows jobs that share a node by 25%",
+            )
+        if self.seed < 0:
+            raise UsageError(f"--seed must be 0 or more, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A `gen:` or `lab:` workload value, parsed."""
+
+    lab: bool
+    seed: int
+    variant: Literal["tuned", "realistic"]
+    load: float
+
+
+def parse_generated(spec: str) -> Generated | None:
+    """The generator's arguments in `spec`; None if it names no generator; UsageError if bad.
+
+    The seed must be a whole number from 0, the load a number in
+    (0, `MAX_LOAD`]: a load of L draws L times the reference count of jobs.
+    """
+    from gpuq.sim.workload import LAB_LOAD, MAX_LOAD
+
+    if not spec.startswith(("gen:", "lab:")):
+        return None
+    lab = spec.startswith("lab:")
+    parts = spec.split(":")[1:]
+    try:
+        seed = int(parts[0])
+        variant: Literal["tuned", "realistic"] = "tuned"
+        load = LAB_LOAD if lab else 1.0
+        for part in parts[1:]:
+            if part in ("tuned", "realistic"):
+                variant = "realistic" if part == "realistic" else "tuned"
+            else:
+                load = float(part)
+    except (IndexError, ValueError):
+        raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
+    if seed < 0:
+        raise UsageError(
+            f"bad generated workload {spec!r}: the seed must be 0 or more", hint=WORKLOAD_HINT
+        )
+    if not (0 < load <= MAX_LOAD):  # NaN fails too
+        raise UsageError(
+            f"bad generated workload {spec!r}: the load must be in (0, {MAX_LOAD:g}], got {load:g}",
+            hint=f"1 is the Pollux recipe's load{' (lab: 1.5, 30 jobs)' if lab else ''}",
+        )
+    return Generated(lab, seed, variant, load)
+
+
+def check_workload(spec: str) -> None:
+    """Refuse a `--workload` value that names no workload, before any work is done."""
+    from gpuq.sim.workload import BUNDLED_WORKLOADS
+
+    if parse_generated(spec) is None and not Path(spec).is_file() and spec not in BUNDLED_WORKLOADS:
+        raise UsageError(f"no workload file or bundled workload {spec!r}", hint=WORKLOAD_HINT)
 
 
 def resolve_workload(spec: str, gpus: int, gpus_per_node: int) -> tuple[WorkloadJob, ...]:
     """The jobs of a `--workload` value (module docstring), for a cluster of `gpus` GPUs."""
     from gpuq.sim.workload import (
         BUNDLED_WORKLOADS,
-        LAB_LOAD,
         bundled_workload,
         generate_workload,
         lab_workload,
         load_workload,
     )
 
-    if spec.startswith(("gen:", "lab:")):
-        lab = spec.startswith("lab:")
-        parts = spec.split(":")[1:]
-        try:
-            seed = int(parts[0])
-            variant = "tuned"
-            load = LAB_LOAD if lab else 1.0
-            for part in parts[1:]:
-                if part in ("tuned", "realistic"):
-                    variant = part
-                else:
-                    load = float(part)
-        except (IndexError, ValueError):
-            raise UsageError(f"bad generated workload {spec!r}", hint=WORKLOAD_HINT) from None
-        kind: Literal["tuned", "realistic"] = "realistic" if variant == "realistic" else "tuned"
-        if lab:
-            return lab_workload(seed, variant=kind, load=load)
+    generated = parse_generated(spec)
+    if generated is not None:
+        if generated.lab:
+            return lab_workload(generated.seed, variant=generated.variant, load=generated.load)
         return generate_workload(
-            seed, variant=kind, load=load, cluster_gpus=gpus, gpus_per_node=gpus_per_node
+            generated.seed,
+            variant=generated.variant,
+            load=generated.load,
+            cluster_gpus=gpus,
+            gpus_per_node=gpus_per_node,
         )
     if Path(spec).is_file():
         return load_workload(spec)
@@ -181,7 +242,7 @@ def parse_users(text: str) -> dict[str, float]:
             number = float(value)
         except ValueError:
             number = -1.0
-        if not equals or not name or number < 0 or name in parsed:
+        if not equals or not name or not 0 <= number < math.inf or name in parsed:
             raise UsageError(
                 f"bad user entry {part.strip()!r} in {text!r}",
                 hint="write NAME=NUMBER pairs separated by commas, such as alice=10,bob=1",

@@ -90,6 +90,8 @@ LAB_GPUS = 8
 """GPUs of the generator's lab variant: one server (`lab_workload`)."""
 LAB_LOAD = 1.5
 """Load of the lab variant: 30 jobs on its 8 GPUs over the 8-hour window."""
+MAX_LOAD = 100.0
+"""The largest load a generator takes: 100 times the recipe's jobs (16,000 on 64 GPUs)."""
 
 TUNED_REPLICAS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """GPU counts the TunedJobs rule considers (the artifact's list)."""
@@ -353,8 +355,13 @@ def generate_workload(
     """
     if variant not in ("tuned", "realistic"):
         raise UsageError(f"unknown workload variant {variant!r}; known: tuned, realistic")
-    if not 1 <= hours <= 24 or cluster_gpus < 1 or gpus_per_node < 1 or load <= 0:
-        raise UsageError("need 1 <= hours <= 24, cluster_gpus >= 1, gpus_per_node >= 1, load > 0")
+    if not 1 <= hours <= 24 or cluster_gpus < 1 or gpus_per_node < 1 or not 0 < load <= MAX_LOAD:
+        raise UsageError(
+            f"need 1 <= hours <= 24, cluster_gpus >= 1, gpus_per_node >= 1, "
+            f"0 < load <= {MAX_LOAD:g}"
+        )
+    if seed < 0:
+        raise UsageError(f"the seed must be 0 or more, got {seed}")
     scale = cluster_gpus / REFERENCE_GPUS
     count = max(1, round(num_jobs * load * scale))
     main, bert_stream, gpu_stream = (
