@@ -341,15 +341,20 @@ def test_impossible_settings_are_refused_before_anything_is_submitted(
 def test_a_bad_workload_is_refused_before_a_daemon_is_reached(
     tmp_path: Path, workload: str, message: str
 ) -> None:
-    # No daemon runs under this home; reaching one would start it.
-    env = {**os.environ, "GPUQ_HOME": str(tmp_path / "home")}
+    # No daemon runs with this state directory; reaching one would start it there.
+    env = {
+        **os.environ,
+        "GPUQ_STATE_DIR": str(tmp_path / "state"),
+        "GPUQ_RUNTIME_DIR": str(tmp_path / "run"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
     result = subprocess.run(
         [sys.executable, "-m", "gpuq.cli.entry", "replay", workload, "--json"],
         capture_output=True, text=True, env=env, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert message in json.loads(result.stderr)["error"]["message"]
-    assert not (tmp_path / "home").exists()
+    assert not (tmp_path / "state").exists() and not (tmp_path / "run").exists()
 
 
 WORKLOAD = """name,time,application,num_replicas,batch_size
