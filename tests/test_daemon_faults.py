@@ -125,6 +125,18 @@ MALFORMED = "malformed JSON"
             "unknown parameter(s) for gpus: x",
             id="unknown-param",
         ),
+        pytest.param(
+            b'{"id": 1, "method": "list", "params": {"limit": -1}}',
+            "invalid",
+            "list.limit must be 0 or more, got -1",
+            id="negative-limit",
+        ),
+        pytest.param(
+            b'{"id": 1, "method": "logs", "params": {"id": 1, "tail": -3}}',
+            "invalid",
+            "logs.tail must be 0 or more, got -3",
+            id="negative-tail",
+        ),
         pytest.param(b'{"id": NaN, "method": "status"}', "protocol", MALFORMED, id="nan"),
         pytest.param(b'{"id": 1, "params": {"id": 1e999}}', "protocol", MALFORMED, id="inf"),
         pytest.param(

@@ -79,6 +79,11 @@ def test_ls_filters_by_state_name_user_and_finished(daemon: DaemonHarness) -> No
     assert ids(daemon, "-n", "alpha", "-s", "succeeded") == [ok]
     assert ids(daemon, "--all", "--user", getpass.getuser()) == [ok, bad, run, held]
     assert ids(daemon, "--all", "-u", "nobody-in-particular") == []
+    assert ids(daemon, "--all", "--limit", "2") == [run, held]  # the newest two
+    assert ids(daemon, "--state", "failed", "--limit", "5") == [bad]
+    for limit in ("0", "-1"):
+        refused = daemon.cli("ls", "--limit", limit)
+        assert refused.returncode == 2 and "--limit" in refused.stderr and refused.stdout == ""
 
     table = daemon.cli("ls", "--all").stdout.splitlines()
     assert table[0].split() == ["ID", "NAME", "STATE", "GPUS", "TIME", "EXIT", "REASON"]
@@ -135,6 +140,8 @@ def test_logs_tail_prints_the_last_lines(daemon: DaemonHarness) -> None:
     assert daemon.cli("logs", "--tail", "3", str(job_id)).stdout == "8\n9\n10\n"
     assert daemon.cli("logs", "--tail", "1", str(job_id)).stdout == "10\n"
     assert daemon.cli("logs", "--tail", "0", str(job_id)).stdout == ""
+    refused = daemon.cli("logs", "--tail", "-1", str(job_id))
+    assert refused.returncode == 2 and "--tail" in refused.stderr and refused.stdout == ""
     assert daemon.cli("logs", "--tail", "50", str(job_id)).stdout == "".join(
         f"{n}\n" for n in range(1, 11)
     )

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 from textual.pilot import Pilot
 from textual.widgets import Static
@@ -359,3 +360,12 @@ def test_gpuq_top_without_a_terminal_points_to_the_json_commands(daemon: DaemonH
     assert "gpuq top needs a terminal" in result.stderr
     assert "gpuq ls --json" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "nan", "inf"])
+def test_gpuq_top_refuses_an_interval_that_is_not_a_positive_number(
+    daemon: DaemonHarness, interval: str
+) -> None:
+    result = daemon.cli("top", "--interval", interval)
+    assert result.returncode == 2
+    assert f"--interval must be a positive number of seconds, got {interval}" in result.stderr

@@ -115,7 +115,9 @@ def list_jobs(
         str | None, typer.Option("--name", "-n", help="Only jobs whose name contains this.")
     ] = None,
     all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the newest N jobs.")] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the newest N jobs.")
+    ] = None,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -215,7 +217,10 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
     ] = False,
-    tail: Annotated[int | None, typer.Option("--tail", help="Start with the last N lines.")] = None,
+    tail: Annotated[
+        int | None,
+        typer.Option("--tail", min=0, help="Start with the last N lines (0: only what follows)."),
+    ] = None,
     stderr: Annotated[bool, typer.Option("--stderr", help="Show standard error instead.")] = False,
     part: Annotated[
         int,

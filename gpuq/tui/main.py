@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from gpuq.client import Client
@@ -15,13 +16,16 @@ def run_top(config: Config, *, interval: float = 1.0, compact: bool = False) -> 
     The daemon is started on demand here, as by every other command; once
     running, the app never starts one itself but shows a banner and waits.
     """
+    if not 0 < interval < math.inf:  # NaN too
+        raise UsageError(
+            f"--interval must be a positive number of seconds, got {interval:g}",
+            "e.g. --interval 2",
+        )
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError(
             "gpuq top needs a terminal",
             "in scripts use gpuq ls --json and gpuq gpus --json",
         )
-    if interval <= 0:
-        raise UsageError("--interval must be positive", "e.g. --interval 2")
     Client.connect(config).close()
 
     from gpuq.tui.app import GpuqTop

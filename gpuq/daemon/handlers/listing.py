@@ -8,12 +8,17 @@ from typing import Any
 from gpuq.daemon.access import job_view
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
+from gpuq.errors import UsageError
 from gpuq.models import JobState
 from gpuq.protocol import ListJobs, parse_states
 
 
 def handle(state: DaemonState, request: ListJobs, caller: Caller) -> dict[str, Any]:
     """Jobs matching every given filter, in id order."""
+    if request.limit is not None and request.limit < 0:
+        raise UsageError(
+            f"list.limit must be 0 or more, got {request.limit}", "--limit N: the newest N"
+        )
     ids = state.resolve_ids(request.ids)
     states: frozenset[JobState] | None = parse_states(request.states) if request.states else None
     if not request.include_done:

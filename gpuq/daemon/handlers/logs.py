@@ -32,6 +32,10 @@ async def handle(
     """Send the output as `{"data"}` events; the result says where it ended."""
     if request.stream not in ("stdout", "stderr"):
         raise UsageError(f"unknown stream {request.stream!r}", "use stdout or stderr")
+    if request.tail is not None and request.tail < 0:
+        raise UsageError(
+            f"logs.tail must be 0 or more, got {request.tail}", "--tail N: the last N lines"
+        )
     job = state.job(request.id)
     require_owner(state.config, caller, job, "read the logs of")
     while request.follow and not job.stdout_path and not job.state.is_terminal:
