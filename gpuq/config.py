@@ -15,6 +15,7 @@ only when a file is read.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -435,12 +436,13 @@ def _fraction(below: float) -> Converter[float]:
 
 
 def _number(minimum: float, maximum: float | None = None) -> Converter[float]:
-    """A converter accepting a number (not a boolean) in [minimum, maximum]."""
+    """A converter accepting a finite number (not a boolean) in [minimum, maximum]."""
 
     def convert(value: object) -> float | None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
-        return float(value) if minimum <= value and (maximum is None or value <= maximum) else None
+        top = math.inf if maximum is None else maximum
+        return float(value) if minimum <= value <= top and math.isfinite(value) else None
 
     return convert
 
@@ -631,7 +633,7 @@ def _shares(value: object) -> tuple[tuple[str, float], ...] | None:
             or user.startswith("@")
             or not isinstance(share, int | float)
             or isinstance(share, bool)
-            or not share > 0
+            or not 0 < share < math.inf
         ):
             return None
         out.append((user, float(share)))

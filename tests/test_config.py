@@ -403,6 +403,8 @@ def test_a_lab_runs_the_default_policy_which_applies_its_fair_share(
         ("name = ''", "name", "non-empty"),
         ("utilization = 120", "utilization", "0 to 100"),
         ("share_slowdown = 0.5", "share_slowdown", "1 or more"),
+        ("share_slowdown = inf", "share_slowdown", "1 or more"),
+        ("utilization = nan", "utilization", "0 to 100"),
         ("memory = '1G'\njob_memory = '2G'", "job_memory", "at most `memory`"),
     ],
 )
@@ -413,6 +415,29 @@ def test_bad_fake_gpus(
     with pytest.raises(ConfigError) as info:
         load_text(tmp_path, env, text)
     assert info.value.message.startswith(f"invalid gpus.fake[1].{key} = ")
+    assert info.value.hint is not None and hint_part in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "hint_part"),
+    [
+        ("shares = { alice = 0 }", "shares", "numbers more than 0"),
+        ("shares = { alice = nan }", "shares", "numbers more than 0"),
+        ("shares = { alice = inf }", "shares", "numbers more than 0"),
+        ("shares = { '@staff' = 1 }", "shares", "user names"),
+        ("half_life = 0", "half_life", "more than 0"),
+        ("aging = inf", "aging", "more than 0"),
+        ("audit_keep = nan", "audit_keep", "more than 0"),
+        ("max_gpus = -1", "max_gpus", "0 (no limit) or more"),
+        ("max_running = 1.5", "max_running", "whole number"),
+    ],
+)
+def test_bad_lab_values(
+    tmp_path: Path, env: dict[str, str], line: str, key: str, hint_part: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_text(tmp_path, env, f"[lab]\n{line}\n")
+    assert info.value.message.startswith(f"invalid lab.{key} = ")
     assert info.value.hint is not None and hint_part in info.value.hint
 
 

@@ -263,7 +263,11 @@ def test_options_after_the_name_reach_the_constructor() -> None:
         ("fifo:seed=3", "bad policy option 'seed=3'"),
         ("gpuq:starts", "bad policy option 'starts'"),
         ("gpuq:starts=sometimes", "starts must be one of idle, free, charged"),
-        ("pollux:p=inf", "p must be finite"),
+        ("pollux:p=inf", "p must be a finite number"),
+        ("gpuq:quantum=nan", "quantum must be a finite number"),
+        ("gandiva:quantum=inf", "quantum must be a finite number"),
+        ("fifo:move_after=1e999", "move_after must be a finite number"),
+        ("tiresias:thresholds_gpu_hours=-inf", "thresholds_gpu_hours must be a finite number"),
     ],
 )
 def test_bad_policy_options_are_usage_errors(spec: str, message: str) -> None:

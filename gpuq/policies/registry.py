@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,7 +151,14 @@ def split_policy_spec(spec: str) -> tuple[str, dict[str, object]]:
                 hint="write options as NAME:KEY=VALUE, e.g. gpuq:starts=free (the seed has "
                 "its own flag)",
             )
-        options[key] = _option_value(text)
+        value = _option_value(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(
+                f"bad policy option {part!r} in {spec!r}: {key} must be a finite number",
+                hint="NaN and infinity are refused; give a number (gpuq:quantum=30), and turn "
+                "a feature off with its own switch (gpuq:moves=false)",
+            )
+        options[key] = value
     return name, options
 
 
