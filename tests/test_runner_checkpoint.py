@@ -319,12 +319,34 @@ def test_the_loader_draws_nothing_from_the_global_generator(job: Job) -> None:
 
 
 @pytest.mark.parametrize(
-    "arguments",
-    [{"batch_size": 0}, {"batch_size": 8, "max_batch_size": 4}, {"batch_size": 2, "sampler": []}],
+    ("arguments", "message"),
+    [
+        ({"batch_size": 0}, "the batch size must be a whole number, 1 or more"),
+        ({"batch_size": 3.5}, "the batch size must be a whole number"),
+        ({"batch_size": float("nan")}, "the batch size must be a whole number"),
+        ({"batch_size": True}, "the batch size must be a whole number"),
+        ({"batch_size": 8, "max_batch_size": 4}, "the maximum must be a whole number, batch_size"),
+        ({"batch_size": 8, "max_batch_size": 16.0}, "the maximum must be a whole number"),
+        ({"batch_size": 2, "sampler": []}, r"AdaptiveDataLoader sets \['sampler'\]"),
+    ],
 )
-def test_the_loader_rejects_settings_it_cannot_honour(job: Job, arguments: dict[str, Any]) -> None:
-    with pytest.raises(gq.RunnerError):
+def test_the_loader_rejects_settings_it_cannot_honour(
+    job: Job, arguments: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(gq.RunnerError, match=message):
         gq.AdaptiveDataLoader(dataset(), **arguments)
+
+
+def test_the_loader_takes_numpy_integers_as_batch_sizes(job: Job) -> None:
+    sizes: dict[str, Any] = {"batch_size": np.int64(4), "max_batch_size": np.int32(8)}
+    loader = gq.AdaptiveDataLoader(dataset(), **sizes)
+    assert (type(loader.init_batch_size), type(loader.max_batch_size)) == (int, int)
+
+
+@pytest.mark.parametrize("total", [-1, 2.0, float("nan"), "3"])
+def test_epochs_takes_a_whole_number_of_epochs(job: Job, total: Any) -> None:
+    with pytest.raises(gq.RunnerError, match="the number of epochs must be a whole number"):
+        next(iter(gq.epochs(total)))
 
 
 def test_the_loader_needs_a_dataset_with_a_length(job: Job) -> None:

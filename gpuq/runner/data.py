@@ -106,7 +106,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from gpuq.runner import distributed
 from gpuq.runner.distributed import replica_share
-from gpuq.runner.job import RunnerError, current_job
+from gpuq.runner.job import RunnerError, current_job, whole_number
 from gpuq.runner.tuning import BatchConfig, BatchTuner
 
 _MIX = 0x9E3779B97F4A7C15
@@ -196,6 +196,31 @@ class _PositionedBatchSampler(Sampler[list[int]]):
         return full + (rest > 0 and self.takes(rest))
 
 
+def _checked_batch_sizes(batch_size: object, max_batch_size: object) -> tuple[int, int | None]:
+    """The sizes as ints; RunnerError for a size below 1 or not whole, or a maximum below it.
+
+    NumPy integers are taken (and made ints, which JSON reports can carry).
+    """
+    initial = whole_number(batch_size)
+    if initial is None or initial < 1:
+        raise RunnerError(
+            f"AdaptiveDataLoader(batch_size={batch_size!r}): the batch size must be a whole "
+            "number, 1 or more",
+            hint="batch_size is the initial batch size (M0), such as batch_size=32",
+        )
+    if max_batch_size is None:
+        return initial, None
+    largest = whole_number(max_batch_size)
+    if largest is None or largest < initial:
+        raise RunnerError(
+            f"AdaptiveDataLoader(batch_size={batch_size!r}, max_batch_size={max_batch_size!r}): "
+            "the maximum must be a whole number, batch_size or more",
+            hint="max_batch_size above batch_size lets the loader tune the batch for goodput; "
+            "leave it out to keep batch_size",
+        )
+    return initial, largest
+
+
 class AdaptiveDataLoader:
     """A resumable `DataLoader`: shuffled per epoch from `seed`, checkpointed position."""
 
@@ -218,8 +243,7 @@ class AdaptiveDataLoader:
                 "AdaptiveDataLoader needs a map-style dataset with a length",
                 hint="pass the dataset itself, not a DataLoader or an iterable dataset",
             )
-        if batch_size < 1 or (max_batch_size is not None and max_batch_size < batch_size):
-            raise RunnerError(f"bad batch sizes: {batch_size=} {max_batch_size=}")
+        batch_size, max_batch_size = _checked_batch_sizes(batch_size, max_batch_size)
         clashing = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator"}
         if clashing & set(loader_kwargs):
             raise RunnerError(f"AdaptiveDataLoader sets {sorted(clashing & set(loader_kwargs))}")

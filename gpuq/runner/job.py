@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import signal
 import threading
@@ -31,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, SupportsIndex, get_args
 
 from gpuq import env
 from gpuq.control import ACK_FILE as ACK_FILE  # re-exported: one definition, in gpuq.control
@@ -52,6 +53,13 @@ SUSPEND_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 class RunnerError(UsageError):
     """The training script asked the runner for something it cannot do."""
+
+
+def whole_number(value: object) -> int | None:
+    """`value` as an int if it is a whole number (int or NumPy integer, not bool); else None."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        return None
+    return operator.index(value)
 
 
 @dataclass(frozen=True)

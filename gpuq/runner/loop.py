@@ -106,6 +106,7 @@ from gpuq.runner.job import (
     StepInfo,
     SuspendReport,
     current_job,
+    whole_number,
     write_acknowledgement,
 )
 from gpuq.runner.state import State, cuda_in_use
@@ -193,6 +194,12 @@ def epochs(total: int) -> Iterator[int]:
     again from 0 (module docstring), when the loop ends or the job suspends.
     """
     global _resumed
+    count = whole_number(total)
+    if count is None or count < 0:
+        raise RunnerError(
+            f"gq.epochs({total!r}): the number of epochs must be a whole number, 0 or more",
+            hint="such as `for epoch in gq.epochs(10):`",
+        )
     job = current_job()
     resumed = _ResumedLoop.after_restore(job, sys._getframe(1))
     if resumed is not None:
