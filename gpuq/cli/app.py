@@ -464,9 +464,10 @@ def clean(
             _print_json(result)
             return
         verb = "Would remove" if dry_run else "Removed"
+        size = result["bytes"]
         print(
             f"{verb} {len(result['ids'])} job(s) and {len(result['files'])} log file(s) "
-            f"({format_size(result['bytes'])})."
+            f"({format_size(size) if size >= 1024 else f'{size} bytes'})."
         )
 
     _run(json_out, body)
