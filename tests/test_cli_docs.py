@@ -332,6 +332,22 @@ def test_the_json_schema_documents_every_state_exit_status_and_error_code() -> N
     assert codes(GpuqError) <= documented
 
 
+def test_the_error_code_table_gives_each_code_its_exit_status() -> None:
+    table = section(JSON_SCHEMA_DOC.read_text(), "Errors").split("| `code` | Exit status |")[1]
+    rows = [line for line in table.splitlines() if line.startswith("|")][1:]
+    documented = {}
+    for row in rows:
+        match = re.fullmatch(r"\| `(\w+)` \| (\d+) \| [^|]+ \|", row)
+        assert match, f"docs/json-schema.md: a malformed row in the error codes: {row!r}"
+        documented[match[1]] = int(match[2])
+
+    def classes(cls: type[GpuqError]) -> list[type[GpuqError]]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in classes(sub))]
+
+    for cls in classes(GpuqError):
+        assert documented.get(cls.code) == int(cls.exit_code), f"{cls.__name__} ({cls.code})"
+
+
 # -- docs/protocol.md ------------------------------------------------------------
 
 
