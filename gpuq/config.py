@@ -252,7 +252,8 @@ _EXPECTED: dict[str, str] = {
     "gpus.include": _DEVICES,
     "gpus.exclude": _DEVICES,
     "gpus.fake_state_file": "a file path",
-    "gpus.fake": "tables written [[gpus.fake]]",
+    "gpus.fake": "tables, each written with double brackets: [[gpus.fake]] then its keys "
+    "(count = 4) on the lines below, one table per kind of fake GPU",
     "gpus.fake.name": "a non-empty string",
     "gpus.fake.memory": _SIZE,
     "gpus.fake.count": "a whole number from 1 to 1024",
@@ -262,7 +263,8 @@ _EXPECTED: dict[str, str] = {
     "gpus.fake.share_slowdown": "a number, 1 or more (1: sharing costs nothing)",
     "gpus.fake.link_group": "a string (GPUs with the same one share a PCIe switch or NVLink)",
     "gpus.fake.job_memory": _SIZE,
-    "cluster.servers": "tables written [[cluster.servers]]",
+    "cluster.servers": "tables, each written with double brackets: [[cluster.servers]] then "
+    'its keys (host = "gpu2") on the lines below, one table per server',
     "cluster.ssh_config": "a file path (an ssh config for gpuq's connections)",
     "cluster.connect_timeout": 'seconds, more than 0, or a duration such as "10s"',
     "cluster.heartbeat": 'seconds, from 0.05 to 3600, or a duration such as "5s"',

@@ -628,7 +628,9 @@ def _check_placement(spec: JobSpec) -> None:
 
 def _check_ranges(spec: JobSpec) -> None:
     if spec.gpus < 0:
-        raise UsageError(f"--gpus must be 0 or more, got {spec.gpus}")
+        raise UsageError(
+            f"--gpus must be 0 or more, got {spec.gpus}", "--gpus 0 runs a CPU-only job"
+        )
     if spec.gpus_max is not None:
         if spec.gpus < 1 or spec.gpus_max < spec.gpus:
             raise UsageError(
@@ -636,27 +638,32 @@ def _check_ranges(spec: JobSpec) -> None:
                 "e.g. --gpus 1-8 for a job that can use from 1 to 8 GPUs",
             )
         if spec.gpus_max > MAX_GPUS:
-            raise UsageError(f"--gpus: at most {MAX_GPUS} GPUs, got {spec.gpus_max}")
+            raise UsageError(
+                f"--gpus: at most {MAX_GPUS} GPUs, got {spec.gpus_max}",
+                f"give a range such as --gpus 1-8 (MAX up to {MAX_GPUS})",
+            )
         if spec.shares_gpu:
             raise UsageError(
                 "--gpu-mem shares GPUs; a GPU range takes them whole",
                 "drop --gpu-mem, or give a single count with --gpus N",
             )
     if spec.gpu_mem is not None and spec.gpu_mem <= 0:
-        raise UsageError("--gpu-mem must be positive")
+        raise UsageError("--gpu-mem must be positive", "give a size such as --gpu-mem 6G, or auto")
     _check_multi_node(spec)
     if spec.shares_gpu and spec.gpus == 0:
         raise UsageError("--gpu-mem needs --gpus 1 or more", "drop --gpu-mem for a CPU-only job")
     if spec.retries < 0:
-        raise UsageError("--retries must be 0 or more")
+        raise UsageError("--retries must be 0 or more", "--retries 0 (the default) never retries")
     if spec.time_limit is not None and spec.time_limit <= 0:
-        raise UsageError("--time must be positive")
+        raise UsageError("--time must be positive", "give a limit such as --time 2h or 90s")
     if spec.array_parallel is not None and spec.array_parallel <= 0:
-        raise UsageError("the array limit after % must be positive")
+        raise UsageError(
+            "the array limit after % must be positive", "e.g. --array 0-99%4 runs 4 at once"
+        )
     if any(dep.job_id not in INT_RANGE for dep in spec.after):
         raise UsageError("spec.after: job id out of range", "integers must fit in 64 bits")
     if spec.begin is not None and spec.begin >= MAX_BEGIN:
-        raise UsageError("--begin must be before the year 10000")
+        raise UsageError("--begin must be before the year 10000", "e.g. --begin now+10m")
     if spec.signal is not None and spec.signal.signal not in signal.valid_signals():
         raise UsageError(f"--signal: no signal number {spec.signal.signal}", "e.g. USR1@120")
     if any(dep.kind not in DependencyKind for dep in spec.after):  # pragma: no cover
@@ -670,7 +677,10 @@ MAX_NODES: Final = 256
 def _check_multi_node(spec: JobSpec) -> None:
     """`--nodes N`: N servers, each with the same whole number of whole GPUs."""
     if spec.node_count < 1 or spec.node_count > MAX_NODES:
-        raise UsageError(f"--nodes must be from 1 to {MAX_NODES}, got {spec.node_count}")
+        raise UsageError(
+            f"--nodes must be from 1 to {MAX_NODES}, got {spec.node_count}",
+            "--nodes 1 (the default) runs on one server",
+        )
     if not spec.multi_node:
         return
     if spec.gpus_max is not None:

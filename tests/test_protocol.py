@@ -414,6 +414,27 @@ def test_an_empty_command_is_refused_with_a_hint() -> None:
     assert caught.value.hint is not None and "--" in caught.value.hint
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"gpus": -1},
+        {"gpus": 1, "gpus_max": 100_000},
+        {"gpu_mem": 0},
+        {"retries": -1},
+        {"time_limit": -5.0},
+        {"array_parallel": 0},
+        {"begin": 1e12},
+        {"node_count": 0},
+        {"signal": [999, 30]},
+    ],
+    ids=lambda fields: next(iter(fields.items()))[0] if len(fields) == 1 else "gpus_max",
+)
+def test_an_out_of_range_value_is_refused_with_a_hint(fields: dict[str, Any]) -> None:
+    with pytest.raises(UsageError) as caught:
+        validate_spec(spec(**fields))
+    assert caught.value.hint, caught.value.message
+
+
 def test_unknown_spec_fields_are_named() -> None:
     with pytest.raises(UsageError) as caught:
         validate_spec(spec(gpu="1", colour="red"))

@@ -94,7 +94,10 @@ def replay_command(
         settings = ReplaySettings(speedup=speedup, restart_penalty=restart_penalty)
         settings.check()
         if first is not None and first < 1:
-            raise UsageError(f"--first must be at least 1, got {first}")
+            raise UsageError(
+                f"--first must be at least 1, got {first}",
+                "--first N replays the workload's first N jobs; leave it out for all",
+            )
         check_workload(workload)  # before the daemon is reached (or started)
         with Client.connect(load_config(config)) as client:
             gpus = int(client.call("status").get("gpus", 0))

@@ -355,7 +355,9 @@ def sim_command(
         names = policy_names(policy, compare)
         workers = jobs if jobs is not None else (os.cpu_count() or 1)
         if workers < 1:
-            raise UsageError("--jobs must be at least 1")
+            raise UsageError(
+                "--jobs must be at least 1", "--jobs 1 runs the policies one after another"
+            )
         jobs_list = resolve_workload(workload, shape.total_gpus, settings.gpus_per_node)
         jobs_list, settings = _with_users(
             jobs_list, settings, users, user_copies, shares, half_life, max_gpus_per_user

@@ -208,7 +208,7 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             raise UsageError(f"unknown option {flag!r} for gpuq submit", "see gpuq submit --help")
         if opt.kind == "flag":
             if eq:
-                raise UsageError(f"{flag} takes no value")
+                raise UsageError(f"{flag} takes no value", f"write {flag} alone")
             values[opt.dest] = True
             i += 1
             continue
@@ -217,14 +217,18 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             i += 1
         else:
             if i + 1 >= len(args):
-                raise UsageError(f"{flag} needs a value ({opt.metavar})")
+                raise UsageError(
+                    f"{flag} needs a value ({opt.metavar})", f"write {flag} {opt.metavar}"
+                )
             value = args[i + 1]
             i += 2
         if opt.kind == "int":
             try:
                 values[opt.dest] = int(value)
             except ValueError:
-                raise UsageError(f"{flag} needs an integer, got {value!r}") from None
+                raise UsageError(
+                    f"{flag} needs an integer, got {value!r}", f"e.g. {flag} 2"
+                ) from None
         elif opt.kind == "gpus":
             from gpuq.units import parse_gpus
 
@@ -286,7 +290,10 @@ def directive_values(path: str, directives: list[tuple[int, list[str]]]) -> dict
         except UsageError as exc:
             raise UsageError(f"{where}: {exc.message}", exc.hint) from None
         if extra:
-            raise UsageError(f"{where}: #GPUQ directives take options only, got {extra[0]!r}")
+            raise UsageError(
+                f"{where}: #GPUQ directives take options only, got {extra[0]!r}",
+                "write options such as #GPUQ --gpus 2; the command comes from the gpuq submit line",
+            )
         for dest, value in found.items():
             values[dest] = [*values.get(dest, []), *value] if isinstance(value, list) else value
     return values
@@ -305,7 +312,7 @@ def build_spec(
     for item in values.get("env", []):
         key, eq, val = item.partition("=")
         if not eq or not key:
-            raise UsageError(f"--env needs KEY=VALUE, got {item!r}")
+            raise UsageError(f"--env needs KEY=VALUE, got {item!r}", "e.g. --env SEED=1")
         env[key] = val
     # The daemon validates each ID[:kind] and each name; here lists are only split.
     after = [part.strip() for item in values.get("after", []) for part in item.split(",")]

@@ -545,7 +545,10 @@ def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | N
     if "/" in program:
         target = Path(cwd, program)
         if not target.is_file():
-            raise UsageError(f"no such file: {program!r} (relative to {cwd})")
+            raise UsageError(
+                f"no such file: {program!r} (relative to {cwd})",
+                "check the path, or pass --cwd DIR for a path relative to another directory",
+            )
         if not os.access(target, os.X_OK):
             raise UsageError(
                 f"{program!r} is not executable",

@@ -88,7 +88,9 @@ class SimCluster:
 def uniform_cluster(nodes: int, gpus_per_node: int, tables: str = "pollux") -> SimCluster:
     """`nodes` nodes of `gpus_per_node` T4 GPUs (the Pollux artifact's cluster shape)."""
     if nodes < 1 or gpus_per_node < 1:
-        raise UsageError("--nodes and --gpus-per-node must be at least 1")
+        raise UsageError(
+            "--nodes and --gpus-per-node must be at least 1", "e.g. --nodes 4 --gpus-per-node 8"
+        )
     return SimCluster(
         tuple(NodeView(f"node{i}", gpus_per_node, "T4") for i in range(nodes)), tables
     )

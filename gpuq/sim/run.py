@@ -98,7 +98,9 @@ class SimSettings:
                 hint="0 (the default) is no slowdown; 0.25 slows jobs that share a node by 25%",
             )
         if self.seed < 0:
-            raise UsageError(f"--seed must be 0 or more, got {self.seed}")
+            raise UsageError(
+                f"--seed must be 0 or more, got {self.seed}", "e.g. --seed 1; 0 is the default"
+            )
 
 
 @dataclass(frozen=True)
