@@ -729,10 +729,11 @@ def _check_os_strings(spec: JobSpec) -> None:
 
 def parse_states(names: tuple[str, ...]) -> frozenset[JobState]:
     """Job states from their names; raises UsageError listing valid names."""
-    try:
-        return frozenset(JobState(n) for n in names)
-    except ValueError as exc:
-        raise UsageError(str(exc), f"states: {', '.join(s.value for s in JobState)}") from exc
+    known = {state.value: state for state in JobState}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise UsageError(f"unknown job state {unknown[0]!r}", f"states: {', '.join(known)}")
+    return frozenset(known[name] for name in names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -724,6 +724,7 @@ def test_parse_states_maps_names_to_states() -> None:
 def test_parse_states_lists_the_valid_names_on_a_typo() -> None:
     with pytest.raises(UsageError) as caught:
         parse_states(("queued", "runing"))
+    assert caught.value.message == "unknown job state 'runing'"
     assert caught.value.hint is not None
     assert all(state.value in caught.value.hint for state in JobState)
 
