@@ -218,7 +218,7 @@ def test_hold_and_release_refuse_jobs_in_the_wrong_state(daemon: DaemonHarness) 
     assert f"cannot release job {queued}: it is queued" in release_queued.stderr
     release_done = daemon.cli("release", str(done))
     assert release_done.returncode == CONFLICT
-    assert "it is succeeded" in release_done.stderr
+    assert "it has ended (succeeded)" in release_done.stderr
 
     held = daemon.cli("hold", str(queued), str(done))  # one good id, one bad
     assert held.returncode == CONFLICT
@@ -255,7 +255,7 @@ def test_retry_reruns_a_failed_job_under_the_same_id(daemon: DaemonHarness) -> N
 
     again = daemon.cli("retry", str(job_id))
     assert again.returncode == CONFLICT
-    assert "it is succeeded" in again.stderr
+    assert "it has ended (succeeded)" in again.stderr
 
 
 def test_priority_changes_which_pending_job_starts_next(daemon: DaemonHarness) -> None:

@@ -38,7 +38,7 @@ from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.daemon.timings import DecisionTimes, LoopLag
 from gpuq.errors import ConflictError, NotFoundError, StateError
-from gpuq.models import GpuInfo, Job, JobState
+from gpuq.models import TERMINAL_STATES, GpuInfo, Job, JobState
 from gpuq.policies.interface import Decision, Policy
 from gpuq.policies.registry import get_policy
 
@@ -275,8 +275,13 @@ class DaemonState:
         job = self.job(job_id)
         allowed = frozenset(allowed)
         if job.state not in allowed:
+            now = (
+                f"it has ended ({job.state.value})"
+                if job.state in TERMINAL_STATES
+                else f"it is {job.state.value}"
+            )
             raise ConflictError(
-                f"cannot {action} job {job_id}: it is {job.state.value}",
+                f"cannot {action} job {job_id}: {now}",
                 f"{action} applies to {', '.join(sorted(s.value for s in allowed))} jobs",
             )
         return job
