@@ -12,10 +12,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from gpuq.daemon.handlers.logs import POLL_SECONDS
 from tests.daemon_harness import DaemonHarness, listed, wait_for
 from tests.daemon_harness import submit_cli as submit
 
@@ -145,6 +147,62 @@ def test_logs_tail_prints_the_last_lines(daemon: DaemonHarness) -> None:
     assert daemon.cli("logs", "--tail", "50", str(job_id)).stdout == "".join(
         f"{n}\n" for n in range(1, 11)
     )
+
+
+BAR = "\u2588"
+"""A block of a tqdm progress bar: three bytes in UTF-8."""
+
+
+def test_logs_keep_a_character_whole_across_the_daemon_s_reads(daemon: DaemonHarness) -> None:
+    # 100,000 three-byte characters: the daemon's 256 KiB reads end inside one.
+    program = f"import sys; sys.stdout.write({BAR!r} * 100_000 + '\\n')"
+    job_id = submit(daemon, "--gpus", "0", "--", sys.executable, "-c", program)
+    daemon.wait_state(job_id, "succeeded")
+    assert daemon.cli("logs", str(job_id)).stdout == BAR * 100_000 + "\n"
+
+
+def test_logs_follow_sends_a_character_written_in_two_parts_whole(daemon: DaemonHarness) -> None:
+    # The job writes half a character, waits to be read, then writes the rest.
+    first, rest = BAR.encode()[:2], BAR.encode()[2:] + b"\n"
+    program = (
+        "import os, sys, time\n"
+        f"sys.stdout.buffer.write({first!r}); sys.stdout.flush()\n"
+        "while not os.path.exists('go'): time.sleep(0.05)\n"
+        f"sys.stdout.buffer.write({rest!r})\n"
+    )
+    job_id = submit(daemon, "--gpus", "0", "--", sys.executable, "-c", program)
+    follow = popen(daemon, "logs", "-f", str(job_id))
+    try:
+
+        def half_written() -> bool:
+            log = daemon.job(job_id)["stdout"]
+            return bool(log) and os.path.isfile(log) and os.path.getsize(log) == 2
+
+        wait_for(half_written, what="half a character")
+        time.sleep(4 * POLL_SECONDS)  # the daemon reads the half, and reads again
+        (daemon.root / "go").touch()
+        out, errors = follow.communicate(timeout=30)
+    finally:
+        follow.kill()
+        follow.wait()
+    assert follow.returncode == 0, errors
+    assert out == BAR + "\n"
+
+
+def test_logs_of_a_job_whose_output_was_deleted_say_it_is_gone(daemon: DaemonHarness) -> None:
+    job_id = submit(daemon, "--gpus", "0", "--", "echo", "hello")
+    job = daemon.wait_state(job_id, "succeeded")
+    os.unlink(job["stdout"])
+    gone = daemon.cli("logs", str(job_id))
+    assert (gone.returncode, gone.stdout) == (1, "")
+    assert f"{job['stdout']} does not exist" in gone.stderr and "hint:" in gone.stderr
+    assert daemon.cli("logs", "--stderr", str(job_id)).returncode == 0  # still there, empty
+
+    # A job that never ran has no output yet, which is not an error.
+    queued = submit(daemon, "--hold", "--gpus", "0", "--", "true")
+    assert daemon.cli("logs", str(queued)).returncode == 0
+    assert daemon.cli("cancel", str(queued)).returncode == 0
+    assert daemon.cli("logs", str(queued)).returncode == 0
 
 
 def test_logs_follow_streams_until_the_job_ends(daemon: DaemonHarness) -> None:

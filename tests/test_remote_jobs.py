@@ -78,6 +78,18 @@ def test_logs_follow_a_remote_job_until_it_ends(lab: Cluster) -> None:
     assert lab.head.job(job_id)["state"] == "succeeded"
 
 
+def test_logs_of_a_remote_job_keep_characters_whole_across_reads(lab: Cluster) -> None:
+    # 100,000 three-byte characters: each node.read of 256 KiB ends inside one.
+    bar = "\u2588"
+    program = f"import sys; sys.stdout.write({bar!r} * 100_000 + '\\n')"
+    job_id = submit_cli(lab.head, "--gpus", "3", "--", sys.executable, "-c", program)
+    lab.head.wait_state(job_id, "succeeded", timeout=60)
+    out = lab.head.cli("logs", str(job_id))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == bar * 100_000 + "\n"
+    assert lab.head.cli("logs", "-f", str(job_id)).stdout == out.stdout
+
+
 def test_a_remote_job_is_cancelled_there(lab: Cluster) -> None:
     job_id = submit_cli(lab.head, "--gpus", "3", "--", "sleep", "300")
     lab.head.wait_state(job_id, "running", timeout=30)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import codecs
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
@@ -15,7 +17,7 @@ from gpuq.daemon.node.gang import part_path
 from gpuq.daemon.node.remote import RemoteNode
 from gpuq.daemon.outputs import OutputError, open_for_reading, tail_offset
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import PermissionDenied, UsageError
+from gpuq.errors import GpuqError, PermissionDenied, UsageError
 from gpuq.models import Job
 from gpuq.protocol import Logs
 
@@ -55,20 +57,44 @@ async def handle(
     if request.tail is not None and (first := _open_log(path, owner)) is not None:
         with first:
             offset = tail_offset(first, request.tail)
+    text = _decoder()
     while True:
         if (handle := _open_log(path, owner)) is not None:
             with handle:
                 handle.seek(offset)
                 while data := handle.read(CHUNK):
                     offset += len(data)
-                    await emit({"data": data.decode(errors="replace")})
+                    await _send(emit, text.decode(data))
         job = state.job(request.id)
         if not request.follow or job.state.is_terminal:
             if request.follow and os.path.exists(path) and os.path.getsize(path) > offset:
                 continue  # the last bytes written before the job ended
             break
         await asyncio.sleep(POLL_SECONDS)
+    await _send(emit, text.decode(b"", final=True))
+    if job.stdout_path and job.state.is_terminal and not os.path.lexists(path):
+        raise GpuqError(
+            f"job {job.id}'s {request.stream} is gone: {path} does not exist",
+            "it was deleted after the job ran, or the job ended before its output was opened "
+            f"(gpuq show {job.id} says how it ended)",
+        )
     return {"path": path, "offset": offset, "state": job.state.value}
+
+
+def _decoder() -> codecs.IncrementalDecoder:
+    """UTF-8 decoding across reads: a character split between two reads is sent whole.
+
+    A read ends wherever the file (or the chunk) does, often inside a
+    character (tqdm's bars are three bytes each); decoding each read alone
+    would turn such a character into replacement characters. Bytes that are
+    not UTF-8 at all still become U+FFFD: the events carry text.
+    """
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+async def _send(emit: Callable[[dict[str, Any]], Awaitable[None]], text: str) -> None:
+    if text:
+        await emit({"data": text})
 
 
 def _part(job: Job, part: int) -> int:
@@ -93,19 +119,20 @@ async def _remote(
 ) -> dict[str, Any]:
     """The output of a job that ran on another server, read there (`node.read`)."""
     offset, tail, path = 0, request.tail, ""
+    text = _decoder()
     while True:
         job = state.job(request.id)  # looked at first: what it wrote before it ended is read
         while True:
             part = await remote.read_output(request.id, request.stream, offset, tail)
             tail, path = None, str(part.get("path") or path)
             offset = int(part["offset"])
-            if part["data"]:
-                await emit({"data": part["data"]})
+            await _send(emit, text.decode(base64.b64decode(part["data"])))
             if offset >= int(part.get("size") or 0):
                 break
         if not request.follow or job.state.is_terminal:
             break
         await asyncio.sleep(POLL_SECONDS)
+    await _send(emit, text.decode(b"", final=True))
     return {"path": path, "offset": offset, "state": job.state.value, "node": remote.name}
 
 

@@ -408,8 +408,8 @@ class RemoteNode:
     async def read_output(
         self, job_id: int, stream: str, offset: int, tail: int | None
     ) -> dict[str, Any]:
-        """Part of the job's output there (`node.read`), off the event loop."""
-        params: dict[str, Any] = {"job": job_id, "stream": stream, "offset": offset}
+        """Part of the job's output there (`node.read`), its bytes in base64, off the event loop."""
+        params: dict[str, Any] = {"job": job_id, "stream": stream, "offset": offset, "raw": True}
         if tail is not None:
             params["tail"] = tail
         return await self.request("node.read", **params)
