@@ -142,6 +142,19 @@ def test_the_submitting_shells_environment_reaches_the_job_and_env_overrides_it(
     assert seen["CUDA_VISIBLE_DEVICES"] == ""  # the GPUQ contract wins over --env
 
 
+def test_an_environment_too_large_to_send_is_refused_naming_its_largest_variables(
+    daemon: DaemonHarness,
+) -> None:
+    # Nine variables of 120 kB: over the daemon's 1 MiB per request, each under exec's limit.
+    shell = {f"GPUQ_TEST_BIG_{n}": str(n) * (120_000 + n) for n in range(9)}
+    result = cli_with_env(daemon, shell, "submit", "--gpus", "0", "--", "true")
+    assert result.returncode == 2
+    assert "the job is too large to submit" in result.stderr
+    assert "largest variables are GPUQ_TEST_BIG_8 (120008 bytes), GPUQ_TEST_BIG_7" in result.stderr
+    assert "env -u GPUQ_TEST_BIG_8 gpuq submit" in result.stderr
+    assert daemon.call("list")["jobs"] == []
+
+
 def test_a_job_submitted_from_inside_a_job_does_not_inherit_its_gpuq_variables(
     daemon: DaemonHarness,
 ) -> None:

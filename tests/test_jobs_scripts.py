@@ -93,6 +93,40 @@ def test_a_script_elsewhere_runs_from_the_jobs_working_directory(daemon: DaemonH
 
 
 @pytest.mark.parametrize(
+    ("name", "executable", "message"),
+    [
+        ("train.py", False, "train.py is a Python script without a #! line"),
+        ("train.py", True, "train.py is a Python script without a #! line"),
+        ("job.sh", True, "job.sh is executable but has no #! line"),
+    ],
+)
+def test_a_script_that_would_not_run_without_a_shebang_is_refused(
+    daemon: DaemonHarness, name: str, executable: bool, message: str
+) -> None:
+    write_script(daemon.root, name, "import sys\nprint(sys.argv)\n", executable)
+    result = daemon.cli("submit", name)
+    assert result.returncode == 2
+    assert message in result.stderr and "hint:" in result.stderr
+    assert no_jobs(daemon)
+
+
+def test_a_plain_shell_script_without_a_shebang_runs_under_sh(daemon: DaemonHarness) -> None:
+    write_script(daemon.root, "job.sh", "#GPUQ --gpus 0\necho plain\n", executable=False)
+    job_id = int(daemon.cli("submit", "-q", "job.sh").stdout)
+    daemon.wait_state(job_id, "succeeded")
+    assert daemon.cli("logs", str(job_id)).stdout == "plain\n"
+
+
+def test_a_script_with_windows_line_endings_is_refused_at_submit(daemon: DaemonHarness) -> None:
+    (daemon.root / "job.sh").write_bytes(b"#!/bin/sh\r\n#GPUQ --gpus 0\r\necho hi\r\n")
+    result = daemon.cli("submit", "job.sh")
+    assert result.returncode == 2
+    assert "job.sh has Windows line endings (CRLF)" in result.stderr
+    assert "hint: convert it first: dos2unix job.sh" in result.stderr
+    assert no_jobs(daemon)
+
+
+@pytest.mark.parametrize(
     ("directive", "message"),
     [
         ("#GPUQ --gpus two", "--gpus needs a count or a range, got 'two'"),

@@ -136,7 +136,18 @@ def test_a_missing_interpreter_fails_and_says_so(daemon: DaemonHarness) -> None:
     script.chmod(0o755)
     job = failed_to_start(daemon, str(script))
     assert "No such file or directory" in str(job["reason"])
-    assert "its interpreter (the #! line) was not found" in str(job["reason"])
+    assert "its interpreter '/no/such/interpreter' (the #! line) was not found" in str(
+        job["reason"]
+    )
+
+
+def test_a_script_with_windows_line_endings_fails_and_says_so(daemon: DaemonHarness) -> None:
+    script = daemon.root / "run.sh"
+    script.write_bytes(b"#!/bin/sh\r\necho hi\r\n")
+    script.chmod(0o755)
+    job = failed_to_start(daemon, str(script))
+    assert "its #! line ends with a carriage return (Windows line endings)" in str(job["reason"])
+    assert "dos2unix" in str(job["reason"])
 
 
 def test_arguments_too_large_for_the_os_fail_the_job(daemon: DaemonHarness) -> None:

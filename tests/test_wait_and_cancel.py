@@ -10,8 +10,14 @@ and `--wait` prints the state it ended in.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
-from tests.daemon_harness import DaemonHarness
+import pytest
+
+from tests.daemon_harness import DaemonHarness, wait_for
 from tests.daemon_harness import submit_cli as submit
 
 
@@ -83,3 +89,59 @@ def test_daemon_stop_gets_its_reply_and_says_what_it_left_running(
     assert stopped.stderr == "gpuq daemon stopped (1 job(s) left running)\n"
     assert daemon.process is not None and daemon.process.wait(timeout=20) == 0
     assert "Traceback" not in daemon.log()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["submit", "--wait", "--gpus", "0", "--", "sleep", "60"],
+        ["wait", "{job}"],
+        ["logs", "-f", "{job}"],
+    ],
+    ids=["submit --wait", "wait", "logs -f"],
+)
+def test_ctrl_c_stops_waiting_with_status_130_and_leaves_the_job_alone(
+    daemon: DaemonHarness, command: list[str]
+) -> None:
+    job_id = submit(daemon, "--gpus", "0", "--", "sleep", "60")
+    daemon.wait_state(job_id, "running")
+    args = [arg.format(job=job_id) for arg in command]
+    waiting = subprocess.Popen(
+        [sys.executable, "-u", "-m", "gpuq.cli.entry", *args],
+        env=daemon.env,
+        cwd=daemon.root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiting.stdout is not None
+        if args[0] == "submit":
+            submitted = waiting.stdout.readline()  # unbuffered: printed before the wait
+            assert submitted.startswith("Submitted job "), submitted
+            job_id = int(submitted.split()[-1])
+        else:
+            wait_for(lambda: _has_a_socket(waiting.pid), what="the client connected")
+        waiting.send_signal(signal.SIGINT)
+        out, errors = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert waiting.returncode == 130
+    assert "Traceback" not in errors
+    if args[0] == "submit":
+        assert errors == (
+            f"gpuq: stopped waiting; job {job_id} is not cancelled "
+            f"(gpuq wait {job_id} waits again, gpuq cancel {job_id} stops it)\n"
+        )
+    assert daemon.job(job_id)["state"] in {"queued", "starting", "running"}
+
+
+
+def _has_a_socket(pid: int) -> bool:
+    """Whether the process has a socket open: it is past its imports, talking to the daemon."""
+    fds = f"/proc/{pid}/fd"
+    try:
+        return any(os.readlink(f"{fds}/{fd}").startswith("socket:") for fd in os.listdir(fds))
+    except OSError:
+        return False

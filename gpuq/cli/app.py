@@ -725,7 +725,9 @@ def _register_submit() -> None:
     submit.__doc__ = (
         "Queue a job and print its id.\n\n"
         "The command follows the options, after -- or as the first argument that is not an "
-        "option; a script file may carry '#GPUQ --option' lines at its top. The first gpuq "
+        "option; a script file may carry '#GPUQ --option' lines at its top. A script runs "
+        "through its #! line, or under /bin/sh when it has none and is not executable (a "
+        "Python file without one is refused: submit 'python train.py'). The first gpuq "
         "command starts the daemon if none runs."
     )
     app.command(

@@ -9,7 +9,9 @@ user types on a lab member), so it skips typer too.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,12 +20,28 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "submit":
         from gpuq.cli.submit import run_submit
 
-        return run_submit(args[1:])
+        return _as_typer_would(run_submit, args[1:])
     if args and args[0] == "bridge" and (code := run_bridge(args[1:])) is not None:
         return code
     from gpuq.cli.app import run_app
 
     return run_app(args)
+
+
+def _as_typer_would(command: Callable[[list[str]], int], args: list[str]) -> int:
+    """Run a fast-path command with the endings typer gives every other one.
+
+    Ctrl-C (`gpuq submit --wait`) exits 130 without a traceback, and a reader
+    that went away (`gpuq submit ... | head -c1`) exits 1 quietly.
+    """
+    try:
+        return command(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # What is still buffered would fail again at exit: send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def run_bridge(argv: list[str]) -> int | None:

@@ -269,6 +269,13 @@ def script_command(command: list[str]) -> Script | None:
     from gpuq.directives import directive_lines
 
     text = head.decode(errors="replace")
+    if text.startswith("#!") and text.split("\n", 1)[0].endswith("\r"):
+        raise UsageError(
+            f"{path} has Windows line endings (CRLF): its #! line cannot be run",
+            f"convert it first: dos2unix {shlex.quote(path)} (or sed -i 's/\\r$//' FILE)",
+        )
+    if not text.startswith("#!"):
+        _check_runs_without_interpreter_line(path)
     try:
         directives = directive_lines(text)
     except UsageError as exc:
@@ -278,6 +285,26 @@ def script_command(command: list[str]) -> Script | None:
         first = text.splitlines()[0] if text else ""
         run = [*(shlex.split(first[2:]) if first.startswith("#!") else ["/bin/sh"]), *run]
     return Script(os.path.basename(path), directives, run)
+
+
+def _check_runs_without_interpreter_line(path: str) -> None:
+    """A script without `#!` runs under /bin/sh: refuse one that cannot.
+
+    A Python file would fail on its first `import` ("import: not found"),
+    and an executable text file, which a shell would run, the kernel
+    refuses (ENOEXEC) when the job starts.
+    """
+    if path.endswith(".py"):
+        raise UsageError(
+            f"{path} is a Python script without a #! line: it would run under /bin/sh",
+            f"submit it with its interpreter: gpuq submit [OPTIONS] -- python {shlex.quote(path)}"
+            " (or make its first line #!/usr/bin/env python3)",
+        )
+    if os.access(path, os.X_OK):
+        raise UsageError(
+            f"{path} is executable but has no #! line, so the system cannot run it",
+            "add an interpreter line, such as #!/bin/sh, at its top",
+        )
 
 
 def directive_values(path: str, directives: list[tuple[int, list[str]]]) -> dict[str, Any]:
@@ -365,7 +392,56 @@ def build_spec(
         if values.get("gpus") is None:  # the default count on each server
             spec["gpus"] = gpus * values["node_count"]
     spec.update((dest, names) for dest, names in placement.items() if names)
+    _check_request_size(spec, indices)
     return spec, indices
+
+
+def _check_request_size(spec: dict[str, Any], indices: list[int]) -> None:
+    """Refuse a submission the daemon would refuse as too large, saying what makes it so.
+
+    The daemon reads at most `MAX_REQUEST_BYTES` per request, and the job's
+    captured environment is most of one: a shell with a huge variable would
+    otherwise get "request too large" without knowing why.
+    """
+    import json
+
+    from gpuq.wire import MAX_REQUEST_BYTES
+
+    size = len(json.dumps({"spec": spec, "array": indices}).encode())
+    if size <= MAX_REQUEST_BYTES - 4096:  # room for the envelope and the token
+        return
+    env: dict[str, str] = spec["env"]
+    env_size = sum(len(key.encode()) + len(value.encode()) for key, value in env.items())
+    message = (
+        f"the job is too large to submit: {size} bytes, over the daemon's limit of "
+        f"{MAX_REQUEST_BYTES}; its environment is {env_size} bytes"
+    )
+    largest = sorted(env, key=lambda key: len(env[key]), reverse=True)[:3]
+    if env_size * 2 < size or not largest:
+        raise UsageError(message, "shorten the command line (pass long data in a file)")
+    sizes = ", ".join(f"{key} ({len(env[key].encode())} bytes)" for key in largest)
+    raise UsageError(
+        message,
+        f"its largest variables are {sizes}: unset one for the submission, "
+        f"e.g. env -u {largest[0]} gpuq submit ...",
+    )
+
+
+def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int | None) -> int:
+    """Print what was submitted; with --wait, wait for it. The exit code."""
+    if values.get("json"):
+        import json
+
+        print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
+    elif values.get("parsable"):
+        print("\n".join(map(str, ids)))
+    elif array_id is None:
+        print(f"Submitted job {ids[0]}")
+    else:
+        print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
+    if values.get("wait"):
+        return wait_for_jobs(config, ids)
+    return 0
 
 
 def run_submit(argv: Sequence[str]) -> int:
@@ -383,19 +459,17 @@ def run_submit(argv: Sequence[str]) -> int:
         config = load_config(values.get("config"))
         spec, indices = build_spec(values, command, config.defaults, time.time())
         ids, array_id = submit_with_retry(config, spec, indices)
-        if values.get("json"):
-            import json
-
-            print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
-        elif values.get("parsable"):
-            print("\n".join(map(str, ids)))
-        elif array_id is None:
-            print(f"Submitted job {ids[0]}")
-        else:
-            print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
-        if values.get("wait"):
-            return wait_for_jobs(config, ids)
-        return 0
+        try:
+            return _report(config, values, ids, array_id)
+        except KeyboardInterrupt:  # only --wait takes long enough to be interrupted
+            one = ids[0] if array_id is None else array_id
+            which = f"job {one}" if array_id is None else f"array {one}"
+            print(
+                f"gpuq: stopped waiting; {which} is not cancelled "
+                f"(gpuq wait {one} waits again, gpuq cancel {one} stops it)",
+                file=sys.stderr,
+            )
+            return 130
     except HelpRequested:
         from gpuq.cli.app import run_app
 

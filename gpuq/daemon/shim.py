@@ -92,12 +92,33 @@ def describe_start_error(
     if exc.errno == errno.ENOENT and (
         os.path.exists(program) or os.path.exists(Path(cwd, program))
     ):
-        text += "; the file exists, so its interpreter (the #! line) was not found"
+        text += "; the file exists, so " + _missing_interpreter(Path(cwd, program))
     elif exc.errno == errno.ENOEXEC:
         text += "; not a binary or a script with a #! line"
     elif exc.errno == errno.E2BIG:
         text += "; the arguments and environment are too large for the OS"
     return text
+
+
+def _missing_interpreter(path: Path) -> str:
+    """Why a script that exists could not be run: its `#!` line, read back."""
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(4096)
+    except OSError:
+        first = b""
+    if not first.startswith(b"#!"):
+        return "its interpreter (the #! line) was not found"
+    line = first.rstrip(b"\n")
+    if line.endswith(b"\r"):
+        return (
+            "its #! line ends with a carriage return (Windows line endings): "
+            "convert the file with dos2unix"
+        )
+    interpreter = line[2:].split(maxsplit=1)[:1] or [b""]
+    return (
+        f"its interpreter {interpreter[0].decode(errors='replace')!r} (the #! line) was not found"
+    )
 
 
 def supervise(job_dir: Path) -> dict[str, Any]:
