@@ -223,6 +223,24 @@ def test_a_wrong_protocol_version_names_both_versions(daemon: DaemonHarness) -> 
     assert_serving(daemon)
 
 
+@pytest.mark.parametrize("method", ["wait", "logs"])
+def test_a_client_gone_mid_request_is_dropped_without_an_error_in_the_log(
+    daemon: DaemonHarness, method: str
+) -> None:
+    job_id = daemon.submit(["sleep", "60"], gpus=0)
+    daemon.wait_state(job_id, "running")
+    params = {"ids": [job_id]} if method == "wait" else {"id": job_id, "follow": True}
+    with raw(daemon) as conn:
+        conn.sock.sendall(
+            json.dumps({"id": 7, "method": method, "params": params}).encode() + b"\n"
+        )
+        beat = json.loads(conn.file.readline())  # the request is being served
+        assert beat == {"id": 7, "event": {"type": "heartbeat"}}
+    wait_for(lambda: "its client went away" in daemon.log(), what="the request dropped")
+    assert "Traceback" not in daemon.log() and "ERROR" not in daemon.log()
+    assert_serving(daemon)
+
+
 # -- the socket and the single instance ---------------------------------------
 
 

@@ -119,24 +119,35 @@ async def _with_heartbeats(
 
     A client's read timeout then bounds the daemon's silence, not the
     length of a `wait` or `logs -f`; a beat that finds the client gone
-    (False) cancels the request. The request is awaited in place, not as a
-    task of its own, so one that never waits (`list`, `show`) is answered
-    in the loop turn its line arrived in; the heartbeats come from a timer.
+    (False) cancels the request, which then ends as a ConnectionResetError:
+    the connection is over, not the daemon (a cancelled connection task
+    would be logged as an error by asyncio). The request is awaited in
+    place, not as a task of its own, so one that never waits (`list`,
+    `show`) is answered in the loop turn its line arrived in; the heartbeats
+    come from a timer.
     """
     loop = asyncio.get_running_loop()
     serving = asyncio.current_task()
     timer: asyncio.TimerHandle
+    gone = False
 
     def tick() -> None:
-        nonlocal timer
+        nonlocal timer, gone
         if beat():
             timer = loop.call_later(HEARTBEAT_SECONDS, tick)
         elif serving is not None:
+            gone = True
             serving.cancel()
 
     timer = loop.call_later(HEARTBEAT_SECONDS, tick)
     try:
         return await work
+    except asyncio.CancelledError:
+        if not gone or serving is None:
+            raise
+        serving.uncancel()
+        log.info("a request was dropped: its client went away")
+        raise ConnectionResetError("the client went away") from None
     finally:
         timer.cancel()
 
