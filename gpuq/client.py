@@ -46,6 +46,8 @@ from gpuq.wire import (
 SOCKET_NAME = "gpuq.sock"
 LOCK_NAME = "gpuqd.lock"
 START_TIMEOUT = 15.0
+DAEMON_ERROR = "gpuqd: error: "
+"""How the daemon's last words start (`gpuq.daemon.__main__`), with a `hint: ` line after."""
 
 
 def socket_path(config: Config) -> Path:
@@ -437,6 +439,10 @@ def start_daemon(config: Config) -> int:
     """
     ensure_private_dir(config.daemon.state_dir)
     log_path = daemon_log_path(config)
+    try:
+        log_start = log_path.stat().st_size
+    except OSError:
+        log_start = 0
     command = [sys.executable, "-m", "gpuq.daemon"]
     if config.source is not None:
         command += ["--config", str(config.source)]
@@ -464,12 +470,8 @@ def start_daemon(config: Config) -> int:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         code = proc.poll()
-        if code is not None and code != 0:
-            tail = _tail(log_path)
-            raise DaemonUnavailable(
-                f"the gpuq daemon failed to start (exit {code}): {tail}",
-                f"see {log_path}; gpuq doctor checks the set-up",
-            )
+        if code is not None and code != 0 and not _another_daemon_starts(path, proc.pid):
+            raise _start_failure(log_path, log_start, code)
         try:
             with Client._open(path, config.client.timeout) as client:
                 _ = client.hello  # answered: the daemon is up
@@ -486,12 +488,44 @@ def start_daemon(config: Config) -> int:
     )
 
 
-def _tail(path: Path, lines: int = 3) -> str:
+def _another_daemon_starts(path: Path, ours: int) -> bool:
+    """Whether a daemon other than `ours` holds the instance lock beside the socket.
+
+    Then ours lost a race to start (another command started one at the
+    same moment) and the winner, which may not listen yet, is the one to reach.
+    """
+    holder = _daemon_pid_hint(path)
+    if not holder.isdigit() or int(holder) == ours:
+        return False
     try:
-        text = path.read_text(errors="replace").strip().splitlines()
+        os.kill(int(holder), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start_failure(log_path: Path, start: int, code: int) -> DaemonUnavailable:
+    """Why the daemon this command started exited: its own error and hint, from its log."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            lines = log.read(64 * 1024).decode(errors="replace").strip().splitlines()
     except OSError:
-        return "(no log)"
-    return " | ".join(text[-lines:]) if text else "(empty log)"
+        lines = []
+    for number in range(len(lines) - 1, -1, -1):
+        if lines[number].startswith(DAEMON_ERROR):
+            after = lines[number + 1] if number + 1 < len(lines) else ""
+            return DaemonUnavailable(
+                f"the gpuq daemon could not start: {lines[number].removeprefix(DAEMON_ERROR)}",
+                after.removeprefix("hint: ") if after.startswith("hint: ") else f"see {log_path}",
+            )
+    tail = " | ".join(lines[-3:]) if lines else "(nothing in its log)"
+    return DaemonUnavailable(
+        f"the gpuq daemon failed to start (exit {code}): {tail}",
+        f"see {log_path}; gpuq doctor checks the set-up",
+    )
 
 
 def running_daemon_pid(config: Config) -> int | None:

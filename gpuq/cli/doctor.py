@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuq import statelock
 from gpuq.config import Config, load_config
 from gpuq.errors import GpuqError
 from gpuq.textsafe import visible
@@ -84,6 +85,10 @@ def check_socket(config: Config) -> Check:
             )
         if choice.lab:
             return Check("daemon", "fail", exc.message, exc.hint or "")
+        cfg = config.daemon
+        if (held := statelock.holder(cfg.state_dir)) is not None and held.socket != path:
+            other = statelock.in_use(cfg.state_dir, cfg.runtime_dir, held)
+            return Check("daemon", "fail", other.message, other.hint or "")
         return Check("daemon", "ok", "not running; the first gpuq command starts it")
     except OSError as exc:
         return Check(

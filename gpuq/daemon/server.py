@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from gpuq import env as job_env
+from gpuq import statelock
 from gpuq.config import Config
 from gpuq.daemon import lifecycle, monitor, recovery, remotes, statedir, suspend, timings
 from gpuq.daemon.connection import serve_connection
@@ -143,6 +144,7 @@ class Server:
         self.state: DaemonState | None = None
         self._server: asyncio.AbstractServer | None = None
         self._lock_fd: int | None = None
+        self._state_lock_fd: int | None = None
         self._bound = False  # only a daemon that bound the socket may remove it
         self._tasks: list[asyncio.Task[None]] = []
         self._connections: set[asyncio.Task[None]] = set()
@@ -247,6 +249,7 @@ class Server:
         return report_interval(config.scheduler.interval)
 
     def _take_lock(self) -> None:
+        """Lock the runtime directory, then the state directory (`gpuq.statelock`)."""
         lock_path = self.config.daemon.runtime_dir / LOCK_NAME
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
@@ -261,6 +264,9 @@ class Server:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        self._state_lock_fd = statelock.take(
+            self.config.daemon.state_dir, self.config.daemon.runtime_dir, socket_path(self.config)
+        )
 
     async def main_loop(self) -> None:
         """Schedule, sample and watch the loop's lag until asked to exit."""
@@ -350,8 +356,9 @@ class Server:
         if self._bound:
             with contextlib.suppress(FileNotFoundError):
                 socket_path(self.config).unlink()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
+        for fd in (self._state_lock_fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
 
 
 def job_owner(state: DaemonState, job_id: int) -> int | None:

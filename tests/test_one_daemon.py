@@ -1,0 +1,109 @@
+"""One daemon for each state: commands that start one at once share it, and a second is refused.
+
+Scripts often start several gpuq commands at once before any daemon runs;
+each starts one, the losers find the lock taken and exit, and every command
+reaches the winner. A shell whose runtime directory differs (cron sets no
+XDG_RUNTIME_DIR) would start a second daemon on the same state, which would
+run the queue's jobs twice: it is refused, naming the socket of the one that
+runs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuq import statelock
+from tests.daemon_harness import DaemonHarness
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[DaemonHarness]:
+    harness = DaemonHarness(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.cli("daemon", "stop")
+        harness.close()
+
+
+def gpuq(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.entry", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_commands_started_at_once_without_a_daemon_all_reach_one(harness: DaemonHarness) -> None:
+    commands = [gpuq("ls", env=harness.env) for _ in range(3)]
+    commands.append(gpuq("submit", "--hold", "--gpus", "0", "--", "true", env=harness.env))
+    ended = [(command, *command.communicate(timeout=60)) for command in commands]
+    for command, _, errors in ended:
+        assert command.returncode == 0, errors
+    status = harness.cli("daemon", "status", "--json")
+    assert status.returncode == 0, status.stderr
+    held = statelock.holder(harness.state_dir)
+    assert held is not None and str(held.pid) in status.stdout
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A runtime directory of another shell (short: a socket path has ~107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="gq-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_daemon_for_another_runtime_directory_is_refused_the_same_state(
+    harness: DaemonHarness, short_dir: Path
+) -> None:
+    harness.start()
+    elsewhere = {**harness.env, "GPUQ_RUNTIME_DIR": str(short_dir)}
+    assert harness.process is not None
+    try:
+        refused_then_free(harness, elsewhere, harness.process)
+    finally:
+        gpuq("daemon", "stop", env=elsewhere).communicate(timeout=60)
+
+
+def refused_then_free(
+    harness: DaemonHarness, elsewhere: dict[str, str], first: subprocess.Popen[bytes]
+) -> None:
+    pid = first.pid
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", "ls"],
+        env=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert listed.returncode == 5
+    assert f"is in use by another gpuq daemon (pid {pid}, socket" in listed.stderr
+    assert "hint: that daemon has another runtime directory than this shell's" in listed.stderr
+    assert f"reach it with GPUQ_RUNTIME_DIR={harness.runtime_dir} gpuq" in listed.stderr
+
+    doctor = gpuq("doctor", env=elsewhere)
+    out, _ = doctor.communicate(timeout=60)
+    assert doctor.returncode == 1
+    assert f"[FAIL] daemon: the state directory {harness.state_dir}" in out
+
+    # The first daemon is untouched, and once it stops the state is free again.
+    assert harness.cli("ls").returncode == 0
+    assert harness.cli("daemon", "stop").returncode == 0
+    first.wait(timeout=30)
+    started = gpuq("ls", env=elsewhere)
+    _, errors = started.communicate(timeout=60)
+    assert started.returncode == 0, errors
