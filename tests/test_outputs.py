@@ -67,6 +67,19 @@ def test_an_absolute_pattern_in_a_missing_directory_is_refused_at_submit(
     assert not missing.exists()
 
 
+@pytest.mark.parametrize("pattern", ["runs", "runs/", "{root}/runs", "logs/"])
+def test_an_output_pattern_naming_a_directory_is_refused_at_submit(
+    daemon: DaemonHarness, pattern: str
+) -> None:
+    (daemon.root / "runs").mkdir()
+    pattern = pattern.format(root=daemon.root)
+    result = daemon.cli("submit", "--gpus", "0", "--output", pattern, "--", "true")
+    assert result.returncode == 2, result.stderr
+    assert f"output pattern {pattern!r} names a directory, not a file" in result.stderr
+    assert "%x-%j.out" in result.stderr
+    assert daemon.call("list")["jobs"] == []
+
+
 def test_a_directory_outside_the_working_directory_is_never_created(
     daemon: DaemonHarness,
 ) -> None:

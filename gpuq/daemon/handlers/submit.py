@@ -115,13 +115,20 @@ def _has(count: int) -> str:
 
 
 def check_output_pattern(pattern: str, spec: JobSpec, *, probe: bool = True) -> None:
-    """Refuse a bad placeholder, and an absolute pattern whose directory does not exist.
+    """Refuse a bad placeholder, a directory, and an absolute pattern whose directory is missing.
 
     gpuq creates missing directories only below the job's working directory
     (`gpuq.daemon.outputs`), so a missing directory elsewhere would fail the
     job at its start: better said now.
     """
     expand_output_pattern(pattern, 1, 0, 1, spec.name, spec.user)
+    if pattern.endswith("/") or (
+        probe and "%" not in pattern and os.path.isdir(os.path.join(spec.cwd, pattern))
+    ):
+        raise UsageError(
+            f"output pattern {pattern!r} names a directory, not a file",
+            f"name a file in it, such as {os.path.join(pattern, '%x-%j.out')}",
+        )
     directory = os.path.dirname(pattern)
     if probe and os.path.isabs(pattern) and "%" not in directory and not os.path.isdir(directory):
         raise UsageError(
