@@ -471,7 +471,7 @@ def start_daemon(config: Config) -> int:
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None and code != 0 and not _another_daemon_starts(path, proc.pid):
-            raise _start_failure(log_path, log_start, code)
+            raise _start_failure(log_path, log_start, code, config.daemon.state_dir)
         try:
             with Client._open(path, config.client.timeout) as client:
                 _ = client.hello  # answered: the daemon is up
@@ -486,6 +486,15 @@ def start_daemon(config: Config) -> int:
     raise DaemonUnavailable(
         f"the gpuq daemon did not answer within {START_TIMEOUT:.0f}s", f"see {log_path}"
     )
+
+
+def _full(directory: Path) -> bool:
+    """Whether the filesystem of `directory` has no block left for this user."""
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return False
+    return (info.f_bfree if os.geteuid() == 0 else info.f_bavail) == 0
 
 
 def _another_daemon_starts(path: Path, ours: int) -> bool:
@@ -506,8 +515,12 @@ def _another_daemon_starts(path: Path, ours: int) -> bool:
     return True
 
 
-def _start_failure(log_path: Path, start: int, code: int) -> DaemonUnavailable:
-    """Why the daemon this command started exited: its own error and hint, from its log."""
+def _start_failure(log_path: Path, start: int, code: int, state_dir: Path) -> DaemonUnavailable:
+    """Why the daemon this command started exited: its own error and hint, from its log.
+
+    A daemon on a full disk cannot write its log either: then the disk is
+    looked at here.
+    """
     try:
         with open(log_path, "rb") as log:
             log.seek(start)
@@ -521,6 +534,12 @@ def _start_failure(log_path: Path, start: int, code: int) -> DaemonUnavailable:
                 f"the gpuq daemon could not start: {lines[number].removeprefix(DAEMON_ERROR)}",
                 after.removeprefix("hint: ") if after.startswith("hint: ") else f"see {log_path}",
             )
+    if not lines and _full(state_dir):
+        return DaemonUnavailable(
+            f"the gpuq daemon could not start: the filesystem of {state_dir} is full "
+            "(the daemon could not even write its log)",
+            f"free some space there (df -h {state_dir}), then start again; the queue is intact",
+        )
     tail = " | ".join(lines[-3:]) if lines else "(nothing in its log)"
     return DaemonUnavailable(
         f"the gpuq daemon failed to start (exit {code}): {tail}",

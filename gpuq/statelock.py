@@ -48,8 +48,11 @@ def take(state_dir: Path, runtime_dir: Path, socket: Path) -> int:
         holder = _parse(os.read(fd, 4096))
         os.close(fd)
         raise in_use(state_dir, runtime_dir, holder) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} {socket}\n".encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket}\n".encode())
+    except OSError:
+        pass  # a full disk: the lock holds all the same, only its holder goes unnamed
     return fd
 
 

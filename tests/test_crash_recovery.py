@@ -27,6 +27,7 @@ import pytest
 
 from gpuq.daemon import jobfiles, proctree
 from gpuq.daemon.faults import POINTS
+from gpuq.daemon.store import Store
 from gpuq.errors import DaemonUnavailable, StateError
 from tests.daemon_harness import DaemonHarness, mounted_tmpfs, wait_for
 
@@ -352,5 +353,31 @@ def test_an_exit_held_back_by_a_full_disk_survives_a_daemon_restart(
         daemon.start()
         job = daemon.wait_state(ending, "failed", "lost")
         assert (job["state"], job["exit_code"]) == ("failed", 5)
+    finally:
+        daemon.close()
+
+
+def test_a_daemon_started_on_a_full_disk_says_to_free_space_and_keeps_the_queue(
+    tmp_path: Path, small_state_dir: Path
+) -> None:
+    daemon = DaemonHarness(tmp_path)
+    try:
+        daemon.start()
+        held = daemon.submit(["true"], gpus=0, hold=True)
+        daemon.kill()
+        filler = fill(small_state_dir)
+        # Not a byte left: the daemon cannot write its log either, so the command says why.
+        with pytest.raises(StateError) as opening:  # and the daemon's own words, had it room
+            Store.open(small_state_dir / "gpuq.db", 0, time.time()).close()
+        assert opening.value.hint is not None
+        assert f"free some space where it lives (df -h {small_state_dir})" in opening.value.hint
+        refused = daemon.cli("ls")
+        assert refused.returncode == 5
+        assert f"could not start: the filesystem of {small_state_dir} is full" in refused.stderr
+        assert f"hint: free some space there (df -h {small_state_dir})" in refused.stderr
+
+        filler.unlink()
+        daemon.start()
+        assert daemon.job(held)["state"] == "held"
     finally:
         daemon.close()

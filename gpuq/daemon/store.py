@@ -155,6 +155,12 @@ class Store:
                     "make it and its directory writable by you (ls -l; chmod u+w), "
                     "or remount the filesystem read-write, or choose another state_dir",
                 ) from None
+            if "disk is full" in text or "disk I/O error" in text:
+                raise StateError(
+                    f"cannot open the state database {path}: {text}",
+                    f"free some space where it lives (df -h {path.parent}), then start again; "
+                    "the queue is intact, do not move the database away",
+                ) from None
             raise StateError(
                 f"cannot open the state database {path}: {text}",
                 "check the state directory (gpuq doctor); "
