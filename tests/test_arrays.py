@@ -67,6 +67,36 @@ def test_hold_and_cancel_act_on_every_task(daemon: DaemonHarness) -> None:
     assert cancelled.stdout == "".join(f"job {task}: cancelled\n" for task in tasks)
 
 
+def test_an_action_on_a_large_array_prints_a_range_not_a_line_per_task(
+    daemon: DaemonHarness,
+) -> None:
+    result = daemon.cli(
+        "submit", "--json", "--gpus", "0", "--hold", "--array", "0-11", "--", "true"
+    )
+    assert result.returncode == 0, result.stderr
+    submitted = json.loads(result.stdout)
+    array_id, tasks = submitted["array_id"], submitted["ids"]
+    assert len(tasks) == 12
+    cancelled = daemon.cli("cancel", str(array_id))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout == f"jobs {tasks[0]}-{tasks[-1]}: cancelled\n"
+    again = daemon.cli("cancel", str(tasks[0]), str(array_id))
+    assert again.returncode == 4
+    assert again.stderr == (
+        f"gpuq: job {tasks[0]} already ended (cancelled)\n"
+        f"gpuq: jobs {tasks[0]}-{tasks[-1]}: already ended (cancelled)\n"
+    )
+
+
+def test_a_command_for_one_job_given_an_array_id_names_its_tasks(daemon: DaemonHarness) -> None:
+    array_id, tasks = submit_array(daemon, "--hold", "--", "true")
+    for command in (("logs",), ("metrics",), ("migrate", "--to", "elsewhere")):
+        result = daemon.cli(*command[:1], str(array_id), *command[1:])
+        assert result.returncode == 3, (command, result.stderr)
+        assert f"{array_id} is an array, not a job" in result.stderr
+        assert f"give one of its tasks' ids, {tasks[0]} to {tasks[-1]}" in result.stderr
+
+
 def test_after_an_array_id_waits_for_the_whole_array(daemon: DaemonHarness) -> None:
     gate = daemon.root / "gate"
     task = f"[ $GPUQ_ARRAY_INDEX != 2 ] || while [ ! -e {gate} ]; do sleep 0.05; done"

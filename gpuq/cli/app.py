@@ -272,16 +272,9 @@ def _action(
     if json_out:
         _print_json({"results": results})
     else:
-        for item in results:
-            if not item["ok"]:
-                message = visible(item["message"])
-                if not message.startswith(f"job {item['id']} "):
-                    message = f"job {item['id']}: {message}"
-                print(f"gpuq: {message}", file=sys.stderr)
-            elif item["id"] in done:
-                print(f"job {item['id']}: {item['state']}")
-            else:
-                print(f"job {item['id']}: {visible(item.get('message') or item['state'])}")
+        shown = [{**r, "message": ""} if r["id"] in done else r for r in results]  # ended
+        for ok, line in outcome_lines(shown):
+            print(line if ok else f"gpuq: {line}", file=sys.stdout if ok else sys.stderr)
     failed = [r for r in results if not r["ok"]]
     if not failed:
         return 0
@@ -291,6 +284,57 @@ def _action(
     if codes == {"permission"}:
         return int(ExitCode.PERMISSION)
     return int(ExitCode.CONFLICT)
+
+
+GROUPED_RUN = 10
+"""Consecutive ids with the same outcome, at least this many, are shown as one range."""
+
+
+def outcome_lines(results: list[dict[str, Any]]) -> list[tuple[bool, str]]:
+    """What an action did, a line per job or per run of ids alike: (applied, line).
+
+    Cancelling a 2,000-task array prints "jobs 18-2017: cancel requested",
+    not 2,000 lines; a job whose outcome differs from its neighbours' keeps
+    a line of its own, worded as always.
+    """
+
+    def single(item: dict[str, Any]) -> str:
+        if item["ok"]:
+            return f"job {item['id']}: {visible(item.get('message') or item['state'])}"
+        message = visible(item["message"])
+        return (
+            message if message.startswith(f"job {item['id']} ") else f"job {item['id']}: {message}"
+        )
+
+    def common(item: dict[str, Any]) -> str:
+        """The outcome without the job's own id in it."""
+        if item["ok"]:
+            return visible(item.get("message") or item["state"])
+        message = visible(item["message"])
+        own = f"job {item['id']}"
+        if message.startswith(own + " "):
+            return message.removeprefix(own + " ")
+        return message.replace(f" {own}", "")
+
+    lines: list[tuple[bool, str]] = []
+    run: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if len(run) >= GROUPED_RUN:
+            lines.append((run[0]["ok"], f"jobs {run[0]['id']}-{run[-1]['id']}: {common(run[0])}"))
+        else:
+            lines.extend((item["ok"], single(item)) for item in run)
+        run.clear()
+
+    for item in results:
+        if run and (
+            item["id"] != run[-1]["id"] + 1
+            or (item["ok"], common(item)) != (run[-1]["ok"], common(run[-1]))
+        ):
+            flush()
+        run.append(item)
+    flush()
+    return lines
 
 
 def _register_action(method: str, help_text: str) -> None:

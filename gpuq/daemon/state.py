@@ -166,6 +166,12 @@ class DaemonState:
         """A job from the cache or the store; NotFoundError if it never existed."""
         job = self.active.get(job_id) or self.store.get(job_id)
         if job is None:
+            if self.store.array(job_id) and (tasks := self.store.array_task_ids(job_id)):
+                raise NotFoundError(
+                    f"{job_id} is an array, not a job: this takes one job",
+                    f"give one of its tasks' ids, {tasks[0]} to {tasks[-1]} (gpuq show {job_id} "
+                    "lists them)",
+                )
             highest = self.store.max_job_id()
             raise NotFoundError(
                 f"no job {job_id}",
