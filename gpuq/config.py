@@ -15,6 +15,7 @@ only when a file is read.
 
 from __future__ import annotations
 
+import codecs
 import math
 import os
 import re
@@ -288,7 +289,9 @@ def load_config(path: str | None = None, environ: Mapping[str, str] | None = Non
     """
     env = os.environ if environ is None else environ
     if path:
-        source, origin = Path(path).expanduser(), "--config"
+        # --config takes GPUQ_CONFIG as its default: name the variable when it is the source.
+        origin = CONFIG_ENV if env.get(CONFIG_ENV) == path else "--config"
+        source = Path(path).expanduser()
     elif env.get(CONFIG_ENV):
         source, origin = Path(env[CONFIG_ENV]).expanduser(), CONFIG_ENV
     else:
@@ -326,13 +329,24 @@ def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
 
     try:
         with source.open("rb") as file:
-            return tomllib.load(file)
+            raw = file.read()
+        if raw.startswith(codecs.BOM_UTF8):  # Windows editors write one; TOML has none
+            raw = raw[len(codecs.BOM_UTF8) :]
+        return tomllib.loads(raw.decode())
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"config file {source} is not UTF-8 text (line {line})",
+            "save it as UTF-8: TOML files are UTF-8",
+        ) from None
     except FileNotFoundError:
         if not origin:
             return None
         raise ConfigError(
             f"config file {source} (from {origin}) does not exist",
-            f"create it, or drop {origin} to use the default file",
+            "create it, or "
+            + (f"unset {origin}" if origin == CONFIG_ENV else f"drop {origin}")
+            + " to use the default file",
         ) from None
     except OSError as exc:
         raise ConfigError(

@@ -252,6 +252,32 @@ def test_a_missing_named_file_is_an_error(tmp_path: Path, env: dict[str, str], o
     assert str(missing) in info.value.message and origin in info.value.message
 
 
+def test_gpuq_config_passed_on_as_the_config_option_is_named_as_the_variable(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # Every command's --config defaults to $GPUQ_CONFIG, so both arrive as `path`.
+    missing = str(tmp_path / "nope.toml")
+    env["GPUQ_CONFIG"] = missing
+    with pytest.raises(ConfigError) as info:
+        load_config(missing, env)
+    assert "(from GPUQ_CONFIG)" in info.value.message
+    assert info.value.hint == "create it, or unset GPUQ_CONFIG to use the default file"
+
+
+def test_a_byte_order_mark_is_ignored(tmp_path: Path, env: dict[str, str]) -> None:
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[defaults]\npriority = 4\n")
+    assert load_config(str(path), env).defaults.priority == 4
+
+
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path: Path, env: dict[str, str]) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[defaults]\n# caf\xe9\npriority = 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), env)
+    assert info.value.message == f"config file {path} is not UTF-8 text (line 2)"
+
+
 def test_a_directory_is_not_a_config_file(tmp_path: Path, env: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(str(tmp_path), env)
