@@ -22,13 +22,15 @@ def test_a_few_jobs_get_a_line_each_worded_as_the_daemon_said() -> None:
         refused(5, "job 5 already ended (succeeded)"),
         refused(9, "no job 9", "not_found"),
         refused(7, "cannot release job 7: it is running"),
+        refused(8, "waiting for job 80", "conflict"),
     ]
     assert outcome_lines(results) == [
         (True, "job 3: cancelled"),
         (True, "job 4: cancel requested"),
         (False, "job 5 already ended (succeeded)"),
-        (False, "job 9: no job 9"),
-        (False, "job 7: cannot release job 7: it is running"),
+        (False, "no job 9"),
+        (False, "cannot release job 7: it is running"),
+        (False, "job 8: waiting for job 80"),
     ]
 
 

@@ -9,6 +9,7 @@ here as a click command built from the same option table.
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -302,9 +303,8 @@ def outcome_lines(results: list[dict[str, Any]]) -> list[tuple[bool, str]]:
         if item["ok"]:
             return f"job {item['id']}: {visible(item.get('message') or item['state'])}"
         message = visible(item["message"])
-        return (
-            message if message.startswith(f"job {item['id']} ") else f"job {item['id']}: {message}"
-        )
+        named = re.search(rf"\bjob {item['id']}\b", message)
+        return message if named else f"job {item['id']}: {message}"
 
     def common(item: dict[str, Any]) -> str:
         """The outcome without the job's own id in it."""
