@@ -197,6 +197,23 @@ def test_a_mixed_cluster_runs_each_job_on_its_types_tables(tiny: str) -> None:
     assert document["results"]["sia"]["jobs"] == 3
 
 
+@pytest.mark.parametrize(
+    ("args", "cluster"),
+    [
+        ([], "1x8 T4 (8 GPUs, pollux tables)"),  # the server the lab workload is drawn for
+        (["--nodes", "16"], "16x4 T4 (64 GPUs, pollux tables)"),
+        (["--gpus-per-node", "4"], "16x4 T4 (64 GPUs, pollux tables)"),
+        (["--cluster", "pollux"], "16x4 T4 (64 GPUs, pollux tables)"),
+    ],
+)
+def test_a_lab_workload_runs_on_one_server_of_8_unless_told_otherwise(
+    args: list[str], cluster: str
+) -> None:
+    result = sim("-p", "fifo", "-w", "lab:1", *args, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["settings"]["cluster"] == cluster
+
+
 def test_user_copies_give_each_user_a_row_of_jobs_jct_and_gpu_time(tiny: str) -> None:
     result = sim(
         "-p", "fifo", "-w", tiny, "--nodes", "1", "--gpus-per-node", "2",

@@ -133,11 +133,19 @@ def users_table(results: Mapping[str, Mapping[str, Any]]) -> str | None:
     return table(["POLICY", "USER", "JOBS", "AVG JCT", "GPU TIME"], rows)
 
 
-def _cluster(spec: str | None, nodes: int | None, gpus_per_node: int | None) -> SimCluster:
-    """The cluster of `--cluster`, or of `--nodes` and `--gpus-per-node`, never both."""
+def _cluster(
+    spec: str | None, nodes: int | None, gpus_per_node: int | None, workload: str = ""
+) -> SimCluster:
+    """The cluster of `--cluster`, or of `--nodes` and `--gpus-per-node`, never both.
+
+    With none of them, the Pollux artifact's 16 x 4, or for a `lab:` workload
+    the one server of 8 it is drawn for.
+    """
     from gpuq.sim.cluster import load_cluster, uniform_cluster
 
     if spec is None:
+        if nodes is None and gpus_per_node is None and workload.startswith("lab:"):
+            return uniform_cluster(1, 8)
         return uniform_cluster(
             16 if nodes is None else nodes, 4 if gpus_per_node is None else gpus_per_node
         )
@@ -255,7 +263,10 @@ def sim_command(
         ),
     ] = None,
     nodes: Annotated[
-        int | None, typer.Option("--nodes", help="Nodes of 4 T4 GPUs (default 16).")
+        int | None,
+        typer.Option(
+            "--nodes", help="Nodes of 4 T4 GPUs (default 16; 1 node of 8 for a lab: workload)."
+        ),
     ] = None,
     gpus_per_node: Annotated[
         int | None, typer.Option("--gpus-per-node", help="GPUs per node (default 4).")
@@ -320,12 +331,12 @@ def sim_command(
     the same per policy under "results".
 
     The cluster is --nodes x --gpus-per-node T4 GPUs on the Pollux tables
-    (16 x 4 by default), or --cluster: a bundled one (pollux: that default;
-    sia: Sia's mixed 64 GPUs, 6x4 T4 + 3x8 RTX2080Ti + 2x8 A100; sia-t4: 16x4
-    T4 on Sia's tables; phoebe: 3x8 RTX2080Ti + 2x8 A100 + 1x4 RTX6000) or a
-    TOML file of node groups, each `[[nodes]]` with type (T4, RTX2080Ti,
-    A100, RTX6000), gpus and count, and `tables = "sia"` or "pollux". Jobs
-    run on the measured tables of the GPU type they hold.
+    (16 x 4 by default; 1 x 8 for a lab: workload), or --cluster: a bundled
+    one (pollux: that default; sia: Sia's mixed 64 GPUs, 6x4 T4 + 3x8
+    RTX2080Ti + 2x8 A100; sia-t4: 16x4 T4 on Sia's tables; phoebe: 3x8
+    RTX2080Ti + 2x8 A100 + 1x4 RTX6000) or a TOML file of node groups, each
+    `[[nodes]]` with type (T4, RTX2080Ti, A100, RTX6000), gpus and count, and
+    `tables = "sia"` or "pollux". Jobs run on the measured tables of the GPU type they hold.
 
     Policies: fifo, srtf, srsf, tiresias, optimus, afs, afs-p, pollux, sia,
     gandiva, ones, gpuq; the daemon runs fifo, tiresias, pollux, gandiva, gpuq
@@ -341,7 +352,7 @@ def sim_command(
     try:
         from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
 
-        shape = _cluster(cluster, nodes, gpus_per_node)
+        shape = _cluster(cluster, nodes, gpus_per_node, workload)
         settings = SimSettings(
             len(shape.nodes),
             max(node.gpus for node in shape.nodes),
