@@ -25,12 +25,12 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuq.config import Config
+from gpuq.config import RUNTIME_DIR_ENV, STATE_DIR_ENV, Config
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
 from gpuq.paths import check_private_dir, ensure_private_dir, require_socket_or_nothing
 from gpuq.wire import (
@@ -463,6 +463,7 @@ def start_daemon(config: Config) -> int:
             stderr=log_fd,
             start_new_session=True,
             cwd="/",
+            env=_daemon_environment(os.environ),
         )
     finally:
         os.close(log_fd)
@@ -486,6 +487,20 @@ def start_daemon(config: Config) -> int:
     raise DaemonUnavailable(
         f"the gpuq daemon did not answer within {START_TIMEOUT:.0f}s", f"see {log_path}"
     )
+
+
+def _daemon_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a started daemon gets: its directory overrides made absolute.
+
+    A relative `GPUQ_STATE_DIR` or `GPUQ_RUNTIME_DIR` is relative to where the
+    command runs; the daemon runs in `/`, where it would name other
+    directories, and so another queue and another socket.
+    """
+    env = dict(environ)
+    for name in (STATE_DIR_ENV, RUNTIME_DIR_ENV):
+        if env.get(name):
+            env[name] = os.path.abspath(os.path.expanduser(env[name]))
+    return env
 
 
 def _full(directory: Path) -> bool:

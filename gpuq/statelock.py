@@ -91,7 +91,7 @@ def in_use(state_dir: Path, runtime_dir: Path, found: Holder) -> DaemonUnavailab
         f"the state directory {state_dir} is in use by another gpuq daemon "
         f"(pid {pid}, socket {socket})",
         f"that daemon has another runtime directory than this shell's ({runtime_dir}, "
-        f"which XDG_RUNTIME_DIR decides): {reach}",
+        f"set by XDG_RUNTIME_DIR or GPUQ_RUNTIME_DIR): {reach}",
     )
 
 

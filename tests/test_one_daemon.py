@@ -10,6 +10,7 @@ runs.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -107,3 +108,52 @@ def refused_then_free(
     started = gpuq("ls", env=elsewhere)
     _, errors = started.communicate(timeout=60)
     assert started.returncode == 0, errors
+
+
+def test_relative_directory_overrides_mean_the_same_to_the_daemon_it_starts(
+    harness: DaemonHarness, short_dir: Path
+) -> None:
+    # The daemon runs in /, where "rel" and "st" would be other directories.
+    env = {**harness.env, "GPUQ_RUNTIME_DIR": "rel", "GPUQ_STATE_DIR": "st"}
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.entry", "daemon", "status", "--json"],
+            env=env,
+            cwd=short_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        started = subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.entry", "ls"],
+            env=env,
+            cwd=short_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert started.returncode == 0, started.stderr
+        status = subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.entry", "daemon", "status", "--json"],
+            env=env,
+            cwd=short_dir,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        document = json.loads(status.stdout)
+        assert document["state_dir"] == str(short_dir / "st")
+        assert document["runtime_dir"] == str(short_dir / "rel")
+        assert listed.returncode == 5  # none ran before
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "gpuq.cli.entry", "daemon", "stop"],
+            env=env,
+            cwd=short_dir,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
