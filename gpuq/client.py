@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuq import statelock
 from gpuq.config import RUNTIME_DIR_ENV, STATE_DIR_ENV, Config
 from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
 from gpuq.paths import check_private_dir, ensure_private_dir, require_socket_or_nothing
@@ -44,7 +45,7 @@ from gpuq.wire import (
 )
 
 SOCKET_NAME = "gpuq.sock"
-LOCK_NAME = "gpuqd.lock"
+LOCK_NAME = statelock.LOCK_NAME
 START_TIMEOUT = 15.0
 DAEMON_ERROR = "gpuqd: error: "
 """How the daemon's last words start (`gpuq.daemon.__main__`), with a `hint: ` line after."""
@@ -106,11 +107,18 @@ def peer_uid(sock: socket.socket) -> int:
 
 def _daemon_pid_hint(path: Path) -> str:
     """The daemon's pid from its lock file beside the socket, or `PID`."""
+    pid, _ = _lock_record(path)
+    return pid or "PID"
+
+
+def _lock_record(path: Path) -> tuple[str, bool]:
+    """The pid in the lock file beside the socket ("" if none), and whether it has listened."""
     try:
-        text = (path.parent / LOCK_NAME).read_text(errors="replace").strip()
+        words = (path.parent / LOCK_NAME).read_text(errors="replace").split()
     except OSError:
-        return "PID"
-    return text if text.isdigit() else "PID"
+        return "", False
+    pid = words[0] if words and words[0].isdigit() else ""
+    return pid, bool(pid) and words[1:2] == [statelock.LISTENING]
 
 
 class Client:
@@ -471,8 +479,11 @@ def start_daemon(config: Config) -> int:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         code = proc.poll()
-        if code is not None and code != 0 and not _another_daemon_starts(path, proc.pid):
-            raise _start_failure(log_path, log_start, code, config.daemon.state_dir)
+        if code is not None and code != 0:
+            if not _another_daemon_starts(path, proc.pid):
+                raise _start_failure(log_path, log_start, code, config.daemon.state_dir)
+            if _lock_record(path)[1] and not os.path.exists(path):
+                raise _unreachable(path)  # it listened once; its socket is gone
         try:
             with Client._open(path, config.client.timeout) as client:
                 _ = client.hello  # answered: the daemon is up
@@ -484,6 +495,8 @@ def start_daemon(config: Config) -> int:
                 raise
             continue  # the daemon just failed: report its own error
         time.sleep(0.02)
+    if proc.poll() is not None and _another_daemon_starts(path, proc.pid):
+        raise _unreachable(path)
     raise DaemonUnavailable(
         f"the gpuq daemon did not answer within {START_TIMEOUT:.0f}s", f"see {log_path}"
     )
@@ -512,14 +525,23 @@ def _full(directory: Path) -> bool:
     return (info.f_bfree if os.geteuid() == 0 else info.f_bavail) == 0
 
 
+def _unreachable(path: Path) -> DaemonUnavailable:
+    """The error for a daemon that holds the runtime directory's lock but cannot be reached."""
+    holder = _daemon_pid_hint(path)
+    return DaemonUnavailable(
+        f"gpuq daemon {holder} holds {path.parent} but does not answer on {path}",
+        f"was its socket removed? stop it (kill {holder}) and run the command again",
+    )
+
+
 def _another_daemon_starts(path: Path, ours: int) -> bool:
     """Whether a daemon other than `ours` holds the instance lock beside the socket.
 
     Then ours lost a race to start (another command started one at the
     same moment) and the winner, which may not listen yet, is the one to reach.
     """
-    holder = _daemon_pid_hint(path)
-    if not holder.isdigit() or int(holder) == ours:
+    holder, _ = _lock_record(path)
+    if not holder or int(holder) == ours:
         return False
     try:
         os.kill(int(holder), 0)

@@ -18,6 +18,9 @@ from pathlib import Path
 from gpuq.errors import DaemonUnavailable, StateError
 
 LOCK_NAME = "gpuqd.lock"
+"""The lock's name in the state directory, and of the runtime directory's lock by the socket."""
+LISTENING = "listening"
+"""Written after the pid in the runtime directory's lock once the daemon's socket is bound."""
 
 
 @dataclass(frozen=True, slots=True)

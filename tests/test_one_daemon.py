@@ -157,3 +157,17 @@ def test_relative_directory_overrides_mean_the_same_to_the_daemon_it_starts(
             timeout=60,
             check=False,
         )
+
+
+def test_a_daemon_whose_socket_was_removed_is_named_not_waited_for(
+    harness: DaemonHarness,
+) -> None:
+    harness.start()
+    assert harness.process is not None
+    (harness.runtime_dir / "gpuq.sock").unlink()
+    result = harness.cli("ls")
+    assert result.returncode == 5
+    pid = harness.process.pid
+    assert f"gpuq daemon {pid} holds {harness.runtime_dir} but does not answer" in result.stderr
+    assert f"hint: was its socket removed? stop it (kill {pid})" in result.stderr
+    assert harness.process.poll() is None  # left alone

@@ -51,7 +51,7 @@ from gpuq.protocol import MAX_REQUEST_BYTES
 log = logging.getLogger("gpuq.daemon")
 
 SOCKET_NAME = "gpuq.sock"
-LOCK_NAME = "gpuqd.lock"
+LOCK_NAME = statelock.LOCK_NAME
 MAX_PASS_BACKOFF = 0.25
 HOUSEKEEPING_SECONDS = 1.0
 SHUTDOWN_GRACE_SECONDS = 1.0
@@ -241,6 +241,9 @@ class Server:
             os.chmod(path, 0o666)
         elif cfg.socket_mode != 0o600:
             os.chmod(path, cfg.socket_mode)
+        if self._lock_fd is not None:  # a command finding no socket now knows it was removed
+            with contextlib.suppress(OSError):
+                os.pwrite(self._lock_fd, f"{os.getpid()} {statelock.LISTENING}\n".encode(), 0)
         log.info("gpuqd %d listening on %s (%s GPUs)", os.getpid(), path, backend.kind)
 
     def _report_interval(self) -> float:
