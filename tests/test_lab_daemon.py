@@ -25,7 +25,7 @@ import pytest
 
 from gpuq.errors import ExitCode
 from gpuq.protocol import PROTOCOL_VERSION
-from tests.daemon_harness import FAKE_TWO_GPUS, DaemonHarness
+from tests.daemon_harness import FAKE_TWO_GPUS, DaemonHarness, wait_for
 from tests.lab_users import LabUser, as_user, lab_users, shared_dir
 
 MAX_QUEUED = 40
@@ -570,3 +570,28 @@ def test_a_gpu_held_outside_gpuq_is_avoided_and_its_user_named() -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_notify_command_runs_as_the_job_s_owner_never_as_root(open_lab: Lab) -> None:
+    out = shared_dir("gq-notify-")
+    try:
+        seen = out / "seen"
+        report = (
+            f'(id -u; id -g; pwd; echo "$HOME $USER"; grep CapEff /proc/self/status; '
+            f'echo "$GPUQ_JOB_STATE $GPUQ_JOB_EXIT_CODE") > {seen}.part && mv {seen}.part {seen}'
+        )
+        alice = open_lab.alice
+        submitted = open_lab.gpuq(
+            alice, "submit", "--gpus", "0", "--notify", report, "--", "sh", "-c", "exit 3"
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        wait_for(seen.exists, what="the notify command's report")
+        lines = seen.read_text().splitlines()
+        assert lines[:2] == [str(alice.uid), str(alice.gid)]
+        assert lines[2] == alice.home  # the job's directory, entered as alice
+        assert lines[3] == f"{alice.home} {alice.name}"
+        assert lines[4] == "CapEff:\t0000000000000000"
+        assert lines[5] == "failed 3"
+        assert seen.stat().st_uid == alice.uid
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
