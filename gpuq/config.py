@@ -167,6 +167,8 @@ class LabConfig:
     max_gpus: int = 0
     max_running: int = 0
     max_queued: int = 0
+    max_priority: int = 0
+    """The highest job priority a user who is not an admin may give (fair share rules below it)."""
     half_life: float = 7 * 86400.0
     shares: tuple[tuple[str, float], ...] = ()
     aging: float = 86400.0
@@ -237,6 +239,7 @@ _EXPECTED: dict[str, str] = {
     "lab.max_gpus": "a whole number, 0 (no limit) or more",
     "lab.max_running": "a whole number, 0 (no limit) or more",
     "lab.max_queued": "a whole number, 0 (no limit) or more",
+    "lab.max_priority": "a whole number (0: users may only lower their jobs' priority)",
     "lab.half_life": 'seconds, more than 0, or a duration such as "7d"',
     "lab.shares": "a table of user names to shares (numbers more than 0), such as "
     "{ alice = 2, bob = 1 }",
@@ -671,6 +674,7 @@ def _lab(
         max_gpus=table.get("max_gpus", d.max_gpus, _integer(0)),
         max_running=table.get("max_running", d.max_running, _integer(0)),
         max_queued=table.get("max_queued", d.max_queued, _integer(0)),
+        max_priority=table.get("max_priority", d.max_priority, _integer(-(2**63), 2**63 - 1)),
         half_life=table.get("half_life", d.half_life, _positive_duration),
         shares=table.get("shares", d.shares, _shares),
         audit_keep=table.get("audit_keep", d.audit_keep, _positive_duration),

@@ -235,7 +235,7 @@ def test_a_job_s_output_on_gpu2_is_never_read_through_a_link(lab: LabCluster) ->
     [
         (("cancel",), "cancel"),
         (("release",), "release"),
-        (("priority", "5"), "change the priority of"),
+        (("priority", "-5"), "change the priority of"),
         (("logs",), "read the logs of"),
     ],
 )
@@ -253,9 +253,9 @@ def test_through_gpu2_a_user_may_not_act_on_another_users_job(
         assert "belongs to gpuq-alice" in refused[0]["message"]
         assert lab.head.job(job_id)["state"] == "held"
         assert result.returncode == ExitCode.PERMISSION, result.stderr
-        owner = lab.gpuq(MEMBER, lab.alice, "priority", "7", str(job_id))
+        owner = lab.gpuq(MEMBER, lab.alice, "priority", "-7", str(job_id))
         assert owner.returncode == 0, owner.stderr
-        assert lab.head.job(job_id)["priority"] == 7, "the owner's own action went through"
+        assert lab.head.job(job_id)["priority"] == -7, "the owner's own action went through"
     finally:
         cancelled = lab.gpuq(MEMBER, lab.alice, "cancel", str(job_id))
     assert cancelled.returncode == 0, cancelled.stderr

@@ -141,7 +141,7 @@ def test_a_job_belongs_to_the_user_the_kernel_names_whatever_the_request_says(la
         (("cancel",), "cancel"),
         (("suspend",), "suspend"),
         (("release",), "release"),
-        (("priority", "5"), "change the priority of"),
+        (("priority", "-5"), "change the priority of"),
         (("logs",), "read the logs of"),
     ],
 )
@@ -160,6 +160,35 @@ def test_a_user_may_not_act_on_another_users_job(
     assert "belongs to gpuq-alice" in refused[-1]["message"]
     job = json.loads(lab.gpuq(lab.alice, "show", "--json", str(job_id)).stdout)["job"]
     assert job["state"] == "held"
+
+
+def test_a_user_may_lower_but_not_raise_a_priority_past_the_lab_s_limit(lab: Lab) -> None:
+    # Priority classes come before fair share: raising one's own would pass every other user.
+    raised = lab.gpuq(lab.alice, "submit", "-q", "--hold", "--priority", "1", "--", "true")
+    assert raised.returncode == ExitCode.PERMISSION
+    assert "priority 1 is above what users may give on this lab daemon (0)" in raised.stderr
+    assert "hint: use --priority 0 or lower" in raised.stderr
+    job_id = lab.submit_held(lab.alice, "nice")
+    assert lab.gpuq(lab.alice, "priority", "-3", str(job_id)).returncode == 0
+    refused = lab.gpuq(lab.alice, "priority", "3", str(job_id))
+    assert refused.returncode == ExitCode.PERMISSION, refused.stderr
+    assert (
+        json.loads(lab.gpuq(lab.alice, "show", "--json", str(job_id)).stdout)["job"]["priority"]
+        == -3
+    )
+    assert lab.gpuq(lab.carol, "priority", "50", str(job_id)).returncode == 0  # an admin may
+    assert lab.audit(uid=lab.alice.uid, action="submit", ok=False)
+
+
+def test_the_lab_s_priority_limit_is_configurable() -> None:
+    with running_lab("max_priority = 5\n") as lab:
+        assert (
+            lab.gpuq(lab.bob, "submit", "-q", "--hold", "--priority", "5", "--", "true").returncode
+            == 0
+        )
+        over = lab.gpuq(lab.bob, "submit", "-q", "--hold", "--priority", "6", "--", "true")
+        assert over.returncode == ExitCode.PERMISSION
+        assert "above what users may give on this lab daemon (5)" in over.stderr
 
 
 def test_the_owner_and_an_admin_may_act_on_a_job(lab: Lab) -> None:

@@ -392,14 +392,20 @@ def suspend(
     _run(json_out, lambda: _action("suspend", ids, config, json_out, mode=mode))
 
 
-@app.command()
+@app.command(context_settings={"ignore_unknown_options": True})  # -3 is a value, not an option
 def priority(
-    value: Annotated[int, typer.Argument(help="New priority (higher runs first).")],
+    value: Annotated[
+        int, typer.Argument(help="New priority (higher runs first; negative lowers it).")
+    ],
     ids: IdsArg,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Change the priority of pending jobs."""
+    """Change the priority of pending jobs.
+
+    On a lab daemon a user may give at most [lab] max_priority (0 unless the
+    config says otherwise), so lowering is what users do; admins give any.
+    """
     _run(json_out, lambda: _action("priority", ids, config, json_out, priority=value))
 
 

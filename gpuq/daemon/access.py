@@ -33,6 +33,22 @@ def require_admin(config: Config, caller: Caller, what: str) -> None:
         )
 
 
+def require_priority(config: Config, caller: Caller, priority: int) -> None:
+    """Refuse a priority above `[lab] max_priority` from anyone but an admin.
+
+    Priority classes are strict, before fair share: a user free to raise
+    their own would pass everyone else's jobs whatever their share.
+    """
+    limit = config.lab.max_priority
+    if config.lab.enabled and not caller.admin and priority > limit:
+        raise PermissionDenied(
+            f"priority {priority} is above what users may give on this lab daemon ({limit}); "
+            "only the lab's admins may give a higher one",
+            f"use --priority {limit} or lower (a [defaults] priority in your config counts too), "
+            "or ask an admin",
+        )
+
+
 def is_service_account(config: Config, caller: Caller) -> bool:
     """True when `caller` is the account other servers' lab daemons log in as."""
     account = config.lab.service_account

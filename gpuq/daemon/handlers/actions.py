@@ -12,7 +12,7 @@ import time
 from typing import Any, assert_never
 
 from gpuq.daemon import lifecycle, suspend
-from gpuq.daemon.access import require_owner
+from gpuq.daemon.access import require_owner, require_priority
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import ConflictError, GpuqError, UsageError
@@ -97,6 +97,8 @@ async def handle(state: DaemonState, request: Action, caller: Caller) -> dict[st
         raise UsageError(
             f"unknown suspend mode {request.mode!r}", f"modes: {', '.join(SUSPEND_MODES)}"
         )
+    if isinstance(request, SetPriority):
+        require_priority(state.config, caller, request.priority)
     state.require_state_dir()
     outcomes = []
     slice_start = time.perf_counter()

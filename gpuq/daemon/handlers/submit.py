@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpuq.daemon import faults
+from gpuq.daemon.access import require_priority
 from gpuq.daemon.identity import Caller
 from gpuq.daemon.lifecycle import check_runnable_command
 from gpuq.daemon.scheduler.constraints import (
@@ -201,6 +202,7 @@ def handle(state: DaemonState, request: Submit, caller: Caller) -> dict[str, Any
     if len(set(request.array)) != len(request.array) or any(i < 0 for i in request.array):
         raise UsageError("array indices must be distinct and non-negative")
     if lab:
+        require_priority(state.config, caller, spec.priority)
         check_queue_limit(state, caller, len(request.array) or 1)
     initial = JobState.HELD if spec.hold else JobState.QUEUED
     reason = "held at submission" if spec.hold else "submitted"
