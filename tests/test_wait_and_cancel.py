@@ -137,7 +137,6 @@ def test_ctrl_c_stops_waiting_with_status_130_and_leaves_the_job_alone(
     assert daemon.job(job_id)["state"] in {"queued", "starting", "running"}
 
 
-
 def _has_a_socket(pid: int) -> bool:
     """Whether the process has a socket open: it is past its imports, talking to the daemon."""
     fds = f"/proc/{pid}/fd"
