@@ -624,3 +624,20 @@ def test_a_notify_command_runs_as_the_job_s_owner_never_as_root(open_lab: Lab) -
         assert seen.stat().st_uid == alice.uid
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_share_shows_each_user_and_the_lab_s_limits(lab: Lab) -> None:
+    lab.submit_held(lab.bob, "waiting")
+    shown = lab.gpuq(lab.alice, "share", "--json")
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["limits"] == {
+        "max_gpus": 0,
+        "max_running": 0,
+        "max_queued": MAX_QUEUED,
+        "max_priority": 0,
+    }
+    rows = {row["user"]: row for row in document["users"]}
+    assert rows[lab.bob.name]["waiting"] >= 1 and rows[lab.bob.name]["share"] == 1
+    table = lab.gpuq(lab.alice, "share")
+    assert table.returncode == 0 and lab.bob.name in table.stdout

@@ -177,6 +177,7 @@ admins = [{listed}]
 # max_gpus = 8               # per user; 0: no limit
 # max_running = 16
 # max_queued = 1000
+# max_priority = 0           # the highest --priority users may give (admins: any)
 # half_life = "7d"           # fair share: how fast past usage is forgiven
 # Several servers (docs/lab.md): one keeps the queue, the others forward to it.
 {account}

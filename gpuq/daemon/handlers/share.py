@@ -37,5 +37,6 @@ def handle(state: DaemonState, request: Share) -> dict[str, Any]:
             "max_gpus": lab.max_gpus,
             "max_running": lab.max_running,
             "max_queued": lab.max_queued,
+            "max_priority": lab.max_priority,
         },
     }
