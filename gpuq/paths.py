@@ -10,6 +10,7 @@ daemon detect that and refuse.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -115,6 +116,30 @@ def is_network_filesystem(fstype: str) -> bool:
     return fstype in NETWORK_FILESYSTEMS or fstype.startswith("fuse.")
 
 
+def ensure_dir(path: Path) -> None:
+    """Create `path` and its parents if missing (a directory others may read, such as logs).
+
+    Raises `StateError` naming the directory and why when it cannot be made.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cannot_create(path, exc) from None
+
+
+def _cannot_create(path: Path, exc: OSError) -> StateError:
+    """The error for a directory that could not be made, with what to do about it."""
+    fix = (
+        "its filesystem is read-only: remount it read-write"
+        if exc.errno == errno.EROFS
+        else "check the permissions of its parent"
+    )
+    return StateError(
+        f"cannot create directory {path}: {exc.strerror}",
+        f"{fix}, or choose another directory in the gpuq config",
+    )
+
+
 def ensure_private_dir(path: Path) -> None:
     """Create `path` (with parents) as a directory only its owner can use (mode 0700).
 
@@ -133,10 +158,7 @@ def ensure_private_dir(path: Path) -> None:
                 "move it away, or choose another directory in the gpuq config",
             ) from None
     except OSError as exc:
-        raise StateError(
-            f"cannot create directory {path}: {exc.strerror}",
-            "check the permissions of its parent, or choose another directory in the gpuq config",
-        ) from exc
+        raise _cannot_create(path, exc) from exc
     check_private_dir(path, fix_mode=True)
 
 
@@ -188,6 +210,12 @@ def check_private_dir(path: Path, *, fix_mode: bool = False) -> None:
         if (opened.st_dev, opened.st_ino) != (info.st_dev, info.st_ino):
             raise StateError(f"{path} was replaced while gpuq checked it", "try again")
         os.fchmod(fd, 0o700)
+    except OSError as exc:
+        raise StateError(
+            f"{path} has mode {mode:o} (other users may use it) and gpuq cannot "
+            f"make it 0700: {exc.strerror}",
+            f"chmod 700 {path}, or choose another directory {elsewhere}",
+        ) from None
     finally:
         os.close(fd)
 

@@ -10,6 +10,7 @@ names its holder and the socket it listens on, so a daemon refused here, and
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from dataclasses import dataclass
@@ -39,8 +40,20 @@ def take(state_dir: Path, runtime_dir: Path, socket: Path) -> int:
     """
     path = state_dir / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = _open(path)
     except OSError as exc:
+        if exc.errno == errno.EROFS:
+            raise StateError(
+                f"the state directory {state_dir} is on a read-only filesystem: "
+                f"cannot make its lock {LOCK_NAME}",
+                "remount it read-write, or set GPUQ_STATE_DIR to a writable directory",
+            ) from None
+        if exc.errno == errno.EACCES:
+            raise StateError(
+                f"cannot write the lock {path}: permission denied",
+                "make the state directory and its files yours and writable, "
+                "or set GPUQ_STATE_DIR to a directory of yours",
+            ) from None
         raise StateError(
             f"cannot open the lock {path}: {exc.strerror}",
             "gpuq makes it a private file of yours: remove what is there (a link?) and start again",
@@ -57,6 +70,24 @@ def take(state_dir: Path, runtime_dir: Path, socket: Path) -> int:
     except OSError:
         pass  # a full disk: the lock holds all the same, only its holder goes unnamed
     return fd
+
+
+def _open(path: Path) -> int:
+    """The lock's descriptor: read-write, or read-only where the file exists but cannot be written.
+
+    A lock held on a read-only descriptor still keeps a second daemon out, and
+    the store then says which file is read-only, rather than the lock.
+    """
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES):
+            raise
+        try:
+            return os.open(path, os.O_RDONLY | flags)
+        except FileNotFoundError:
+            raise exc from None
 
 
 def holder(state_dir: Path) -> Holder | None:

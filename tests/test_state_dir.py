@@ -121,6 +121,48 @@ def test_a_read_only_database_is_refused_at_start_with_a_clear_error(
     assert "hint: make it and its directory writable" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("mode", "error", "hint"),
+    [
+        (
+            "700",
+            "/logs: Read-only file system",
+            "its filesystem is read-only: remount it read-write",
+        ),
+        (
+            "1777",
+            " has mode 1777 (other users may use it) and gpuq cannot make it 0700",
+            "chmod 700",
+        ),
+    ],
+)
+def test_a_read_only_state_directory_without_a_database_is_refused_with_a_clear_error(
+    tmp_path: Path, mode: str, error: str, hint: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only filesystem needs root")
+    harness = DaemonHarness(tmp_path)
+    harness.state_dir.mkdir(parents=True)
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"ro,size=1m,mode={mode}", "tmpfs", str(harness.state_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        result = harness.cli("daemon", "run")
+    finally:
+        harness.close()
+        subprocess.run(["umount", "-l", str(harness.state_dir)], check=False)
+    assert result.returncode == ExitCode.STATE, result.stderr
+    assert "internal error" not in result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{harness.state_dir}{error}" in result.stderr
+    assert f"hint: {hint}" in result.stderr
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonHarness]:
     with running_daemon(tmp_path) as harness:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,47 @@ def test_a_link_planted_at_the_lock_is_refused_not_followed(tmp_path: Path) -> N
     with pytest.raises(StateError, match="cannot open the lock"):
         statelock.take(tmp_path, tmp_path, tmp_path / "gpuq.sock")
     assert target.read_text() == "keep\n"
+
+
+@pytest.fixture
+def read_only_mount(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a tmpfs of its own, which a test remounts read-only (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only filesystem needs root")
+    mounted = tmp_path / "ro"
+    mounted.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(mounted)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+    try:
+        yield mounted
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], check=False)
+
+
+def _remount_read_only(path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+
+
+def test_no_lock_can_be_made_on_a_read_only_filesystem(read_only_mount: Path) -> None:
+    _remount_read_only(read_only_mount)
+    with pytest.raises(StateError, match="is on a read-only filesystem: cannot make its lock"):
+        statelock.take(read_only_mount, read_only_mount, read_only_mount / "gpuq.sock")
+
+
+def test_a_lock_already_there_is_taken_read_only_and_still_keeps_a_second_taker_out(
+    read_only_mount: Path,
+) -> None:
+    os.close(statelock.take(read_only_mount, Path("/run/a"), Path("/run/a/gpuq.sock")))
+    _remount_read_only(read_only_mount)
+    fd = statelock.take(read_only_mount, Path("/run/b"), Path("/run/b/gpuq.sock"))
+    try:
+        with pytest.raises(DaemonUnavailable, match="in use by another gpuq daemon"):
+            statelock.take(read_only_mount, Path("/run/c"), Path("/run/c/gpuq.sock"))
+    finally:
+        os.close(fd)

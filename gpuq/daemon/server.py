@@ -40,6 +40,7 @@ from gpuq.errors import DaemonUnavailable, GpuqError, StateError
 from gpuq.gpus import make_backend
 from gpuq.gpus.fake import FakeBackend
 from gpuq.paths import (
+    ensure_dir,
     ensure_private_dir,
     filesystem_type,
     is_network_filesystem,
@@ -160,7 +161,7 @@ class Server:
             os.umask(0o077)
         for directory in (cfg.state_dir, cfg.runtime_dir):
             ensure_private_dir(directory)
-        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(cfg.log_dir)
         if lab:
             open_lab_dirs(self.config)
         check_state_dir(self.config)
