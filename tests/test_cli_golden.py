@@ -268,6 +268,13 @@ DURATION_HINT = (
             "use --gpus 2 or fewer",
         ),
         (
+            ["submit", "--gpus", "3-8", "--", "true"],
+            ExitCode.UNAVAILABLE,
+            "resources",
+            "the job needs at least 3 GPUs (--gpus 3-8); this server has 2",
+            "start the range at 2 or fewer, e.g. --gpus 1-8",
+        ),
+        (
             ["submit", "--time", "xyz", "--", "true"],
             ExitCode.USAGE,
             "invalid",
@@ -275,7 +282,7 @@ DURATION_HINT = (
             DURATION_HINT,
         ),
     ],
-    ids=["unknown-job", "too-many-gpus", "bad-duration"],
+    ids=["unknown-job", "too-many-gpus", "range-too-high", "bad-duration"],
 )
 def test_an_error_goes_to_stderr_with_a_hint_and_its_exit_code(
     daemon: DaemonHarness,

@@ -75,6 +75,12 @@ def check_fits(
             "use --gpus 0 for a CPU-only job, or declare [[gpus.fake]] in the config",
         )
     if spec.gpus > len(mine):
+        if spec.gpus_max is not None:  # an adaptive job: its range's lower end is what it needs
+            raise ResourceError(
+                f"the job needs at least {spec.gpus} GPUs (--gpus {spec.gpus}-{spec.gpus_max}); "
+                f"{where} {len(mine)}",
+                f"start the range at {len(mine)} or fewer, e.g. --gpus 1-{spec.gpus_max}",
+            )
         raise ResourceError(
             f"the job needs {spec.gpus} GPUs; {where} {len(mine)}",
             f"use --gpus {len(mine)} or fewer",
