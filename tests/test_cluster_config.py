@@ -127,6 +127,12 @@ def test_the_ssh_command_is_batch_shared_and_ends_options_before_the_host(tmp_pa
             "too old",
         ),
         (
+            2,
+            "gpuq: error: no such command 'bridge'\nhint: see gpuq --help",
+            ProtocolError,
+            "too old",
+        ),
+        (
             255,
             "kex_exchange_identification: read: Connection reset by peer",
             DaemonUnavailable,

@@ -16,14 +16,16 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer._click import exceptions as click_exceptions
 
 from gpuq.cli import cluster, lab, migrate, render, replay, sim
 from gpuq.cli.common import ConfigOpt, JsonOpt, note
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
+from gpuq.cli.errors import render_error
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
-from gpuq.errors import ExitCode
+from gpuq.errors import ExitCode, UsageError
 from gpuq.textsafe import visible
 
 app = typer.Typer(
@@ -791,10 +793,54 @@ _ARGS: list[str] = []
 
 
 def run_app(args: list[str]) -> int:
-    """Run the command tree on `args`; returns the exit code."""
+    """Run the command tree on `args`; returns the exit code.
+
+    A command line typer refuses (an unknown option, a missing argument, a
+    value of the wrong type) is reported as every other gpuq error: "gpuq:
+    error:" and a hint on stderr, or the JSON error object where the command
+    takes --json and was given it, exit code 2.
+    """
     _ARGS[:] = args
     try:
-        app(args, prog_name="gpuq", standalone_mode=True)
+        code = app(args, prog_name="gpuq", standalone_mode=False)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
+    except click_exceptions.NoArgsIsHelpError as exc:  # `gpuq`, `gpuq daemon`: their help
+        print(exc.format_message(), file=sys.stderr)
+        return int(ExitCode.USAGE)
+    except click_exceptions.UsageError as exc:
+        return _usage_error(exc, args)
+    except typer.Abort:  # end of input at a prompt
+        return 1
+    return code if isinstance(code, int) else 0
+
+
+def _usage_error(exc: click_exceptions.UsageError, args: list[str]) -> int:
+    """Render a command line typer refused, as `render_error` renders gpuq's own errors."""
+    message = exc.format_message().rstrip(".")
+    if message[1:2].islower():  # "No such option: ..." reads as the rest of gpuq's errors
+        message = message[:1].lower() + message[1:]
+    path, command = _command_of(args)
+    options = args[: args.index("--")] if "--" in args else args
+    takes_json = any("--json" in getattr(param, "opts", ()) for param in command.params)
+    error = UsageError(message, f"see {' '.join(path)} --help")
+    return render_error(error, json_mode=takes_json and "--json" in options)
+
+
+def _command_of(args: list[str]) -> tuple[list[str], Any]:
+    """The command `args` name (its words from `gpuq` on, and its click command), as far as known.
+
+    Found from the words themselves: the error of an option the parser could
+    not read carries the context of the group above the command.
+    """
+    command: Any = typer.main.get_command(app)
+    path = ["gpuq"]
+    for word in args:
+        commands = getattr(command, "commands", None)
+        if word.startswith("-") or not commands or word not in commands:
+            if commands and not word.startswith("-"):
+                break  # an unknown command: the group's help is the one to see
+            continue
+        command = commands[word]
+        path.append(word)
+    return path, command

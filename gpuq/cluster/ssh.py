@@ -159,7 +159,7 @@ def explain(host: str, command: str, status: int, stderr: str) -> GpuqError:
             f"{host} has no gpuq to run ({command!r}: {last})",
             'install gpuq there, or set command = "/path/to/gpuq" in its [[cluster.servers]] table',
         )
-    if "No such command 'bridge'" in text or "No such command" in text:
+    if "no such command" in text.lower():  # typer's own words, or gpuq's rendering of them
         return ProtocolError(
             f"the gpuq on {host} is too old to have `gpuq bridge`",
             f"upgrade gpuq on {host} to this version",

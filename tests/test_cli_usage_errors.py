@@ -1,0 +1,91 @@
+"""A command line gpuq cannot parse is refused as any other gpuq error.
+
+An unknown option or command, a missing argument or a value of the wrong
+type: "gpuq: error:" and a hint naming the help to read, on stderr, exit
+status 2, nothing on stdout; the JSON error object instead where the command
+takes --json and was given it. Run through the real entry point, no daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuq.errors import ExitCode
+
+
+def gpuq(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", *args],
+        env={**os.environ, "NO_COLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (["ls", "--bogus"], "no such option: --bogus", "see gpuq ls --help"),
+        (["ls", "--state"], "option '--state' requires an argument", "see gpuq ls --help"),
+        (["show"], "missing argument 'job_id'", "see gpuq show --help"),
+        (["show", "x"], "invalid value for 'job_id'", "see gpuq show --help"),
+        (["lss"], "no such command 'lss'. Did you mean 'ls'?", "see gpuq --help"),
+        (["daemon", "bogus"], "no such command 'bogus'", "see gpuq daemon --help"),
+        (["cluster", "add"], "missing argument 'host'", "see gpuq cluster add --help"),
+        (["top", "--json"], "no such option: --json", "see gpuq top --help"),
+    ],
+    ids=[
+        "unknown-option",
+        "option-without-value",
+        "missing-argument",
+        "not-an-integer",
+        "unknown-command",
+        "unknown-subcommand",
+        "nested-missing-argument",
+        "json-where-none-is-taken",
+    ],
+)
+def test_a_refused_command_line_is_a_gpuq_error_with_a_hint(
+    args: list[str], message: str, hint: str
+) -> None:
+    result = gpuq(*args)
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert result.stdout == ""
+    first, second = result.stderr.splitlines()
+    assert first.startswith(f"gpuq: error: {message}")
+    assert second == f"hint: {hint}"
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (["show", "--json"], "missing argument 'job_id'", "see gpuq show --help"),
+        (["ls", "--json", "--bogus"], "no such option: --bogus", "see gpuq ls --help"),
+    ],
+)
+def test_with_json_the_refusal_is_the_json_error_object(
+    args: list[str], message: str, hint: str
+) -> None:
+    result = gpuq(*args)
+    assert result.returncode == ExitCode.USAGE
+    assert result.stdout == ""
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "invalid"
+    assert error["message"].startswith(message)
+    assert (error["hint"], error["exit_code"]) == (hint, ExitCode.USAGE)
+
+
+@pytest.mark.parametrize("args", [[], ["daemon"], ["cluster"]])
+def test_a_group_given_no_command_prints_its_help_to_stderr_with_status_2(args: list[str]) -> None:
+    result = gpuq(*args)
+    assert result.returncode == ExitCode.USAGE
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"Usage: {' '.join(['gpuq', *args])} [OPTIONS] COMMAND")
