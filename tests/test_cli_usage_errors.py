@@ -34,11 +34,11 @@ def gpuq(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (["ls", "--bogus"], "no such option: --bogus", "see gpuq ls --help"),
         (["ls", "--state"], "option '--state' requires an argument", "see gpuq ls --help"),
-        (["show"], "missing argument 'job_id'", "see gpuq show --help"),
-        (["show", "x"], "invalid value for 'job_id'", "see gpuq show --help"),
+        (["show"], "missing argument 'ID'", "see gpuq show --help"),
+        (["show", "x"], "invalid value for 'ID'", "see gpuq show --help"),
         (["lss"], "no such command 'lss'. Did you mean 'ls'?", "see gpuq --help"),
         (["daemon", "bogus"], "no such command 'bogus'", "see gpuq daemon --help"),
-        (["cluster", "add"], "missing argument 'host'", "see gpuq cluster add --help"),
+        (["cluster", "add"], "missing argument 'HOST'", "see gpuq cluster add --help"),
         (["top", "--json"], "no such option: --json", "see gpuq top --help"),
     ],
     ids=[
@@ -67,7 +67,7 @@ def test_a_refused_command_line_is_a_gpuq_error_with_a_hint(
 @pytest.mark.parametrize(
     ("args", "message", "hint"),
     [
-        (["show", "--json"], "missing argument 'job_id'", "see gpuq show --help"),
+        (["show", "--json"], "missing argument 'ID'", "see gpuq show --help"),
         (["ls", "--json", "--bogus"], "no such option: --bogus", "see gpuq ls --help"),
     ],
 )

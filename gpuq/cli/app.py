@@ -79,7 +79,9 @@ def main_options(
 
 IdsArg = Annotated[
     list[int],
-    typer.Argument(help="Job ids; an array's id stands for all its tasks.", show_default=False),
+    typer.Argument(
+        metavar="ID", help="Job ids; an array's id stands for all its tasks.", show_default=False
+    ),
 ]
 
 T = TypeVar("T")
@@ -113,9 +115,12 @@ def list_jobs(
         list[str] | None,
         typer.Option("--state", "-s", help="Only jobs in this state (repeatable)."),
     ] = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", "-u", metavar="USER", help="Only this user's jobs.")
+    ] = None,
     name: Annotated[
-        str | None, typer.Option("--name", "-n", help="Only jobs whose name contains this.")
+        str | None,
+        typer.Option("--name", "-n", metavar="TEXT", help="Only jobs whose name contains this."),
     ] = None,
     all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
     limit: Annotated[
@@ -156,7 +161,7 @@ def list_jobs(
 
 @app.command()
 def show(
-    job_id: Annotated[int, typer.Argument(help="Job id, or an array's id.")],
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="Job id, or an array's id.")],
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -189,7 +194,7 @@ def show(
 
 @app.command()
 def metrics(
-    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="Job id.")],
     last: Annotated[
         int | None, typer.Option("--last", "-n", min=1, help="Only the newest N samples.")
     ] = None,
@@ -216,7 +221,7 @@ def metrics(
 
 @app.command()
 def logs(
-    job_id: Annotated[int, typer.Argument(help="Job id.")],
+    job_id: Annotated[int, typer.Argument(metavar="ID", help="Job id.")],
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
     ] = False,
@@ -382,6 +387,7 @@ def suspend(
         typer.Option(
             "--mode",
             "-m",
+            metavar="MODE",
             help="auto (checkpoint for gpuq.runner jobs, else stop), checkpoint "
             "(save and exit: GPUs freed), park (state to host memory: GPUs kept) "
             "or stop (SIGSTOP: GPU memory kept).",
@@ -397,7 +403,10 @@ def suspend(
 @app.command(context_settings={"ignore_unknown_options": True})  # -3 is a value, not an option
 def priority(
     value: Annotated[
-        int, typer.Argument(help="New priority (higher runs first; negative lowers it).")
+        int,
+        typer.Argument(
+            metavar="PRIORITY", help="New priority (higher runs first; negative lowers it)."
+        ),
     ],
     ids: IdsArg,
     json_out: JsonOpt = False,
@@ -416,7 +425,8 @@ def wait(
     ids: IdsArg,
     any_job: Annotated[bool, typer.Option("--any", help="Return when any one job ends.")] = False,
     timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Give up after this long (exit 8).")
+        str | None,
+        typer.Option("--timeout", metavar="DURATION", help="Give up after this long (exit 8)."),
     ] = None,
     exit_zero: Annotated[
         bool,
@@ -476,7 +486,8 @@ def gpus(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
 @app.command()
 def top(
     interval: Annotated[
-        float, typer.Option("--interval", "-i", help="Seconds between GPU samples.")
+        float,
+        typer.Option("--interval", "-i", metavar="SECONDS", help="Seconds between GPU samples."),
     ] = 1.0,
     compact: Annotated[
         bool, typer.Option("--compact", help="One line per GPU, for servers with many GPUs.")
@@ -496,7 +507,10 @@ def top(
 @app.command()
 def clean(
     older_than: Annotated[
-        str, typer.Option("--older-than", help="Only jobs that ended this long ago (7d, 12h).")
+        str,
+        typer.Option(
+            "--older-than", metavar="DURATION", help="Only jobs that ended this long ago (7d, 12h)."
+        ),
     ] = "0s",
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="List what would go; delete nothing.")
@@ -612,7 +626,7 @@ def daemon_reload(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
 def daemon_run(
     config: ConfigOpt = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")
+        str, typer.Option("--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR.")
     ] = "INFO",
 ) -> None:
     """Run the daemon in the foreground, logging to stderr (for systemd and containers)."""

@@ -21,7 +21,10 @@ cluster_app = typer.Typer(
 @cluster_app.command("add")
 def add(
     host: Annotated[
-        str, typer.Argument(help="The server: a host name or an alias of your ssh config.")
+        str,
+        typer.Argument(
+            metavar="HOST", help="The server: a host name or an alias of your ssh config."
+        ),
     ],
     label: Annotated[
         list[str] | None,
@@ -81,7 +84,9 @@ def add(
 
 @cluster_app.command("remove")
 def remove(
-    host: Annotated[str, typer.Argument(help="The server's host, as in the config.")],
+    host: Annotated[
+        str, typer.Argument(metavar="HOST", help="The server's host, as in the config.")
+    ],
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:

@@ -18,7 +18,13 @@ JsonOpt = Annotated[
 ]
 ConfigOpt = Annotated[
     str | None,
-    typer.Option("--config", envvar="GPUQ_CONFIG", help="Configuration file.", show_envvar=True),
+    typer.Option(
+        "--config",
+        metavar="PATH",
+        envvar="GPUQ_CONFIG",
+        help="Configuration file.",
+        show_envvar=True,
+    ),
 ]
 
 

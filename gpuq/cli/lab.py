@@ -28,12 +28,20 @@ CONFIG_PATH = Path("etc/gpuq/config.toml")
 def audit(
     user: Annotated[
         str | None,
-        typer.Option("--user", "-u", help="Only this user's entries (admins only for others')."),
+        typer.Option(
+            "--user",
+            "-u",
+            metavar="USER",
+            help="Only this user's entries (admins only for others').",
+        ),
     ] = None,
     since: Annotated[
-        str | None, typer.Option("--since", help="Only entries this recent (1h, 7d).")
+        str | None,
+        typer.Option("--since", metavar="DURATION", help="Only entries this recent (1h, 7d)."),
     ] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many, newest.")] = 100,
+    limit: Annotated[
+        int, typer.Option("--limit", "-n", metavar="N", help="At most this many, newest.")
+    ] = 100,
     here: Annotated[
         bool,
         typer.Option(
@@ -195,7 +203,9 @@ def install(
     ] = None,
     root: Annotated[
         Path,
-        typer.Option("--root", help="Write below this directory instead of / (for packaging)."),
+        typer.Option(
+            "--root", metavar="DIR", help="Write below this directory instead of / (for packaging)."
+        ),
     ] = Path("/"),
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite an existing config file.")
@@ -204,6 +214,7 @@ def install(
         str,
         typer.Option(
             "--service-account",
+            metavar="USER",
             help="The account the lab's servers log in to each other as over ssh.",
         ),
     ] = "",

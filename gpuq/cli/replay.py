@@ -61,12 +61,15 @@ def replay_command(
         ),
     ],
     speedup: Annotated[
-        float, typer.Option("--speedup", help="Simulated seconds per real second.")
+        float,
+        typer.Option("--speedup", metavar="FACTOR", help="Simulated seconds per real second."),
     ] = 60.0,
     restart_penalty: Annotated[
         float,
         typer.Option(
-            "--restart-penalty", help="Simulated seconds each (re)start costs, as in sim."
+            "--restart-penalty",
+            metavar="SECONDS",
+            help="Simulated seconds each (re)start costs, as in sim.",
         ),
     ] = 30.0,
     first: Annotated[

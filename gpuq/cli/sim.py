@@ -265,28 +265,40 @@ def sim_command(
     nodes: Annotated[
         int | None,
         typer.Option(
-            "--nodes", help="Nodes of 4 T4 GPUs (default 16; 1 node of 8 for a lab: workload)."
+            "--nodes",
+            metavar="N",
+            help="Nodes of 4 T4 GPUs (default 16; 1 node of 8 for a lab: workload).",
         ),
     ] = None,
     gpus_per_node: Annotated[
-        int | None, typer.Option("--gpus-per-node", help="GPUs per node (default 4).")
+        int | None, typer.Option("--gpus-per-node", metavar="N", help="GPUs per node (default 4).")
     ] = None,
     interval: Annotated[
-        float, typer.Option("--interval", help="Seconds between scheduling decisions.")
+        float,
+        typer.Option("--interval", metavar="SECONDS", help="Seconds between scheduling decisions."),
     ] = 60.0,
     restart_penalty: Annotated[
-        float, typer.Option("--restart-penalty", help="Seconds a job loses per reallocation.")
+        float,
+        typer.Option(
+            "--restart-penalty", metavar="SECONDS", help="Seconds a job loses per reallocation."
+        ),
     ] = 30.0,
     interference: Annotated[
         float,
         typer.Option(
-            "--interference", help="Slowdown of distributed jobs sharing a node, in [0, 1)."
+            "--interference",
+            metavar="FRACTION",
+            help="Slowdown of distributed jobs sharing a node, in [0, 1).",
         ),
     ] = 0.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the simulator and policies.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed of the simulator and policies.")
+    ] = 0,
     jobs: Annotated[
         int | None,
-        typer.Option("--jobs", "-j", help="Worker processes for --compare (default: CPUs)."),
+        typer.Option(
+            "--jobs", "-j", metavar="N", help="Worker processes for --compare (default: CPUs)."
+        ),
     ] = None,
     users: Annotated[
         str | None,
@@ -311,10 +323,16 @@ def sim_command(
         ),
     ] = None,
     half_life: Annotated[
-        str, typer.Option("--half-life", help="Fair share: half-life of past usage (7d).")
+        str,
+        typer.Option(
+            "--half-life", metavar="DURATION", help="Fair share: half-life of past usage (7d)."
+        ),
     ] = "7d",
     max_gpus_per_user: Annotated[
-        int, typer.Option("--max-gpus-per-user", help="Most GPUs one user holds (0: no limit).")
+        int,
+        typer.Option(
+            "--max-gpus-per-user", metavar="N", help="Most GPUs one user holds (0: no limit)."
+        ),
     ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
 ) -> None:
