@@ -222,6 +222,10 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
                 )
             value = args[i + 1]
             i += 2
+        if not value and opt.kind == "str" and opt.dest != "config":  # "--time $LIMIT", unset
+            raise UsageError(
+                f"{flag} was given an empty value", f"write {flag} {opt.metavar}, or leave it out"
+            )
         if opt.kind == "int":
             try:
                 values[opt.dest] = int(value)

@@ -1,0 +1,34 @@
+"""`gpuq submit`'s own option parser: a value left empty is refused, not taken as no option.
+
+A script that writes `--time "$LIMIT"` with LIMIT unset would otherwise queue
+a job without the time limit its author meant, and say nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuq.cli.submit import SUBMIT_OPTIONS, Option, parse_submit_args
+from gpuq.errors import UsageError
+
+TEXT_OPTIONS = [opt for opt in SUBMIT_OPTIONS if opt.kind == "str" and opt.dest != "config"]
+
+
+@pytest.mark.parametrize("opt", TEXT_OPTIONS, ids=lambda opt: opt.flags[0])
+@pytest.mark.parametrize("form", ["separate", "inline"])
+def test_an_empty_value_is_refused_with_what_the_option_takes(opt: Option, form: str) -> None:
+    flag = opt.flags[0]
+    args = [flag, ""] if form == "separate" else [f"{flag}="]
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args([*args, "--", "true"])
+    assert refused.value.message == f"{flag} was given an empty value"
+    assert refused.value.hint == f"write {flag} {opt.metavar}, or leave it out"
+
+
+def test_every_option_that_takes_text_is_checked() -> None:
+    assert {opt.flags[0] for opt in TEXT_OPTIONS} >= {"--time", "--gpu-mem", "--array", "--output"}
+
+
+def test_an_empty_config_means_the_default_one_as_for_every_other_command() -> None:
+    values, command = parse_submit_args(["--config", "", "--", "true"])
+    assert (values, command) == ({"config": ""}, ["true"])
