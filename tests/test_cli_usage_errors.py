@@ -89,3 +89,10 @@ def test_a_group_given_no_command_prints_its_help_to_stderr_with_status_2(args: 
     assert result.returncode == ExitCode.USAGE
     assert result.stdout == ""
     assert result.stderr.startswith(f"Usage: {' '.join(['gpuq', *args])} [OPTIONS] COMMAND")
+
+
+def test_an_empty_timeout_is_refused_not_taken_for_none() -> None:
+    """`gpuq wait --timeout "$T"` with T unset must not wait forever."""
+    result = gpuq("wait", "1", "--timeout", "")
+    assert result.returncode == ExitCode.USAGE
+    assert result.stderr.startswith("gpuq: error: invalid duration ''\nhint: use 90s, 15m")

@@ -451,7 +451,7 @@ def wait(
     def body() -> int:
         from gpuq.units import parse_duration
 
-        seconds = parse_duration(timeout) if timeout else None
+        seconds = None if timeout is None else parse_duration(timeout)  # "" is refused
         with _client(config) as client:
             jobs = client.call("wait", ids=ids, any=any_job, timeout=seconds)["jobs"]
         if json_out:
