@@ -281,15 +281,15 @@ class DaemonState:
         job = self.job(job_id)
         allowed = frozenset(allowed)
         if job.state not in allowed:
-            now = (
-                f"it has ended ({job.state.value})"
-                if job.state in TERMINAL_STATES
-                else f"it is {job.state.value}"
-            )
-            raise ConflictError(
-                f"cannot {action} job {job_id}: {now}",
-                f"{action} applies to {', '.join(sorted(s.value for s in allowed))} jobs",
-            )
+            applies = f"{action} applies to {', '.join(sorted(s.value for s in allowed))} jobs"
+            if job.state not in TERMINAL_STATES:
+                now = f"it is {job.state.value}"
+            elif allowed & TERMINAL_STATES:  # retry: that it ended is not the reason
+                ended = {JobState.CANCELLED: "was cancelled", JobState.LOST: "was lost"}
+                now = f"it {ended.get(job.state, job.state.value)} ({applies})"
+            else:
+                now = f"it has ended ({job.state.value})"
+            raise ConflictError(f"cannot {action} job {job_id}: {now}", applies)
         return job
 
     # -- problems ---------------------------------------------------------
