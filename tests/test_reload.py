@@ -65,6 +65,18 @@ def test_keys_that_need_a_restart_are_reported_and_kept_warning(daemon: DaemonHa
     )
 
 
+def test_an_edit_undone_before_the_restart_stops_the_warning(daemon: DaemonHarness) -> None:
+    good = daemon.config_path.read_text()
+    append(daemon, '[[gpus.fake]]\nname = "Extra"\nmemory = "8G"')
+    assert json.loads(daemon.cli("daemon", "reload", "--json").stdout)["restart_needed"] == [
+        "gpus.fake"
+    ]
+    daemon.config_path.write_text(good)
+    undone = daemon.cli("daemon", "reload", "--json")
+    assert json.loads(undone.stdout)["restart_needed"] == []
+    assert daemon.cli("ls").stderr == ""
+
+
 def test_an_invalid_file_changes_nothing(daemon: DaemonHarness) -> None:
     good = daemon.config_path.read_text()
     append(daemon, '[scheduler]\npolicy = "no-such-policy"')

@@ -347,9 +347,8 @@ class DaemonState:
             memory.restore(self)
             memory.restore_turns(self)
         self.config_watch.loaded(running.source)
-        self.config_watch.restart_needed = sorted(
-            set(self.config_watch.restart_needed) | set(restart)
-        )
+        # What differs from what runs, not what ever differed: an edit undone needs no restart.
+        self.config_watch.restart_needed = restart
         self.wake.set()
         source = None if running.source is None else str(running.source)
         return {"source": source, "applied": applied, "restart_needed": restart}
