@@ -151,6 +151,18 @@ def placement_text(spec: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
+def _state_with_reason(state: str, reason: str | None) -> str:
+    """`failed (exited with code 2)`; a reason that starts with the state stands alone.
+
+    "suspended (stop mode)", not "suspended (suspended (stop mode))".
+    """
+    if not reason:
+        return state
+    if reason == state or reason.startswith(f"{state} "):
+        return reason
+    return f"{state} ({reason})"
+
+
 def job_detail(
     job: dict[str, Any],
     events: Sequence[dict[str, Any]],
@@ -174,7 +186,7 @@ def job_detail(
         wall = format_duration(max(0.0, (job["end_time"] or now) - first))
     lines = [
         f"Job {job['id']}: {job['name']}",
-        f"  State:      {job['state']}" + (f" ({job['reason']})" if job["reason"] else ""),
+        f"  State:      {_state_with_reason(job['state'], job['reason'])}",
         f"  Command:    {' '.join(spec['command'])}",
         f"  Directory:  {spec['cwd']}",
         f"  User:       {job['user']}",
