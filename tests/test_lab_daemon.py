@@ -641,3 +641,47 @@ def test_share_shows_each_user_and_the_lab_s_limits(lab: Lab) -> None:
     assert rows[lab.bob.name]["waiting"] >= 1 and rows[lab.bob.name]["share"] == 1
     table = lab.gpuq(lab.alice, "share")
     assert table.returncode == 0 and lab.bob.name in table.stdout
+
+
+def test_clean_deletes_only_the_logs_gpuq_named_for_the_user_s_own_jobs(lab: Lab) -> None:
+    """Bob cannot have the daemon (root) delete alice's log by naming it as his job's output."""
+    alice = lab.gpuq(lab.alice, "submit", "-q", "--gpus", "0", "--", "echo", "alice's result")
+    assert alice.returncode == 0, alice.stderr
+    alice_id = alice.stdout.strip()
+    lab.gpuq(lab.alice, "wait", alice_id)
+    alice_log = Path(
+        json.loads(lab.gpuq(lab.alice, "show", "--json", alice_id).stdout)["job"]["stdout"]
+    )
+    assert alice_log.read_text() == "alice's result\n"
+    bob = lab.gpuq(
+        lab.bob, "submit", "-q", "--gpus", "0", "--output", str(alice_log), "--", "echo", "x"
+    )
+    assert bob.returncode == 0, bob.stderr
+    lab.gpuq(lab.bob, "wait", bob.stdout.strip())  # fails: alice's directory is hers alone
+
+    planned = json.loads(lab.gpuq(lab.bob, "clean", "--dry-run", "--json").stdout)
+    assert str(alice_log) not in planned["files"]
+    cleaned = lab.gpuq(lab.bob, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert alice_log.read_text() == "alice's result\n"
+
+
+def test_clean_removes_a_link_planted_at_a_default_log_and_never_measures_its_target(
+    lab: Lab,
+) -> None:
+    secret = Path(tempfile.mkdtemp(prefix="gpuq-root-")) / "secret"
+    secret.write_bytes(b"s" * 12345)
+    bob = lab.gpuq(lab.bob, "submit", "-q", "--gpus", "0", "--", "echo", "x")
+    assert bob.returncode == 0, bob.stderr
+    lab.gpuq(lab.bob, "wait", bob.stdout.strip())
+    job = json.loads(lab.gpuq(lab.bob, "show", "--json", bob.stdout.strip()).stdout)["job"]
+    log = Path(job["stdout"])
+    as_user(lab.bob, ["sh", "-c", f'rm "{log}" && ln -s "{secret}" "{log}"'])
+    assert log.is_symlink()
+
+    planned = json.loads(lab.gpuq(lab.bob, "clean", "--dry-run", "--json").stdout)
+    assert str(log) in planned["files"]
+    assert planned["bytes"] < 12345
+    assert lab.gpuq(lab.bob, "clean").returncode == 0
+    assert not log.is_symlink()
+    assert secret.read_bytes() == b"s" * 12345

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
+from gpuq.daemon.executor import lab_owner
 from gpuq.daemon.identity import Caller
+from gpuq.daemon.outputs import USERS_DIR, log_name
 from gpuq.daemon.state import DaemonState
-from gpuq.models import TERMINAL_STATES
+from gpuq.models import TERMINAL_STATES, Job
 from gpuq.protocol import Clean
+
+log = logging.getLogger(__name__)
 
 
 def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]:
@@ -22,30 +29,51 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
         if (j.end_time is None or j.end_time <= cutoff)
         and (not state.config.lab.enabled or caller.may_act_on(j.spec.uid))
     ]
-    log_dir = state.config.daemon.log_dir
-    files: list[Path] = []
-    for job in doomed:
-        for name in {job.stdout_path, job.stderr_path}:
-            # Only logs gpuq placed in its own log directory are gpuq's to delete.
-            if name and _in_log_dir(Path(name), log_dir) and Path(name).exists():
-                files.append(Path(name))
-    freed = sum(f.stat().st_size for f in files)
+    files = [path for job in doomed for path in _gpuq_logs(state, job)]
+    freed = sum(size for _, size in files)
     if not request.dry_run:
-        for path in files:
-            path.unlink(missing_ok=True)
+        for path, _ in files:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # a directory the user made in its place: theirs to remove
+                log.warning("clean: cannot remove %s: %s", path, exc.strerror)
         for job in doomed:
             state.node.remove_job_files(job.id)
         state.store.delete(j.id for j in doomed)
     return {
         "ids": [j.id for j in doomed],
-        "files": [str(f) for f in files],
+        "files": [str(path) for path, _ in files],
         "bytes": freed,
         "dry_run": request.dry_run,
     }
 
 
-def _in_log_dir(path: Path, log_dir: Path) -> bool:
-    """A file gpuq placed: in its log directory, or a lab user's directory of it (users/UID)."""
-    return path.parent == log_dir or (
-        path.parent.parent == log_dir / "users" and path.parent.name.isdigit()
-    )
+def _gpuq_logs(state: DaemonState, job: Job) -> list[tuple[Path, int]]:
+    """The job's logs that gpuq named itself here, with their sizes: the only ones it deletes.
+
+    Those are its default logs (no --output, no --error) in the log
+    directory, or in its owner's own directory of it on a lab daemon. A path
+    the user gave is theirs, even one inside the log directory: on a lab
+    daemon, which deletes as root, it may name another user's log. A link
+    found in a default log's place is removed, never followed, not even to
+    measure its target.
+    """
+    log_dir = state.config.daemon.log_dir
+    owner = lab_owner(job.spec.uid)
+    if owner is not None:
+        log_dir = log_dir / USERS_DIR / str(owner)
+    named = []
+    if not job.spec.output:
+        named.append(log_dir / log_name(job.id, "stdout"))
+        if not job.spec.error:
+            named.append(log_dir / log_name(job.id, "stderr"))
+    found = []
+    for path in named:
+        if str(path) not in (job.stdout_path, job.stderr_path):
+            continue  # the job ran elsewhere, its logs with it
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        found.append((path, info.st_size if stat.S_ISREG(info.st_mode) else 0))
+    return found
