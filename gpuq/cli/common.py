@@ -20,7 +20,7 @@ ConfigOpt = Annotated[
     str | None,
     typer.Option(
         "--config",
-        metavar="PATH",
+        metavar="FILE",
         envvar="GPUQ_CONFIG",
         help="Configuration file.",
         show_envvar=True,

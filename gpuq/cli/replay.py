@@ -46,6 +46,7 @@ from typing import Annotated
 
 import typer
 
+from gpuq.cli.common import ConfigOpt
 from gpuq.cli.errors import render_error
 from gpuq.cli.sim import Progress, results_table
 from gpuq.errors import GpuqError, UsageError
@@ -76,9 +77,7 @@ def replay_command(
         int | None, typer.Option("--first", metavar="N", help="Replay only the first N jobs.")
     ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
-    config: Annotated[
-        str | None, typer.Option("--config", metavar="FILE", help="Configuration file.")
-    ] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Replay a workload on the live daemon with trace jobs; report it as gpuq sim does.
 
