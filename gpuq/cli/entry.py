@@ -9,14 +9,47 @@ user types on a lab member), so it skips typer too.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the gpuq command line; returns the exit code."""
+    """Run the gpuq command line; returns the exit code.
+
+    Output that cannot be written (stdout on a full disk, `> /dev/full`) is
+    an error with a hint and exit status 1, not a traceback: flushed here, so
+    that it cannot surface only as Python exits.
+    """
     args = sys.argv[1:] if argv is None else argv
+    try:
+        code = _dispatch(args)
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away: as _as_typer_would, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRORS:
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
+        from gpuq.cli.errors import render_error
+        from gpuq.errors import GpuqError
+
+        options = args[: args.index("--")] if "--" in args else args
+        error = GpuqError(
+            f"cannot write the output: {exc.strerror}",
+            "free space where stdout goes, or send it elsewhere",
+        )
+        return render_error(error, json_mode="--json" in options)
+    return code
+
+
+_OUTPUT_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+"""What writing stdout can fail with, beyond a closed pipe."""
+
+
+def _dispatch(args: list[str]) -> int:
     if args and args[0] == "submit":
         from gpuq.cli.submit import run_submit
 

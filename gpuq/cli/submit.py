@@ -432,17 +432,31 @@ def _check_request_size(spec: dict[str, Any], indices: list[int]) -> None:
 
 
 def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int | None) -> int:
-    """Print what was submitted; with --wait, wait for it. The exit code."""
-    if values.get("json"):
-        import json
+    """Print what was submitted; with --wait, wait for it. The exit code.
 
-        print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
-    elif values.get("parsable"):
-        print("\n".join(map(str, ids)))
-    elif array_id is None:
-        print(f"Submitted job {ids[0]}")
-    else:
-        print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
+    The jobs are queued already: if their ids cannot be written (stdout on a
+    full disk), the error names them, on stderr.
+    """
+    try:
+        if values.get("json"):
+            import json
+
+            print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
+        elif values.get("parsable"):
+            print("\n".join(map(str, ids)))
+        elif array_id is None:
+            print(f"Submitted job {ids[0]}")
+        else:
+            print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
+        sys.stdout.flush()
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        which = f"job {ids[0]}" if array_id is None else f"array job {array_id}"
+        raise GpuqError(
+            f"{which} was queued, but its id could not be written: {exc.strerror}",
+            "gpuq ls shows it; free space where stdout goes, or send it elsewhere",
+        ) from None
     if values.get("wait"):
         return wait_for_jobs(config, ids)
     return 0
