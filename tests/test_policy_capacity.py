@@ -268,11 +268,35 @@ def test_options_after_the_name_reach_the_constructor() -> None:
         ("gandiva:quantum=inf", "quantum must be a finite number"),
         ("fifo:move_after=1e999", "move_after must be a finite number"),
         ("tiresias:thresholds_gpu_hours=-inf", "thresholds_gpu_hours must be a finite number"),
+        ("gpuq:quantum=abc", "quantum must be a number, got 'abc'"),
+        ("gpuq:quantum=true", "quantum must be a number, got 'true'"),
+        ("gpuq:moves=3", "moves must be true or false, got '3'"),
+        ("gpuq:population=2.5", "population must be a whole number, got '2.5'"),
+        ("gpuq:restart_penalty=x", "restart_penalty must be a number, got 'x'"),
+        ("tiresias:thresholds_gpu_hours=x", "thresholds_gpu_hours must be a number, got 'x'"),
+        ("afs:variant=Q", "variant must be 'L' or 'P', got 'Q'"),
     ],
 )
 def test_bad_policy_options_are_usage_errors(spec: str, message: str) -> None:
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=re.escape(message)):
         get_policy(spec)
+
+
+def test_a_mistyped_option_is_refused_with_its_default_in_the_hint() -> None:
+    with pytest.raises(UsageError) as refused:
+        get_policy("gpuq:quantum=abc")
+    assert refused.value.hint == "its default: gpuq:quantum=60.0"
+
+
+def test_option_values_are_read_as_the_constructor_takes_them() -> None:
+    assert get_policy("fifo:move_after=30").move_after == 30  # type: ignore[attr-defined]
+    assert get_policy("pollux:generations=20").generations == 20  # type: ignore[attr-defined]
+    gandiva = get_policy("gandiva:grow_shrink_jobs=bert,gpt")
+    assert gandiva._opts_in(_job_named("bert")) and not gandiva._opts_in(_job_named("b"))  # type: ignore[attr-defined]
+
+
+def _job_named(application: str) -> object:
+    return type("Job", (), {"application": application})()
 
 
 def test_a_policy_whose_module_is_missing_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,8 @@ import importlib
 import importlib.util
 import inspect
 import math
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,6 +176,62 @@ def _option_value(text: str) -> object:
     return text
 
 
+_KINDS: dict[type, str] = {bool: "true or false", int: "a whole number", float: "a number"}
+
+
+def _typed_option(name: str, cls: Any, key: str, value: object, default: object) -> object:
+    """`value` as its policy's constructor takes it; UsageError for one it does not (`quantum=abc`).
+
+    Read from the constructor's annotations: bool, int, float and str, in a
+    union or not, Literal choices, and sets of names (comma-separated); a
+    number given to a text option is its text (`starts=5`). An option whose
+    annotation names none of these is left to the constructor to judge.
+    """
+    try:
+        hint = typing.get_type_hints(cls.__init__)[key]
+    except Exception:  # noqa: BLE001 - no annotations to check against: the constructor judges
+        return value
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    choices: list[object] = []
+    simple: set[type] = set()
+    for arg in typing.get_args(hint) if union else (hint,):
+        if typing.get_origin(arg) is typing.Literal:
+            choices.extend(typing.get_args(arg))
+        elif arg in (bool, int, float, str):
+            simple.add(arg)
+        elif typing.get_origin(arg) is frozenset and typing.get_args(arg) == (str,):
+            return frozenset(_shown(value).split(","))  # names=bert,gpt: a set of names
+    if not simple and not choices:
+        return value
+    if value in choices or (isinstance(value, str) and str in simple):
+        return value
+    if isinstance(value, bool):
+        fits = bool in simple
+    elif isinstance(value, int):
+        fits = int in simple or float in simple
+    else:
+        fits = isinstance(value, float) and float in simple
+    if fits:
+        return value
+    if str in simple and not isinstance(value, str):
+        return _shown(value)
+    wanted = [_KINDS[kind] for kind in (bool, int, float) if kind in simple]
+    if float in simple and int in simple:
+        wanted.remove("a whole number")
+    wanted += [repr(choice) for choice in choices]
+    raise UsageError(
+        f"policy {name!r}: {key} must be {' or '.join(wanted)}, got {_shown(value)!r}",
+        hint=f"its default: {name}:{key}={_shown(default)}"
+        if default is not inspect.Parameter.empty and default is not None
+        else "docs/configuration.md describes the policies' options",
+    )
+
+
+def _shown(value: object) -> str:
+    """An option value as written in a policy spec (`true`, not `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def get_policy(name: str, seed: int = 0) -> Policy:
     """A fresh policy object by name (with options), seeded when it takes a seed."""
     name, options = split_policy_spec(name)
@@ -196,6 +254,8 @@ def get_policy(name: str, seed: int = 0) -> Policy:
             f"policy {name!r} has no option {', '.join(unknown)}",
             hint=f"its options: {', '.join(accepted)}" if accepted else "it takes no options",
         )
+    for key, value in options.items():
+        options[key] = _typed_option(name, cls, key, value, parameters[key].default)
     if "seed" in parameters:
         options["seed"] = seed
     try:
