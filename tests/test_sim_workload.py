@@ -66,6 +66,19 @@ def test_csv_round_trips(tmp_path: Path) -> None:
         ("name,time,application,num_replicas,batch_size\nx,0,mnist,1,8\n", "unknown application"),
         ("name,time,application,num_replicas,batch_size\nx,soon,bert,1,8\n", "line 2"),
         ("name,time,application,num_replicas,batch_size\nx,0,bert,0,8\n", "GPUs >= 1"),
+        (
+            "name,time,application,num_replicas,batch_size\nx,soon,bert,1,8\n",
+            "line 2: time 'soon' is not a number of seconds",
+        ),
+        ("name,time,application,num_replicas,batch_size\nx,nan,bert,1,8\n", "time 'nan'"),
+        (
+            "name,time,application,num_replicas,batch_size\nx,0,bert,two,8\n",
+            "line 2: num_replicas 'two' is not a whole number",
+        ),
+        ("name,time,application,num_replicas,batch_size\nx,0\n", "line 2: no application"),
+        ("name,time,application,num_replicas,batch_size\n", "has no jobs, only its header"),
+        ("", "missing column"),
+        ("name,time,application,num_replicas,batch_size\nx,0,bert,1,\x008\n", "line 2"),
     ],
 )
 def test_malformed_csv_is_refused_with_its_line(tmp_path: Path, text: str, message: str) -> None:
@@ -73,6 +86,19 @@ def test_malformed_csv_is_refused_with_its_line(tmp_path: Path, text: str, messa
     path.write_text(text)
     with pytest.raises(UsageError, match=message):
         load_workload(path)
+
+
+def test_a_file_that_is_not_utf8_text_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(UsageError, match="is not UTF-8 text"):
+        load_workload(path)
+
+
+def test_a_spreadsheet_s_byte_order_mark_is_no_column(tmp_path: Path) -> None:
+    path = tmp_path / "sheet.csv"
+    path.write_bytes(b"\xef\xbb\xbfname,time,application,num_replicas,batch_size\nx,0,bert,1,8\n")
+    assert load_workload(path)[0].name == "x"
 
 
 def test_a_missing_file_is_a_usage_error(tmp_path: Path) -> None:

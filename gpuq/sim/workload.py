@@ -130,43 +130,80 @@ class WorkloadJob:
 
 def _parse(text: str, source: str) -> tuple[WorkloadJob, ...]:
     reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-    if missing:
-        raise UsageError(
-            f"{source}: missing column(s) {', '.join(missing)}",
-            hint=f"a workload CSV has the columns {','.join(_COLUMNS)}",
-        )
-    jobs = []
-    for line, row in enumerate(reader, start=2):
-        try:
-            job = WorkloadJob(
-                name=row["name"],
-                time=float(row["time"]),
-                application=row["application"],
-                num_replicas=int(row["num_replicas"]),
-                batch_size=int(row["batch_size"]),
-                user=(row.get("user") or "").strip(),
-            )
-        except ValueError as error:
-            raise UsageError(f"{source}, line {line}: {error}") from None
-        if job.application not in APPLICATION_NAMES:
-            known = ", ".join(APPLICATION_NAMES)
+    try:
+        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
             raise UsageError(
-                f"{source}, line {line}: unknown application {job.application!r}",
-                hint=f"known applications: {known}",
+                f"{source}: missing column(s) {', '.join(missing)}",
+                hint=f"a workload CSV has the columns {','.join(_COLUMNS)}",
             )
-        if job.num_replicas < 1 or job.batch_size < 1 or job.time < 0:
-            raise UsageError(f"{source}, line {line}: needs time >= 0, GPUs >= 1, batch >= 1")
-        jobs.append(job)
+        jobs = [_job(row, source, line) for line, row in enumerate(reader, start=2)]
+    except csv.Error as error:
+        raise UsageError(f"{source}, line {reader.line_num}: not CSV: {error}") from None
+    if not jobs:
+        raise UsageError(
+            f"{source} has no jobs, only its header",
+            hint="add a line per job: name,time,application,num_replicas,batch_size",
+        )
     return tuple(sorted(jobs, key=lambda job: job.time))
+
+
+def _job(row: dict[str, str | None], source: str, line: int) -> WorkloadJob:
+    """One row as a job, or UsageError naming the line and the field."""
+    where = f"{source}, line {line}"
+    fields = {}
+    for column in _COLUMNS:
+        value = row.get(column)
+        if value is None or not value.strip():
+            raise UsageError(f"{where}: no {column}", hint=f"each line gives {','.join(_COLUMNS)}")
+        fields[column] = value.strip()
+    try:
+        time = float(fields["time"])
+    except ValueError:
+        time = math.nan
+    if not math.isfinite(time):
+        raise UsageError(
+            f"{where}: time {fields['time']!r} is not a number of seconds",
+            hint="time is the job's arrival in seconds from the start, such as 0 or 1800",
+        )
+    counts = {}
+    for column in ("num_replicas", "batch_size"):
+        try:
+            counts[column] = int(fields[column])
+        except ValueError:
+            raise UsageError(
+                f"{where}: {column} {fields[column]!r} is not a whole number"
+            ) from None
+    job = WorkloadJob(
+        name=fields["name"],
+        time=time,
+        application=fields["application"],
+        num_replicas=counts["num_replicas"],
+        batch_size=counts["batch_size"],
+        user=(row.get("user") or "").strip(),
+    )
+    if job.application not in APPLICATION_NAMES:
+        known = ", ".join(APPLICATION_NAMES)
+        raise UsageError(
+            f"{where}: unknown application {job.application!r}",
+            hint=f"known applications: {known}",
+        )
+    if job.num_replicas < 1 or job.batch_size < 1 or job.time < 0:
+        raise UsageError(f"{where}: needs time >= 0, GPUs >= 1, batch >= 1")
+    return job
 
 
 def load_workload(path: str | Path) -> tuple[WorkloadJob, ...]:
     """Read a workload CSV (`name,time,application,num_replicas,batch_size`)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a spreadsheet's BOM is no column
     except OSError as error:
         raise UsageError(f"cannot read workload {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"workload {path} is not UTF-8 text (byte {error.start})",
+            hint="a workload is a CSV file: name,time,application,num_replicas,batch_size",
+        ) from None
     return _parse(text, str(path))
 
 
