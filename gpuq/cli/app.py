@@ -113,7 +113,9 @@ def list_jobs(
     ] = None,
     state: Annotated[
         list[str] | None,
-        typer.Option("--state", "-s", help="Only jobs in this state (repeatable)."),
+        typer.Option(
+            "--state", "-s", metavar="STATE", help="Only jobs in this state (repeatable)."
+        ),
     ] = None,
     user: Annotated[
         str | None, typer.Option("--user", "-u", metavar="USER", help="Only this user's jobs.")
@@ -124,7 +126,7 @@ def list_jobs(
     ] = None,
     all_jobs: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
     limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="Only the newest N jobs.")
+        int | None, typer.Option("--limit", min=1, metavar="N", help="Only the newest N jobs.")
     ] = None,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
@@ -196,7 +198,8 @@ def show(
 def metrics(
     job_id: Annotated[int, typer.Argument(metavar="ID", help="Job id.")],
     last: Annotated[
-        int | None, typer.Option("--last", "-n", min=1, help="Only the newest N samples.")
+        int | None,
+        typer.Option("--last", "-n", min=1, metavar="N", help="Only the newest N samples."),
     ] = None,
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
@@ -227,13 +230,16 @@ def logs(
     ] = False,
     tail: Annotated[
         int | None,
-        typer.Option("--tail", min=0, help="Start with the last N lines (0: only what follows)."),
+        typer.Option(
+            "--tail", min=0, metavar="N", help="Start with the last N lines (0: only what follows)."
+        ),
     ] = None,
     stderr: Annotated[bool, typer.Option("--stderr", help="Show standard error instead.")] = False,
     part: Annotated[
         int,
         typer.Option(
             "--part",
+            metavar="N",
             min=0,
             help="For a multi-node job (--nodes N): the output of part N (its NODE_RANK), "
             "read on its server; 0, the first part, by default.",

@@ -199,7 +199,11 @@ admins = [{listed}]
 def install(
     admins: Annotated[
         list[str] | None,
-        typer.Option("--admin", help="A user or @group who may act on every job (repeatable)."),
+        typer.Option(
+            "--admin",
+            metavar="USER|@GROUP",
+            help="A user or @group who may act on every job (repeatable).",
+        ),
     ] = None,
     root: Annotated[
         Path,
