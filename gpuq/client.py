@@ -121,6 +121,14 @@ def _lock_record(path: Path) -> tuple[str, bool]:
     return pid, bool(pid) and words[1:2] == [statelock.LISTENING]
 
 
+class ConnectionLost(DaemonUnavailable):
+    """The daemon closed or dropped the connection of a request it had not answered.
+
+    A daemon restarting (`gpuq daemon restart`, an upgrade) does that to
+    every waiting client; `reconnect` finds it again.
+    """
+
+
 class Client:
     """One connection to the daemon, after a successful hello."""
 
@@ -156,6 +164,11 @@ class Client:
                     raise _timed_out(self._path, self._timeout) from None
                 raise
         return self._hello
+
+    @property
+    def greeted(self) -> bool:
+        """True once the daemon has answered the handshake on this connection."""
+        return self._hello is not None
 
     @classmethod
     def connect(
@@ -236,7 +249,7 @@ class Client:
         except TimeoutError:
             raise _timed_out(None, self._timeout) from None
         except OSError as exc:
-            raise DaemonUnavailable(
+            raise ConnectionLost(
                 f"lost the connection to the daemon: {exc.strerror or exc}",
                 "is it still running? gpuq daemon status",
             ) from None
@@ -253,12 +266,12 @@ class Client:
         except TimeoutError:
             raise _timed_out(None, self._timeout) from None
         except OSError as exc:
-            raise DaemonUnavailable(
+            raise ConnectionLost(
                 f"lost the connection to the daemon: {exc.strerror or exc}",
                 "is it still running? gpuq daemon status",
             ) from None
         if not line:
-            raise DaemonUnavailable(
+            raise ConnectionLost(
                 "the daemon closed the connection", "is it still running? gpuq daemon status"
             )
         try:
@@ -273,6 +286,75 @@ class Client:
         if envelope.id != request_id:
             raise ProtocolError(f"reply for request {envelope.id!r}, expected {request_id}")
         return envelope
+
+
+RECONNECT_SECONDS = 60.0
+"""How long a wait or a followed log looks for a daemon that went away (a restart takes seconds)."""
+
+
+def reconnect(config: Config, lost: ConnectionLost, seconds: float = RECONNECT_SECONDS) -> Client:
+    """A new connection, once the daemon that dropped `lost`'s answers again; never starts one.
+
+    Raises DaemonUnavailable, saying so, when no daemon answers within
+    `seconds` (it was stopped, not restarted).
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        client = None
+        try:
+            client = Client.connect(config, autostart=False)
+            _ = client.hello  # a daemon still shutting down may take the connection and close it
+        except DaemonUnavailable:
+            if client is not None:
+                client.close()
+            if time.monotonic() >= deadline:
+                raise DaemonUnavailable(
+                    f"{lost.message}, and no daemon answered within {seconds:.0f} s",
+                    "is it still running? gpuq daemon status",
+                ) from None
+            time.sleep(0.2)
+            continue
+        except BaseException:
+            if client is not None:
+                client.close()
+            raise
+        return client
+
+
+def wait_jobs(
+    config: Config,
+    ids: list[int],
+    *,
+    any_job: bool = False,
+    timeout: float | None = None,
+    on_lost: Callable[[ConnectionLost], None] = lambda _: None,
+    client: Client | None = None,
+) -> list[dict[str, Any]]:
+    """The `wait` request, carried across daemon restarts: the jobs as they ended.
+
+    Jobs outlive their daemon, so a wait does too: when the connection is
+    lost, `on_lost` is told (to say so), and the wait goes on on a new one
+    with the time it has left. `client`, if given, is used first and closed.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    current = Client.connect(config) if client is None else client
+    try:
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                jobs: list[dict[str, Any]] = current.call(
+                    "wait", ids=ids, any=any_job, timeout=left
+                )["jobs"]
+            except ConnectionLost as lost:
+                if not current.greeted:
+                    raise  # refused at the handshake: not a restart
+                on_lost(lost)
+                current.close()
+                current = reconnect(config, lost)
+                continue
+            return jobs
+    finally:
+        current.close()
 
 
 def connect_socket(config: Config, *, autostart: bool = True, timeout: float) -> socket.socket:

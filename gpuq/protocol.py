@@ -168,7 +168,9 @@ class Wait:
 class Logs:
     """Read a job's output; with `follow`, stream it until the job ends.
 
-    `part`: for a multi-node job, whose part's output (its rank; 0 is the first).
+    `part`: for a multi-node job, whose part's output (its rank; 0 is the
+    first). `offset`: start at this byte instead (a followed log going on
+    after its daemon restarted, from the `offset` of its last event).
     """
 
     id: int
@@ -176,6 +178,7 @@ class Logs:
     tail: int | None = None
     follow: bool = False
     part: int = 0
+    offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

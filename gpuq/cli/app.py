@@ -22,7 +22,7 @@ from gpuq.cli import cluster, lab, migrate, render, replay, sim
 from gpuq.cli.common import ConfigOpt, JsonOpt, note
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
-from gpuq.cli.errors import render_error
+from gpuq.cli.errors import render_error, said_lost
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, UsageError
@@ -250,15 +250,31 @@ def logs(
     """Print a job's output (its stdout, or stderr with --stderr)."""
 
     def body() -> None:
+        from gpuq.client import ConnectionLost, reconnect
+
         stream = "stderr" if stderr else "stdout"
         options: dict[str, Any] = {"part": part} if part else {}
-        with _client(config) as client:
-            for kind, item in client.stream(
-                "logs", id=job_id, stream=stream, tail=tail, follow=follow, **options
-            ):
-                if kind == "event":
-                    sys.stdout.write(item["data"])
-                    sys.stdout.flush()
+        client = _client(config)
+        try:
+            while True:
+                try:
+                    for kind, item in client.stream(
+                        "logs", id=job_id, stream=stream, tail=tail, follow=follow, **options
+                    ):
+                        if kind == "event":
+                            sys.stdout.write(item["data"])
+                            sys.stdout.flush()
+                            if "offset" in item:  # where to go on from if the daemon restarts
+                                options["offset"] = item["offset"]
+                    return
+                except ConnectionLost as lost:  # a followed log outlives a daemon restart
+                    if not (follow and client.greeted):
+                        raise
+                    said_lost(lost)
+                    client.close()
+                    client = reconnect(load_config(config), lost)
+        finally:
+            client.close()
 
     _run(False, body)
 
@@ -273,13 +289,16 @@ def _action(
     **extra: Any,
 ) -> int:
     """Apply an action to jobs; with `wait`, also wait until they ended and show how."""
-    with _client(config) as client:
+    from gpuq.client import wait_jobs
+
+    client = _client(config)
+    with client:
         results = client.call(method, ids=ids, **extra)["results"]
-        done: dict[int, dict[str, Any]] = {}
-        if wait:
-            acted = [r["id"] for r in results if r["ok"]]
-            if acted:
-                done = {j["id"]: j for j in client.call("wait", ids=acted)["jobs"]}
+    done: dict[int, dict[str, Any]] = {}
+    acted = [r["id"] for r in results if r["ok"]]
+    if wait and acted:
+        jobs = wait_jobs(load_config(config), acted, on_lost=said_lost)
+        done = {j["id"]: j for j in jobs}
     for item in results:
         if item["id"] in done:
             item["state"] = done[item["id"]]["state"]
@@ -458,8 +477,16 @@ def wait(
         from gpuq.units import parse_duration
 
         seconds = None if timeout is None else parse_duration(timeout)  # "" is refused
-        with _client(config) as client:
-            jobs = client.call("wait", ids=ids, any=any_job, timeout=seconds)["jobs"]
+        from gpuq.client import wait_jobs
+
+        jobs = wait_jobs(
+            load_config(config),
+            ids,
+            any_job=any_job,
+            timeout=seconds,
+            on_lost=said_lost,
+            client=_client(config),
+        )
         if json_out:
             _print_json({"jobs": jobs})
         else:

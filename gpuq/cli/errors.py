@@ -23,3 +23,11 @@ def render_error(error: GpuqError, json_mode: bool = False) -> int:
         if error.hint:
             print(f"hint: {visible(error.hint)}", file=sys.stderr)
     return int(error.exit_code)
+
+
+def said_lost(lost: GpuqError) -> None:
+    """Say on stderr that the daemon dropped a wait or a followed log, which goes on."""
+    print(
+        f"gpuq: {lost.message}; waiting for it to come back (a restart?), then going on",
+        file=sys.stderr,
+    )

@@ -539,11 +539,10 @@ def submit_with_retry(
 
 def wait_for_jobs(config: Any, ids: list[int]) -> int:
     """Block until the jobs end; the largest exit code (1 if one failed without one)."""
-    from gpuq.client import Client
+    from gpuq.cli.errors import said_lost
+    from gpuq.client import wait_jobs
 
-    with Client.connect(config) as client:
-        jobs = client.call("wait", ids=ids)["jobs"]
-    return wait_exit_code(jobs)
+    return wait_exit_code(wait_jobs(config, ids, on_lost=said_lost))
 
 
 def wait_exit_code(jobs: list[dict[str, Any]]) -> int:

@@ -38,6 +38,11 @@ async def handle(
         raise UsageError(
             f"logs.tail must be 0 or more, got {request.tail}", "--tail N: the last N lines"
         )
+    if request.offset is not None and request.offset < 0:
+        raise UsageError(
+            f"logs.offset must be 0 or more, got {request.offset}",
+            "the offset of the last event received",
+        )
     job = state.job(request.id)
     require_owner(state.config, caller, job, "read the logs of")
     while request.follow and not job.stdout_path and not job.state.is_terminal:
@@ -53,10 +58,11 @@ async def handle(
     )
     path = part_path(stdout if request.stream == "stdout" else stderr, rank)
     owner = lab_owner(job.spec.uid) if state.config.lab.enabled else None
-    offset = 0
-    if request.tail is not None and (first := _open_log(path, owner)) is not None:
-        with first:
-            offset = tail_offset(first, request.tail)
+    offset = request.offset or 0
+    if request.offset is None and request.tail is not None:
+        if (first := _open_log(path, owner)) is not None:
+            with first:
+                offset = tail_offset(first, request.tail)
     text = _decoder()
     while True:
         if (handle := _open_log(path, owner)) is not None:
@@ -64,14 +70,14 @@ async def handle(
                 handle.seek(offset)
                 while data := handle.read(CHUNK):
                     offset += len(data)
-                    await _send(emit, text.decode(data))
+                    await _send(emit, text.decode(data), offset, text)
         job = state.job(request.id)
         if not request.follow or job.state.is_terminal:
             if request.follow and os.path.exists(path) and os.path.getsize(path) > offset:
                 continue  # the last bytes written before the job ended
             break
         await asyncio.sleep(POLL_SECONDS)
-    await _send(emit, text.decode(b"", final=True))
+    await _send(emit, text.decode(b"", final=True), offset, text)
     # A lab daemon is root: it says nothing of paths its user may not see for themselves.
     if owner is None and job.stdout_path and job.state.is_terminal and not os.path.lexists(path):
         raise GpuqError(
@@ -93,9 +99,16 @@ def _decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
-async def _send(emit: Callable[[dict[str, Any]], Awaitable[None]], text: str) -> None:
+async def _send(
+    emit: Callable[[dict[str, Any]], Awaitable[None]],
+    text: str,
+    offset: int,
+    decoder: codecs.IncrementalDecoder,
+) -> None:
+    """One `{"data", "offset"}` event: the offset is of the bytes sent, not of a half character."""
     if text:
-        await emit({"data": text})
+        pending = len(decoder.getstate()[0])
+        await emit({"data": text, "offset": offset - pending})
 
 
 def _part(job: Job, part: int) -> int:
@@ -119,7 +132,8 @@ async def _remote(
     emit: Callable[[dict[str, Any]], Awaitable[None]],
 ) -> dict[str, Any]:
     """The output of a job that ran on another server, read there (`node.read`)."""
-    offset, tail, path = 0, request.tail, ""
+    offset, path = request.offset or 0, ""
+    tail = request.tail if request.offset is None else None
     text = _decoder()
     while True:
         job = state.job(request.id)  # looked at first: what it wrote before it ended is read
@@ -127,13 +141,13 @@ async def _remote(
             part = await remote.read_output(request.id, request.stream, offset, tail)
             tail, path = None, str(part.get("path") or path)
             offset = int(part["offset"])
-            await _send(emit, text.decode(base64.b64decode(part["data"])))
+            await _send(emit, text.decode(base64.b64decode(part["data"])), offset, text)
             if offset >= int(part.get("size") or 0):
                 break
         if not request.follow or job.state.is_terminal:
             break
         await asyncio.sleep(POLL_SECONDS)
-    await _send(emit, text.decode(b"", final=True))
+    await _send(emit, text.decode(b"", final=True), offset, text)
     return {"path": path, "offset": offset, "state": job.state.value, "node": remote.name}
 
 

@@ -1,0 +1,92 @@
+"""A wait or a followed log outlives a daemon restart, as the jobs do.
+
+`gpuq daemon restart` (an upgrade, a config change) closes every client's
+connection. Jobs run on under their shims and are re-adopted, so what
+waits on them goes on: `gpuq wait`, `submit --wait` and `cancel --wait`
+reconnect and wait out the time they have left, and `gpuq logs --follow`
+goes on from the byte it had reached, printing nothing twice and missing
+nothing. A daemon that does not come back is reported once the reconnect
+window ends.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuq.client import Client, ConnectionLost, reconnect, wait_jobs
+from gpuq.errors import DaemonUnavailable
+from tests.daemon_harness import DaemonHarness, running_daemon
+from tests.daemon_harness import submit_cli as submit
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonHarness]:
+    with running_daemon(tmp_path) as harness:
+        yield harness
+
+
+def restart(daemon: DaemonHarness) -> None:
+    daemon.stop()
+    daemon.start()
+
+
+def test_a_wait_goes_on_across_a_restart_and_returns_how_the_job_ended(
+    daemon: DaemonHarness,
+) -> None:
+    job_id = submit(daemon, "--hold", "--gpus", "0", "--", "true")
+    client = Client.connect(daemon.config, autostart=False)
+    _ = client.hello  # connected before the restart, whatever the thread has sent by then
+    lost: list[ConnectionLost] = []
+    ended: list[list[dict[str, Any]]] = []
+    waiter = threading.Thread(
+        target=lambda: ended.append(
+            wait_jobs(daemon.config, [job_id], client=client, on_lost=lost.append)
+        )
+    )
+    waiter.start()
+    restart(daemon)
+    assert daemon.cli("release", str(job_id)).returncode == 0
+    waiter.join(timeout=60)
+    assert not waiter.is_alive()
+    assert [job["state"] for job in ended[0]] == ["succeeded"]
+    assert len(lost) == 1
+
+
+def test_a_followed_log_goes_on_from_where_it_was_nothing_twice(daemon: DaemonHarness) -> None:
+    script = "echo tick 1; while [ ! -e go ]; do sleep 0.05; done; echo tick 2"
+    job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", script)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.entry", "logs", "--follow", str(job_id)],
+        env=daemon.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=daemon.root,
+    )
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline() == "tick 1\n"  # streaming: connected to this daemon
+        restart(daemon)
+        (daemon.root / "go").touch()
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert out == "tick 2\n"
+    assert "the daemon closed the connection; waiting for it to come back" in err
+
+
+def test_a_daemon_that_does_not_come_back_is_reported_when_the_window_ends(
+    daemon: DaemonHarness,
+) -> None:
+    daemon.stop()
+    lost = ConnectionLost("the daemon closed the connection", None)
+    with pytest.raises(DaemonUnavailable, match="and no daemon answered within 1 s"):
+        reconnect(daemon.config, lost, seconds=1.0)
