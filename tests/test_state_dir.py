@@ -20,7 +20,7 @@ import pytest
 
 from gpuq.daemon.statedir import LAST_ID, id_floor
 from gpuq.errors import ExitCode
-from tests.daemon_harness import DaemonHarness, running_daemon, wait_for
+from tests.daemon_harness import DaemonHarness, mounted_tmpfs, running_daemon, wait_for
 
 
 def test_a_deleted_state_directory_stops_new_work_with_a_clear_error(
@@ -139,23 +139,12 @@ def test_a_read_only_database_is_refused_at_start_with_a_clear_error(
 def test_a_read_only_state_directory_without_a_database_is_refused_with_a_clear_error(
     tmp_path: Path, mode: str, error: str, hint: str
 ) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only filesystem needs root")
     harness = DaemonHarness(tmp_path)
-    harness.state_dir.mkdir(parents=True)
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"ro,size=1m,mode={mode}", "tmpfs", str(harness.state_dir)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    try:
-        result = harness.cli("daemon", "run")
-    finally:
-        harness.close()
-        subprocess.run(["umount", "-l", str(harness.state_dir)], check=False)
+    with mounted_tmpfs(harness.state_dir, f"ro,size=1m,mode={mode}"):
+        try:
+            result = harness.cli("daemon", "run")
+        finally:
+            harness.close()
     assert result.returncode == ExitCode.STATE, result.stderr
     assert "internal error" not in result.stderr
     assert "Traceback" not in result.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from gpuq import statelock
 from gpuq.errors import DaemonUnavailable, StateError
+from tests.daemon_harness import mounted_tmpfs
 
 
 def test_the_holder_is_this_process_with_its_socket(tmp_path: Path) -> None:
@@ -72,22 +73,8 @@ def test_a_link_planted_at_the_lock_is_refused_not_followed(tmp_path: Path) -> N
 @pytest.fixture
 def read_only_mount(tmp_path: Path) -> Iterator[Path]:
     """A directory on a tmpfs of its own, which a test remounts read-only (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only filesystem needs root")
-    mounted = tmp_path / "ro"
-    mounted.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=700", "tmpfs", str(mounted)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mount.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "size=1m,mode=700") as mounted:
         yield mounted
-    finally:
-        subprocess.run(["umount", "-l", str(mounted)], check=False)
 
 
 def _remount_read_only(path: Path) -> None:

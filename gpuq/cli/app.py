@@ -22,7 +22,7 @@ from gpuq.cli import cluster, lab, migrate, render, replay, sim
 from gpuq.cli.common import ConfigOpt, JsonOpt, note
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
-from gpuq.cli.errors import render_error, said_lost
+from gpuq.cli.errors import asks_json, render_error, said_lost
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, UsageError
@@ -87,10 +87,12 @@ IdsArg = Annotated[
 T = TypeVar("T")
 
 
-def _client(config_path: str | None, autostart: bool = True) -> Any:
+def _client(config: str | Config | None, autostart: bool = True) -> Any:
+    """A connected client for the config at path `config` (or already read), its notice said."""
     from gpuq.client import Client
 
-    client = Client.connect(load_config(config_path), autostart=autostart)
+    loaded = config if isinstance(config, Config) else load_config(config)
+    client = Client.connect(loaded, autostart=autostart)
     note(client)
     return client
 
@@ -254,7 +256,8 @@ def logs(
 
         stream = "stderr" if stderr else "stdout"
         options: dict[str, Any] = {"part": part} if part else {}
-        client = _client(config)
+        loaded = load_config(config)
+        client = _client(loaded)
         try:
             while True:
                 try:
@@ -272,7 +275,7 @@ def logs(
                         raise
                     said_lost(lost)
                     client.close()
-                    client = reconnect(load_config(config), lost)
+                    client = reconnect(loaded, lost)
         finally:
             client.close()
 
@@ -291,14 +294,13 @@ def _action(
     """Apply an action to jobs; with `wait`, also wait until they ended and show how."""
     from gpuq.client import wait_jobs
 
-    client = _client(config)
-    with client:
+    loaded = load_config(config)
+    with _client(loaded) as client:
         results = client.call(method, ids=ids, **extra)["results"]
     done: dict[int, dict[str, Any]] = {}
     acted = [r["id"] for r in results if r["ok"]]
     if wait and acted:
-        jobs = wait_jobs(load_config(config), acted, on_lost=said_lost)
-        done = {j["id"]: j for j in jobs}
+        done = {j["id"]: j for j in wait_jobs(loaded, acted, on_lost=said_lost)}
     for item in results:
         if item["id"] in done:
             item["state"] = done[item["id"]]["state"]
@@ -474,18 +476,18 @@ def wait(
     """
 
     def body() -> int:
+        from gpuq.client import wait_jobs
         from gpuq.units import parse_duration
 
         seconds = None if timeout is None else parse_duration(timeout)  # "" is refused
-        from gpuq.client import wait_jobs
-
+        loaded = load_config(config)
         jobs = wait_jobs(
-            load_config(config),
+            loaded,
             ids,
             any_job=any_job,
             timeout=seconds,
             on_lost=said_lost,
-            client=_client(config),
+            client=_client(loaded),
         )
         if json_out:
             _print_json({"jobs": jobs})
@@ -868,10 +870,9 @@ def _usage_error(exc: click_exceptions.UsageError, args: list[str]) -> int:
     if message[1:2].islower():  # "No such option: ..." reads as the rest of gpuq's errors
         message = message[:1].lower() + message[1:]
     path, command = _command_of(args)
-    options = args[: args.index("--")] if "--" in args else args
     takes_json = any("--json" in getattr(param, "opts", ()) for param in command.params)
     error = UsageError(message, f"see {' '.join(path)} --help")
-    return render_error(error, json_mode=takes_json and "--json" in options)
+    return render_error(error, json_mode=takes_json and asks_json(args))
 
 
 def _command_of(args: list[str]) -> tuple[list[str], Any]:

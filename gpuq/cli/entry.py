@@ -33,15 +33,14 @@ def main(argv: list[str] | None = None) -> int:
         if exc.errno not in _OUTPUT_ERRORS:
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush
-        from gpuq.cli.errors import render_error
+        from gpuq.cli.errors import asks_json, render_error
         from gpuq.errors import GpuqError
 
-        options = args[: args.index("--")] if "--" in args else args
         error = GpuqError(
             f"cannot write the output: {exc.strerror}",
             "free space where stdout goes, or send it elsewhere",
         )
-        return render_error(error, json_mode="--json" in options)
+        return render_error(error, json_mode=asks_json(args))
     return code
 
 

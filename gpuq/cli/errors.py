@@ -25,6 +25,11 @@ def render_error(error: GpuqError, json_mode: bool = False) -> int:
     return int(error.exit_code)
 
 
+def asks_json(args: list[str]) -> bool:
+    """True if `--json` is among the options of `args`, before any `--` that starts a command."""
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
 def said_lost(lost: GpuqError) -> None:
     """Say on stderr that the daemon dropped a wait or a followed log, which goes on."""
     print(

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuq.cli.errors import asks_json
 from gpuq.errors import GpuqError, UsageError
 
 
@@ -464,7 +465,7 @@ def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int |
 
 def run_submit(argv: Sequence[str]) -> int:
     """`gpuq submit ARGS`: returns the process exit code."""
-    json_mode = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    json_mode = asks_json(list(argv))
     try:
         values, command = parse_submit_args(argv)
         script = script_command(command) if command else None
