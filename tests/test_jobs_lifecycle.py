@@ -101,6 +101,25 @@ def test_ls_filters_by_state_name_user_and_finished(daemon: DaemonHarness) -> No
     daemon.wait_state(run, "cancelled")
 
 
+def test_ls_of_an_id_that_was_never_a_job_exits_3_and_names_it(daemon: DaemonHarness) -> None:
+    done = submit(daemon, "--gpus", "0", "--", "true")
+    daemon.wait_state(done, "succeeded")
+    assert ids(daemon, str(done)) == [done]  # a finished job, listed by id
+    assert ids(daemon, str(done), "--state", "failed") == []  # filtered out: not an error
+
+    unknown = daemon.cli("ls", "99999", "99998")
+    assert unknown.returncode == 3 and unknown.stdout == ""
+    assert unknown.stderr.startswith("gpuq: error: no job 99999, 99998\nhint: gpuq ls --all")
+    mixed = daemon.cli("ls", str(done), "99999")  # the known ones listed, then the error
+    assert mixed.returncode == 3 and "no job 99999" in mixed.stderr
+    assert [int(line.split()[0]) for line in mixed.stdout.splitlines()[1:]] == [done]
+    as_json = daemon.cli("ls", "--json", str(done), "99999")
+    assert as_json.returncode == 3
+    listing = json.loads(as_json.stdout)
+    assert [job["id"] for job in listing["jobs"]] == [done] and listing["unknown"] == [99999]
+    assert json.loads(as_json.stderr)["error"]["code"] == "not_found"
+
+
 def test_show_prints_the_history_with_reasons(daemon: DaemonHarness) -> None:
     job_id = submit(daemon, "--gpus", "0", "--retries", "1", "--", "sh", "-c", "exit 2")
     daemon.wait_state(job_id, "failed")

@@ -25,7 +25,7 @@ from gpuq.cli.common import run as _run
 from gpuq.cli.errors import asks_json, render_error, said_lost
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
-from gpuq.errors import ExitCode, UsageError
+from gpuq.errors import ExitCode, NotFoundError, UsageError
 from gpuq.textsafe import visible
 
 app = typer.Typer(
@@ -140,7 +140,9 @@ def list_jobs(
     waited. With several servers ([[cluster.servers]] configured, or jobs
     listed that ran on more than one), a NODE column names the server each
     job runs or ran on, empty while it waits. Problems of the daemon itself
-    (a full disk) are printed to stderr.
+    (a full disk) are printed to stderr. An ID that is no job (never one, or
+    removed by gpuq clean) is named on stderr after the others are listed,
+    and the exit code is 3.
     """
 
     def body() -> None:
@@ -155,10 +157,19 @@ def list_jobs(
                 limit=limit,
             )
         _print_warnings(result)
+        unknown: list[int] = result.get("unknown") or []
         if json_out:
-            _print_json({"jobs": result["jobs"], "warnings": result.get("warnings", [])})
-        else:
+            _print_json(
+                {"jobs": result["jobs"], "warnings": result.get("warnings", []), "unknown": unknown}
+            )
+        elif result["jobs"] or not unknown:
             print(render.jobs_table(result["jobs"], nodes=result.get("nodes") or ()))
+        if unknown:
+            raise NotFoundError(
+                f"no job {', '.join(map(str, unknown))}",
+                "gpuq ls --all lists every job there is (finished ones removed by gpuq clean "
+                "are gone)",
+            )
 
     _run(json_out, body)
 

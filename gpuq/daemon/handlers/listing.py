@@ -14,12 +14,18 @@ from gpuq.protocol import ListJobs, parse_states
 
 
 def handle(state: DaemonState, request: ListJobs, caller: Caller) -> dict[str, Any]:
-    """Jobs matching every given filter, in id order."""
+    """Jobs matching every given filter, in id order.
+
+    `unknown` names the ids asked for that are no job or array (never one, or
+    removed by `gpuq clean`): the CLI lists the rest and exits 3 for them,
+    while the TUI, which lists ids it saw earlier, just leaves them out.
+    """
     if request.limit is not None and request.limit < 0:
         raise UsageError(
             f"list.limit must be 0 or more, got {request.limit}", "--limit N: the newest N"
         )
     ids = state.resolve_ids(request.ids)
+    unknown = [i for i in ids if i not in state.active and state.store.get(i) is None]
     states: frozenset[JobState] | None = parse_states(request.states) if request.states else None
     if not request.include_done:
         unfinished = frozenset(s for s in JobState if not s.is_terminal)
@@ -41,6 +47,7 @@ def handle(state: DaemonState, request: ListJobs, caller: Caller) -> dict[str, A
         ],
         "warnings": state.warnings(),
         "nodes": nodes(state),
+        "unknown": unknown,
     }
 
 
