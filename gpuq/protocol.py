@@ -202,7 +202,15 @@ class DaemonStatus:
 
 @dataclass(frozen=True, slots=True)
 class Shutdown:
-    """Stop the daemon; jobs keep running and are re-adopted on restart."""
+    """Stop the daemon; jobs keep running and are re-adopted on restart.
+
+    `final`: stopped, not restarted (`gpuq daemon stop`). A request still
+    being answered (a `wait`, a followed log) then gets an `unavailable`
+    error saying so, where a restart just closes its connection, so its
+    client stops at once rather than wait a minute for a daemon to return.
+    """
+
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -21,6 +22,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,3 +294,39 @@ def test_a_daemon_of_another_protocol_version_is_named_even_with_a_request_behin
         ):
             client.call("list")
         assert caught.value.hint is not None and "gpuq daemon restart" in caught.value.hint
+
+
+def test_gpuq_daemon_stop_still_stops_a_daemon_from_before_the_final_parameter(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """An upgraded client stops the daemon still running the old code: `final` is dropped."""
+    from gpuq.cli.app import _stop
+    from gpuq.errors import ProtocolError
+    from gpuq.protocol import encode, error_reply
+
+    asked: list[dict[str, Any]] = []
+
+    def old_daemon(conn: socket.socket) -> None:
+        with conn.makefile("rb") as lines:
+            for line in lines:
+                message: dict[str, Any] = json.loads(line)
+                asked.append(message)
+                if message["params"].get("final"):  # what the old parser said of it
+                    unknown = ProtocolError(
+                        "unknown parameter(s) for shutdown: final", "known: none"
+                    )
+                    conn.sendall(encode(error_reply(message["id"], unknown)))
+                    continue
+                result: dict[str, Any] = {"stopping": True, "jobs_left_running": 0}
+                if message["method"] == "hello":
+                    result = {"pid": os.getpid(), "version": "0", "node": "here"}
+                conn.sendall(encode({"id": message["id"], "result": result}))
+                if message["method"] == "shutdown":
+                    (runtime_dir / "gpuq.sock").unlink()  # as a daemon does on its way out
+                    return
+
+    config = load_config(str(config_file(tmp_path, runtime_dir)))
+    with fake_server(runtime_dir / "gpuq.sock", old_daemon):
+        _stop(config)
+    shutdowns = [m["params"] for m in asked if m["method"] == "shutdown"]
+    assert shutdowns == [{"final": True}, {}]

@@ -11,6 +11,8 @@ window ends.
 
 from __future__ import annotations
 
+import json
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ import pytest
 
 from gpuq.client import Client, ConnectionLost, reconnect, wait_jobs
 from gpuq.errors import DaemonUnavailable
+from gpuq.protocol import PROTOCOL_VERSION, encode
 from tests.daemon_harness import DaemonHarness, running_daemon
 from tests.daemon_harness import submit_cli as submit
 
@@ -90,3 +93,84 @@ def test_a_daemon_that_does_not_come_back_is_reported_when_the_window_ends(
     lost = ConnectionLost("the daemon closed the connection", None)
     with pytest.raises(DaemonUnavailable, match="and no daemon answered within 1 s"):
         reconnect(daemon.config, lost, seconds=1.0)
+
+
+def gpuq(daemon: DaemonHarness, *args: str) -> subprocess.Popen[str]:
+    """A gpuq command running beside the test, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuq.cli.entry", *args],
+        env=daemon.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=daemon.root,
+    )
+
+
+def lines(conn: socket.socket) -> Iterator[dict[str, Any]]:
+    """The reply objects the daemon sends on a bare connection, until it closes it."""
+    with conn.makefile("rb") as replies:
+        yield from (json.loads(line) for line in replies)
+
+
+def test_a_daemon_stopped_for_good_answers_a_wait_in_flight_with_unavailable(
+    daemon: DaemonHarness,
+) -> None:
+    job_id = submit(daemon, "--hold", "--gpus", "0", "--", "true")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(str(daemon.runtime_dir / "gpuq.sock"))
+        hello = {"id": 0, "method": "hello", "params": {"version": PROTOCOL_VERSION}}
+        wait = {"id": 1, "method": "wait", "params": {"ids": [job_id]}}
+        conn.sendall(encode(hello) + encode(wait))
+        replies = lines(conn)
+        assert "result" in next(replies)
+        assert next(replies) == {"id": 1, "event": {"type": "heartbeat"}}  # the wait is waiting
+        stopped = daemon.cli("daemon", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert daemon.process is not None and daemon.process.wait(timeout=15) == 0
+        rest = [r for r in replies if r.get("event") != {"type": "heartbeat"}]
+    assert [(r["id"], r["error"]["code"]) for r in rest] == [(1, "unavailable")]
+    assert rest[0]["error"]["message"] == (
+        "the daemon was stopped (gpuq daemon stop); the jobs keep running"
+    )
+    daemon.start()
+    assert daemon.call("show", id=job_id)["job"]["state"] == "held"  # nothing lost
+
+
+def test_a_daemon_stopped_for_good_ends_a_followed_log_at_once_with_exit_5(
+    daemon: DaemonHarness,
+) -> None:
+    job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", "echo tick; sleep 60")
+    follow = gpuq(daemon, "logs", "--follow", str(job_id))
+    try:
+        assert follow.stdout is not None and follow.stdout.readline() == "tick\n"
+        stopped = daemon.cli("daemon", "stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert daemon.process is not None and daemon.process.wait(timeout=15) == 0
+        _, err = follow.communicate(timeout=60)
+        assert follow.returncode == 5, err
+        assert "the daemon was stopped (gpuq daemon stop); the jobs keep running" in err
+        assert "waiting for it to come back" not in err
+    finally:
+        follow.kill()
+        daemon.start()
+        daemon.cli("cancel", str(job_id))
+
+
+def test_gpuq_daemon_restart_leaves_a_followed_log_to_reconnect(daemon: DaemonHarness) -> None:
+    script = "echo tick 1; while [ ! -e go ]; do sleep 0.05; done; echo tick 2"
+    job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", script)
+    follow = gpuq(daemon, "logs", "--follow", str(job_id))
+    try:
+        assert follow.stdout is not None and follow.stdout.readline() == "tick 1\n"
+        restarted = daemon.cli("daemon", "restart")
+        assert restarted.returncode == 0, restarted.stderr
+        (daemon.root / "go").touch()
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+        daemon.cli("daemon", "stop")
+    assert follow.returncode == 0, err
+    assert out == "tick 2\n"
+    assert "waiting for it to come back" in err

@@ -612,13 +612,19 @@ def daemon_stop(config: ConfigOpt = None) -> None:
     _run(False, body)
 
 
-def _stop(cfg: Config) -> None:
+def _stop(cfg: Config, *, final: bool = True) -> None:
+    """Stop the daemon; `final` (a stop, not a restart) tells clients waiting on it to stop too."""
     from gpuq.client import Client, socket_path
-    from gpuq.errors import DaemonUnavailable
+    from gpuq.errors import DaemonUnavailable, ProtocolError
 
     try:
         with Client.connect(cfg, autostart=False) as client:
-            result = client.call("shutdown")
+            try:
+                result = client.call("shutdown", final=True) if final else client.call("shutdown")
+            except ProtocolError as exc:
+                if "unknown parameter" not in exc.message:
+                    raise
+                result = client.call("shutdown")  # a daemon from before `final`
     except DaemonUnavailable:
         print("gpuq daemon is not running", file=sys.stderr)
         return
@@ -638,7 +644,7 @@ def daemon_restart(config: ConfigOpt = None) -> None:
         from gpuq.client import start_daemon
 
         cfg = load_config(config)
-        _stop(cfg)
+        _stop(cfg, final=False)
         print(f"gpuq daemon started (pid {start_daemon(cfg)})", file=sys.stderr)
 
     _run(False, body)

@@ -29,6 +29,7 @@ from gpuq.protocol import (
     PROTOCOL_VERSION,
     Hello,
     Request,
+    Shutdown,
     decode,
     encode,
     error_reply,
@@ -163,6 +164,10 @@ async def serve_connection(
 
     link: HeadLink | None = None
     """The session to the lab's head, on a lab member (`gpuq.daemon.forward`)."""
+    in_flight: object = None
+    """The id of the request being answered, if any."""
+    stopper = False
+    """Whether this client asked the daemon to stop (and has its answer)."""
     try:
         try:
             caller = identify(state, writer)
@@ -193,6 +198,7 @@ async def serve_connection(
                 if isinstance(message, dict):
                     request_id = message.get("id")
                 request_id, request = parse_request(message)
+                in_flight, stopper = request_id, isinstance(request, Shutdown)
                 if not greeted or isinstance(request, Hello):
                     check_hello(request)
                     greeted = True
@@ -210,6 +216,7 @@ async def serve_connection(
                     link = link or HeadLink(state.config)
                     result = await _with_heartbeats(link.forward(message, caller, emit), beat)
                     await send({"id": request_id, "result": result})
+                    in_flight = None
                     continue  # the head audits it
                 acting = caller
                 try:
@@ -220,8 +227,10 @@ async def serve_connection(
                     raise
                 audit.record(state, acting, request, result, None)
                 await send({"id": request_id, "result": result})
+                in_flight = None
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))
+                in_flight = None
             except (ConnectionError, asyncio.CancelledError):
                 raise
             except Exception as exc:
@@ -235,6 +244,9 @@ async def serve_connection(
     except (ConnectionError, asyncio.IncompleteReadError):
         return
     finally:
+        if state.stopped_for_good is not None and not stopper and not writer.is_closing():
+            # `gpuq daemon stop`: a client waiting here must not wait for a daemon to return
+            writer.write(encode(error_reply(in_flight, state.stopped_for_good)))
         if link is not None:
             await link.close()
         writer.close()

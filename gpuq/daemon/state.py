@@ -37,7 +37,7 @@ from gpuq.daemon.scheduler.view import ViewCache
 from gpuq.daemon.statedir import StateDirWatch, remember_last_id
 from gpuq.daemon.store import Store
 from gpuq.daemon.timings import DecisionTimes, LoopLag
-from gpuq.errors import ConflictError, NotFoundError, StateError
+from gpuq.errors import ConflictError, GpuqError, NotFoundError, StateError
 from gpuq.models import TERMINAL_STATES, GpuInfo, Job, JobState
 from gpuq.policies.interface import Decision, Policy
 from gpuq.policies.registry import get_policy
@@ -148,6 +148,8 @@ class DaemonState:
         """Jobs whose safety checkpoint is being copied here now."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
+        self.stopped_for_good: GpuqError | None = None
+        """Set by a final `shutdown`: the error requests still in flight are answered with."""
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
 
     # -- jobs -------------------------------------------------------------
