@@ -15,11 +15,36 @@ from pathlib import Path
 
 import pytest
 
-from gpuq.daemon.outputs import LogLimit, OutputError, Outputs, open_output, write_carried
+from gpuq.daemon.outputs import (
+    LogLimit,
+    OutputError,
+    Outputs,
+    default_logs,
+    open_output,
+    write_carried,
+)
 from gpuq.units import expand_output_pattern, path_component
 from tests.daemon_harness import DaemonHarness, running_daemon
 
 ENDED = ("succeeded", "failed", "cancelled", "lost")
+
+
+@pytest.mark.parametrize(
+    ("output", "error", "named"),
+    [
+        (None, None, {"stdout": "7.out", "stderr": "7.err"}),
+        ("run.log", None, {}),  # stderr goes to the user's file too
+        (None, "errors.log", {"stdout": "7.out"}),
+        ("run.log", "errors.log", {}),
+    ],
+)
+def test_gpuq_names_only_the_logs_the_user_did_not(
+    output: str | None, error: str | None, named: dict[str, str]
+) -> None:
+    logs = Path("/var/log/gpuq")
+    assert default_logs(logs, 7, None, output, error) == {s: logs / n for s, n in named.items()}
+    own = logs / "users" / "1001"  # a lab job's, in its owner's directory
+    assert default_logs(logs, 7, 1001, output, error) == {s: own / n for s, n in named.items()}
 
 
 @pytest.mark.parametrize(

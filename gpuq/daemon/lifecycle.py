@@ -31,7 +31,7 @@ from gpuq.daemon import faults, incoming, jobfiles, oom, suspend, transfer
 from gpuq.daemon.executor import LaunchSpec, Outcome, lab_owner, run_as_for
 from gpuq.daemon.identity import Account, UnknownAccount
 from gpuq.daemon.node.gang import GangNode, Part, address_toward
-from gpuq.daemon.outputs import USERS_DIR, log_name, user_log_dir
+from gpuq.daemon.outputs import USERS_DIR, default_logs, user_log_dir
 from gpuq.daemon.scheduler.binding import Placement
 from gpuq.daemon.spawner import Spawned
 from gpuq.daemon.state import DaemonState
@@ -73,12 +73,10 @@ def output_targets(
     spec = job.spec
     log_dir = state.config.daemon.log_dir
     remote = state.remotes.get(job.node if node is None else node)
-    owner = lab_owner(spec.uid)
     if remote is not None and remote.mirror is not None:
         log_dir = remote.log_dir
-    if owner is not None:
-        log_dir = log_dir / USERS_DIR / str(owner)
-    below: dict[str, str] = {}
+    defaults = default_logs(log_dir, job.id, lab_owner(spec.uid), spec.output, spec.error)
+    below = {str(path): str(path.parent) for path in defaults.values()}
 
     def expand(pattern: str) -> str:
         text = expand_output_pattern(
@@ -90,18 +88,11 @@ def output_targets(
         below[path] = spec.cwd
         return path
 
-    if spec.output:
-        stdout = expand(spec.output)
-    else:
-        stdout = str(log_dir / log_name(job.id, "stdout"))
-        below[stdout] = str(log_dir)
+    stdout = expand(spec.output) if spec.output else str(defaults["stdout"])
     if spec.error:
         stderr = expand(spec.error)
-    elif spec.output:
-        stderr = stdout
     else:
-        stderr = str(log_dir / log_name(job.id, "stderr"))
-        below[stderr] = str(log_dir)
+        stderr = stdout if spec.output else str(defaults["stderr"])
     return stdout, stderr, below
 
 

@@ -249,6 +249,26 @@ def log_name(job_id: int, stream: str) -> str:
     return f"{job_id}.{'out' if stream == 'stdout' else 'err'}"
 
 
+def default_logs(
+    log_dir: Path, job_id: int, owner: int | None, output: str | None, error: str | None
+) -> dict[str, Path]:
+    """The logs gpuq names itself for a job, by stream: those without --output or --error.
+
+    They lie in `log_dir`, or in its directory of `owner` (a lab job's uid).
+    A job with only --output sends stderr there too, so it has none. The
+    daemon places these logs (`gpuq.daemon.lifecycle.output_targets`), and
+    they are the only ones `gpuq clean` deletes.
+    """
+    if owner is not None:
+        log_dir = log_dir / USERS_DIR / str(owner)
+    named = {}
+    if not output:
+        named["stdout"] = log_dir / log_name(job_id, "stdout")
+    if not output and not error:
+        named["stderr"] = log_dir / log_name(job_id, "stderr")
+    return named
+
+
 def write_carried(directory: Path, name: str, uid: int, gid: int, data: bytes, offset: int) -> int:
     """Write part of a moved job's earlier output to `directory/name`; the file's length after.
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuq.daemon.executor import lab_owner
 from gpuq.daemon.identity import Caller
-from gpuq.daemon.outputs import USERS_DIR, log_name
+from gpuq.daemon.outputs import default_logs
 from gpuq.daemon.state import DaemonState
 from gpuq.models import TERMINAL_STATES, Job
 from gpuq.protocol import Clean
@@ -58,17 +58,12 @@ def _gpuq_logs(state: DaemonState, job: Job) -> list[tuple[Path, int]]:
     found in a default log's place is removed, never followed, not even to
     measure its target.
     """
-    log_dir = state.config.daemon.log_dir
-    owner = lab_owner(job.spec.uid)
-    if owner is not None:
-        log_dir = log_dir / USERS_DIR / str(owner)
-    named = []
-    if not job.spec.output:
-        named.append(log_dir / log_name(job.id, "stdout"))
-        if not job.spec.error:
-            named.append(log_dir / log_name(job.id, "stderr"))
+    spec = job.spec
+    named = default_logs(
+        state.config.daemon.log_dir, job.id, lab_owner(spec.uid), spec.output, spec.error
+    )
     found = []
-    for path in named:
+    for path in named.values():
         if str(path) not in (job.stdout_path, job.stderr_path):
             continue  # the job ran elsewhere, its logs with it
         try:
