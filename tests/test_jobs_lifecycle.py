@@ -489,6 +489,41 @@ def test_clean_removes_finished_jobs_and_their_default_logs_only(daemon: DaemonH
     assert newest > max(ok, bad, own_log, running, held)
 
 
+def test_clean_keeps_a_finished_job_a_queued_one_depends_on_until_that_one_ends(
+    daemon: DaemonHarness,
+) -> None:
+    first = submit(daemon, "--gpus", "0", "--", "true")
+    alone = submit(daemon, "--gpus", "0", "--", "true")
+    daemon.wait_state(first, "succeeded")
+    daemon.wait_state(alone, "succeeded")
+    after = submit(daemon, "--gpus", "0", "--after", str(first), "--hold", "--", "true")
+
+    cleaned = daemon.cli("clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert (
+        cleaned.stdout.splitlines()[1] == f"Kept 1 that queued jobs depend on (--after): {first}."
+    )
+    assert ids(daemon, "--all") == [first, after]
+    assert daemon.cli("release", str(after)).returncode == 0
+    daemon.wait_state(after, "succeeded")  # its dependency was still there to be met
+    result = json.loads(daemon.cli("clean", "--json").stdout)
+    assert (result["ids"], result["kept"]) == ([first, after], [])
+
+
+def test_clean_keeps_every_task_of_an_array_a_queued_job_depends_on(
+    daemon: DaemonHarness,
+) -> None:
+    array = json.loads(
+        daemon.cli("submit", "--json", "--gpus", "0", "--array", "0-1", "--", "true").stdout
+    )
+    for task in array["ids"]:
+        daemon.wait_state(task, "succeeded")
+    after = submit(daemon, "--gpus", "0", "--after", str(array["array_id"]), "--hold", "--", "true")
+    result = json.loads(daemon.cli("clean", "--json").stdout)
+    assert (result["ids"], result["kept"]) == ([], array["ids"])
+    daemon.cli("cancel", str(after))
+
+
 def test_clean_older_than_keeps_recent_jobs(daemon: DaemonHarness) -> None:
     job_id = submit(daemon, "--gpus", "0", "--", "true")
     daemon.wait_state(job_id, "succeeded")

@@ -50,11 +50,15 @@ def test_dependencies_wait_are_met_or_can_never_be_met() -> None:
         queued(1, after=(parse_dependency("5"),)),
         queued(2, after=(parse_dependency("6:ok"),)),
         queued(3, after=(parse_dependency("7:ok"),)),
+        queued(4, after=(parse_dependency("8:any"),)),  # 8 existed at submit, removed since
     ]
     result = readiness(pending, known.get, {}, NOW)
     assert [job.id for job in result.ready] == [2]
     assert result.waiting == {1: "waiting for job 5 (ok)"}
-    assert result.never == {3: "dependency 7:ok can never be satisfied: job 7 failed"}
+    assert result.never == {
+        3: "dependency 7:ok can never be satisfied: job 7 failed",
+        4: "dependency 8:any can never be satisfied: job 8 no longer exists",
+    }
 
 
 def test_an_array_limit_counts_running_tasks_and_tasks_started_in_this_pass() -> None:

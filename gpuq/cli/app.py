@@ -564,7 +564,12 @@ def clean(
     json_out: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Delete finished jobs, their state and the logs gpuq kept for them."""
+    """Delete finished jobs, their state and the logs gpuq kept for them.
+
+    A finished job that a queued one depends on (--after) is kept until that
+    one ends too. Logs named with --output or --error are the user's and are
+    never deleted.
+    """
 
     def body() -> None:
         from gpuq.units import format_size, parse_duration
@@ -581,6 +586,11 @@ def clean(
             f"{verb} {len(result['ids'])} job(s) and {len(result['files'])} log file(s) "
             f"({format_size(size) if size >= 1024 else f'{size} bytes'})."
         )
+        if kept := result.get("kept"):
+            print(
+                f"Kept {len(kept)} that queued jobs depend on (--after): "
+                f"{', '.join(map(str, kept))}."
+            )
 
     _run(json_out, body)
 

@@ -20,15 +20,22 @@ log = logging.getLogger(__name__)
 
 
 def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]:
-    """Remove jobs that ended more than `older_than` seconds ago (a lab's user: their own)."""
+    """Remove jobs that ended more than `older_than` seconds ago (a lab's user: their own).
+
+    A job an unfinished one still depends on (`--after`) is kept, and named
+    in `kept`, until that one has ended too: removing it would leave the
+    dependent unable to ever start.
+    """
     state.require_state_dir()
     cutoff = time.time() - request.older_than
-    doomed = [
+    ended = [
         j
         for j in state.store.jobs(TERMINAL_STATES)
         if (j.end_time is None or j.end_time <= cutoff)
         and (not state.config.lab.enabled or caller.may_act_on(j.spec.uid))
     ]
+    needed = _depended_on(state)
+    doomed = [j for j in ended if j.id not in needed]
     files = [path for job in doomed for path in _gpuq_logs(state, job)]
     freed = sum(size for _, size in files)
     if not request.dry_run:
@@ -45,7 +52,19 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
         "files": [str(path) for path, _ in files],
         "bytes": freed,
         "dry_run": request.dry_run,
+        "kept": [j.id for j in ended if j.id in needed],
     }
+
+
+def _depended_on(state: DaemonState) -> set[int]:
+    """The jobs unfinished ones depend on: each `--after` job, or all of an array's tasks."""
+    needed: set[int] = set()
+    for job in state.active.values():
+        for dep in job.spec.after:
+            needed.add(dep.job_id)
+            if state.store.array(dep.job_id):
+                needed.update(state.store.array_task_ids(dep.job_id))
+    return needed
 
 
 def _gpuq_logs(state: DaemonState, job: Job) -> list[tuple[Path, int]]:

@@ -33,8 +33,9 @@ def readiness(
 ) -> Readiness:
     """Split queued jobs into ready and waiting (with reasons); pure.
 
-    `never` holds jobs whose dependencies can never be satisfied: the caller
-    cancels them with the reason given.
+    `never` holds jobs whose dependencies can never be satisfied (one that
+    ended the wrong way, or no longer exists): the caller cancels them with
+    the reason given.
     """
     ready: list[Job] = []
     waiting: dict[int, str] = {}
@@ -56,9 +57,13 @@ def readiness(
         blocked = ""
         for dep in spec.after:
             dep_state = lookup(dep.job_id)
-            verdict = None if dep_state is None else dep.satisfied_by(dep_state)
+            if dep_state is None:  # submit checks it exists: it was removed since
+                never[job.id] = (
+                    f"dependency {dep} can never be satisfied: job {dep.job_id} no longer exists"
+                )
+                break
+            verdict = dep.satisfied_by(dep_state)
             if verdict is False:
-                assert dep_state is not None
                 never[job.id] = (
                     f"dependency {dep} can never be satisfied: job {dep.job_id} {dep_state.value}"
                 )
