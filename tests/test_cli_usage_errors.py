@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +98,41 @@ def test_an_empty_timeout_is_refused_not_taken_for_none() -> None:
     result = gpuq("wait", "1", "--timeout", "")
     assert result.returncode == ExitCode.USAGE
     assert result.stderr.startswith("gpuq: error: invalid duration ''\nhint: use 90s, 15m")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["submit", "--gpus", "0", "--", "true"],  # the job's cwd
+        ["submit", "--json", "--gpus", "0", "--output", "out.log", "--", "true"],
+        ["submit", "./train.sh"],  # a script, found from here
+    ],
+    ids=["cwd", "output-json", "script"],
+)
+def test_a_working_directory_deleted_under_the_shell_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, args: list[str]
+) -> None:
+    here = tmp_path / "experiment"
+    here.mkdir()
+    entry = shlex.join([sys.executable, "-m", "gpuq.cli.entry", *args])
+    result = subprocess.run(
+        ["sh", "-c", f'cd {shlex.quote(str(here))} && rmdir "$PWD" && exec {entry}'],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).parents[1]),
+            "NO_COLOR": "1",
+            "XDG_STATE_HOME": str(tmp_path / "state"),  # no daemon is reached: none of yours
+            "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    message = "the current directory no longer exists (it was deleted after this shell entered it)"
+    if "--json" in args:
+        assert json.loads(result.stderr)["error"]["message"] == message
+    else:
+        assert result.stderr.startswith(f"gpuq: error: {message}\nhint: cd to a directory")

@@ -20,7 +20,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Output that cannot be written (stdout on a full disk, `> /dev/full`) is
     an error with a hint and exit status 1, not a traceback: flushed here, so
-    that it cannot surface only as Python exits.
+    that it cannot surface only as Python exits. So is a working directory
+    deleted under the shell, which fails whatever needs it (a job's cwd, a
+    relative path), with exit status 2.
     """
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -29,6 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away: as _as_typer_would, quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except FileNotFoundError:
+        if _working_dir_exists():
+            raise
+        from gpuq.cli.errors import asks_json, render_error
+        from gpuq.errors import UsageError
+
+        gone = UsageError(
+            "the current directory no longer exists (it was deleted after this shell entered it)",
+            "cd to a directory that exists; gpuq submit --cwd DIR names where a job runs",
+        )
+        return render_error(gone, json_mode=asks_json(args))
     except OSError as exc:
         if exc.errno not in _OUTPUT_ERRORS:
             raise
@@ -42,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return render_error(error, json_mode=asks_json(args))
     return code
+
+
+def _working_dir_exists() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 _OUTPUT_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
