@@ -12,8 +12,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -500,9 +502,8 @@ def test_clean_keeps_a_finished_job_a_queued_one_depends_on_until_that_one_ends(
 
     cleaned = daemon.cli("clean")
     assert cleaned.returncode == 0, cleaned.stderr
-    assert (
-        cleaned.stdout.splitlines()[1] == f"Kept 1 that queued jobs depend on (--after): {first}."
-    )
+    assert cleaned.stdout.splitlines()[1].startswith("Kept 1 still in use (a queued job's --after")
+    assert cleaned.stdout.endswith(f": {first}.\n")
     assert ids(daemon, "--all") == [first, after]
     assert daemon.cli("release", str(after)).returncode == 0
     daemon.wait_state(after, "succeeded")  # its dependency was still there to be met
@@ -522,6 +523,51 @@ def test_clean_keeps_every_task_of_an_array_a_queued_job_depends_on(
     result = json.loads(daemon.cli("clean", "--json").stdout)
     assert (result["ids"], result["kept"]) == ([], array["ids"])
     daemon.cli("cancel", str(after))
+
+
+def test_clean_keeps_the_ended_tasks_of_an_array_that_runs_on(daemon: DaemonHarness) -> None:
+    script = '[ "$GPUQ_ARRAY_INDEX" = 0 ] && exit 1; while [ ! -e go ]; do sleep 0.05; done'
+    array = json.loads(
+        daemon.cli(
+            "submit", "--json", "--gpus", "0", "--array", "0-1%1", "--", "sh", "-c", script
+        ).stdout
+    )
+    failed, running = array["ids"]
+    daemon.wait_state(failed, "failed")
+    daemon.wait_state(running, "running")
+    result = json.loads(daemon.cli("clean", "--json").stdout)
+    assert (result["ids"], result["kept"]) == ([], [failed])
+    (daemon.root / "go").touch()
+    waited = daemon.cli("wait", str(array["array_id"]))
+    assert waited.returncode == 1, waited.stderr  # the failed task still counts
+    cleaned = json.loads(daemon.cli("clean", "--json").stdout)
+    assert (cleaned["ids"], cleaned["kept"]) == ([failed, running], [])
+
+
+def kept_by_clean(daemon: DaemonHarness) -> list[int]:
+    kept: list[int] = json.loads(daemon.cli("clean", "--dry-run", "--json").stdout)["kept"]
+    return kept
+
+
+def test_clean_keeps_what_a_wait_is_waiting_on_until_it_has_its_answer(
+    daemon: DaemonHarness,
+) -> None:
+    ended = submit(daemon, "--gpus", "0", "--", "sh", "-c", "exit 3")
+    daemon.wait_state(ended, "failed")
+    held = submit(daemon, "--hold", "--gpus", "0", "--", "true")
+    answers: list[dict[str, Any]] = []
+    with daemon.client() as client:
+        waiting = threading.Thread(
+            target=lambda: answers.append(client.call("wait", ids=[ended, held]))
+        )
+        waiting.start()
+        wait_for(lambda: kept_by_clean(daemon) == [ended])  # the wait has begun
+        result = json.loads(daemon.cli("clean", "--json").stdout)
+        assert (result["ids"], result["kept"]) == ([], [ended])
+        assert daemon.cli("release", str(held)).returncode == 0
+        waiting.join(timeout=60)
+    assert [(job["id"], job["exit_code"]) for job in answers[0]["jobs"]] == [(ended, 3), (held, 0)]
+    assert json.loads(daemon.cli("clean", "--json").stdout)["ids"] == [ended, held]
 
 
 def test_clean_older_than_keeps_recent_jobs(daemon: DaemonHarness) -> None:

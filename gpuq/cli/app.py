@@ -566,8 +566,9 @@ def clean(
 ) -> None:
     """Delete finished jobs, their state and the logs gpuq kept for them.
 
-    A finished job that a queued one depends on (--after) is kept until that
-    one ends too. Logs named with --output or --error are the user's and are
+    A finished job still in use is kept: one a queued job depends on
+    (--after), one a gpuq wait is waiting on, a task of an array that has
+    not ended. Logs named with --output or --error are the user's and are
     never deleted.
     """
 
@@ -588,8 +589,8 @@ def clean(
         )
         if kept := result.get("kept"):
             print(
-                f"Kept {len(kept)} that queued jobs depend on (--after): "
-                f"{', '.join(map(str, kept))}."
+                f"Kept {len(kept)} still in use (a queued job's --after, a gpuq wait's, "
+                f"or a task of an array that runs on): {', '.join(map(str, kept))}."
             )
 
     _run(json_out, body)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -148,6 +149,8 @@ class DaemonState:
         """Jobs whose safety checkpoint is being copied here now."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
+        self.awaited: Counter[int] = Counter()
+        """The jobs `wait` requests are waiting on now, each with how many are."""
         self.stopped_for_good: GpuqError | None = None
         """Set by a final `shutdown`: the error requests still in flight are answered with."""
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()

@@ -22,9 +22,11 @@ log = logging.getLogger(__name__)
 def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]:
     """Remove jobs that ended more than `older_than` seconds ago (a lab's user: their own).
 
-    A job an unfinished one still depends on (`--after`) is kept, and named
-    in `kept`, until that one has ended too: removing it would leave the
-    dependent unable to ever start.
+    A finished job still in use is kept, and named in `kept`: one an
+    unfinished job depends on (`--after`), which the dependent could then
+    never meet; one a `gpuq wait` is waiting on, whose answer it would be;
+    and a task of an array that has not ended, whose outcome (ok only if
+    every task succeeded) it is part of.
     """
     state.require_state_dir()
     cutoff = time.time() - request.older_than
@@ -34,7 +36,7 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
         if (j.end_time is None or j.end_time <= cutoff)
         and (not state.config.lab.enabled or caller.may_act_on(j.spec.uid))
     ]
-    needed = _depended_on(state)
+    needed = _in_use(state)
     doomed = [j for j in ended if j.id not in needed]
     files = [path for job in doomed for path in _gpuq_logs(state, job)]
     freed = sum(size for _, size in files)
@@ -56,14 +58,17 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
     }
 
 
-def _depended_on(state: DaemonState) -> set[int]:
-    """The jobs unfinished ones depend on: each `--after` job, or all of an array's tasks."""
-    needed: set[int] = set()
+def _in_use(state: DaemonState) -> set[int]:
+    """The ids of jobs `clean` must keep (see `handle`): depended on, awaited, in a live array."""
+    needed = set(state.awaited)
+    arrays = set()
     for job in state.active.values():
-        for dep in job.spec.after:
-            needed.add(dep.job_id)
-            if state.store.array(dep.job_id):
-                needed.update(state.store.array_task_ids(dep.job_id))
+        if job.array_id is not None:
+            arrays.add(job.array_id)
+        needed.update(dep.job_id for dep in job.spec.after)
+    for array_id in {*arrays, *needed}:
+        if state.store.array(array_id):
+            needed.update(state.store.array_task_ids(array_id))
     return needed
 
 

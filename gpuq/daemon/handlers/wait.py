@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ async def handle(
         state.job(job_id)  # NotFoundError for unknown ids, before waiting
     wanted = set(ids)
     queue = state.subscribe()
+    state.awaited.update(wanted)  # `gpuq clean` keeps them until the answer is out
     deadline = None if request.timeout is None else time.monotonic() + request.timeout
     try:
         awaited = {i for i in wanted if not state.job(i).state.is_terminal}
@@ -56,4 +58,6 @@ async def handle(
                     awaited.discard(job["id"])
         return {"jobs": [state.job(i).to_dict() for i in ids]}
     finally:
+        state.awaited.subtract(wanted)
+        state.awaited += Counter()  # drops the jobs no wait holds any more
         state.unsubscribe(queue)
