@@ -58,13 +58,15 @@ def test_a_typed_job_runs_on_its_type_and_waits_for_it_while_others_are_free(
 def test_a_type_that_cannot_be_had_is_refused_at_submission(daemon: DaemonHarness) -> None:
     wait_for(lambda: daemon.call("gpus")["gpus"], what="the GPUs sampled")
 
-    def refused(*args: str) -> str:
+    def refused(*args: str, status: int = 2) -> str:
         result = daemon.cli("submit", *args, "--", "true")
-        assert result.returncode == 2, result.stderr
+        assert result.returncode == status, result.stderr
         return result.stderr
 
-    assert "no GPU of type H100: the GPUs are A100 (" in refused("--gpu-type", "H100")
-    assert "needs 3 GPU(s) of type A100 on one server" in refused("--gpu-type", "A100", "-g", "3")
+    # GPUs there are not: `resources` (5), as for --gpus 99; a bad option: `invalid` (2)
+    assert "no GPU of type H100: the GPUs are A100 (" in refused("--gpu-type", "H100", status=5)
+    three = refused("--gpu-type", "A100", "-g", "3", status=5)
+    assert "needs 3 GPU(s) of type A100 on one server" in three
     assert "--gpu-type picks GPUs" in refused("--gpu-type", "A100", "--gpus", "0")
     assert "--gpu-type: invalid name '-x'" in refused("--gpu-type=-x")
 

@@ -15,7 +15,7 @@ from gpuq.daemon.scheduler.binding import misshaped
 from gpuq.daemon.scheduler.constraints import Constraints, check_gpu_types
 from gpuq.daemon.scheduler.view import build_state, view_nodes
 from gpuq.daemon.state import GpuSnapshot
-from gpuq.errors import UsageError
+from gpuq.errors import ResourceError
 from gpuq.models import GpuInfo, Job, JobSpec, JobState
 from gpuq.policies.interface import JobView, NodeView
 
@@ -95,7 +95,7 @@ def test_without_types_a_homogeneous_cluster_looks_as_it_did() -> None:
 
 
 def test_a_type_no_gpu_has_is_refused_naming_the_types_there_are() -> None:
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(ResourceError) as caught:
         check_gpu_types(JobSpec(("true",), "/", gpu_types=("H100",)), MIXED, [])
     assert caught.value.message == (
         "no GPU of type H100: the GPUs are A100 (head 1); L4 (head 2); T4 (gpu2 1)"
@@ -104,7 +104,9 @@ def test_a_type_no_gpu_has_is_refused_naming_the_types_there_are() -> None:
 
 
 def test_more_gpus_of_a_type_than_one_server_has_are_refused() -> None:
-    with pytest.raises(UsageError, match=r"needs 2 GPU\(s\) of type A100 on one server; .*head 1"):
+    with pytest.raises(
+        ResourceError, match=r"needs 2 GPU\(s\) of type A100 on one server; .*head 1"
+    ):
         check_gpu_types(JobSpec(("true",), "/", gpus=2, gpu_types=("A100",)), MIXED, [])
     check_gpu_types(JobSpec(("true",), "/", gpus=2, gpu_types=("l4",)), MIXED, [])
 

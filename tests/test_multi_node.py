@@ -108,7 +108,9 @@ def test_multi_node_requests_that_cannot_be_met_are_refused_at_submission(lab: L
         assert result.returncode != 0
         return result.stderr
 
-    assert "needs 4 servers; the known nodes are head, gpu2, gpu3" in refused("--nodes", "4")
+    too_many = lab.head.cli("submit", "--nodes", "4", "--", "true")
+    assert too_many.returncode == 5  # `resources`: as more GPUs than there are
+    assert "needs 4 servers; the known nodes are head, gpu2, gpu3" in too_many.stderr
     assert "--gpus 3 cannot be split evenly over --nodes 2" in refused("-N", "2", "-g", "3")
     assert "needs 4 GPU(s) on each of 2 servers" in refused("-N", "2", "-g", "8")
     assert "needs 3 GPU(s) on each of 3 servers" in refused("-N", "3", "-g", "9")

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpuq.config import Config
-from gpuq.errors import UsageError
+from gpuq.errors import ResourceError, UsageError
 from gpuq.models import GpuInfo, Job, JobSpec
 from gpuq.policies.confine import node_names
 from gpuq.policies.interface import JobView
@@ -87,7 +87,11 @@ def labels_text(known: KnownNodes) -> str:
 
 
 def check_submit(spec: JobSpec, known: KnownNodes) -> None:
-    """Refuse constraints no known node can ever meet, naming what is known (UsageError)."""
+    """Refuse constraints no known node can ever meet, naming what is known.
+
+    A name no node has (`--node`, `--label`) is a UsageError, a typo to fix;
+    more servers than there are is a ResourceError, as more GPUs are.
+    """
     unknown = [name for name in (*spec.nodes, *spec.exclude_nodes) if name not in known]
     if unknown:
         names = ", ".join(dict.fromkeys(unknown))
@@ -112,14 +116,14 @@ def check_submit(spec: JobSpec, known: KnownNodes) -> None:
     if spec.node_count > usable:
         where = "the known nodes are" if eligible is None else "the job may run on"
         names = ", ".join(known) if eligible is None else ", ".join(sorted(eligible))
-        raise UsageError(
+        raise ResourceError(
             f"--nodes {spec.node_count} needs {spec.node_count} servers; {where} {names}",
             "add servers with gpuq cluster add HOST, or ask for fewer --nodes",
         )
 
 
 def check_gpu_types(spec: JobSpec, devices: Sequence[GpuInfo], unseen: Iterable[str]) -> None:
-    """Refuse a `--gpu-type` no GPU has, or too few on any one server (UsageError).
+    """Refuse a `--gpu-type` no GPU has, or too few on any one server (ResourceError).
 
     Only when every known node's GPUs are seen (`unseen` empty): one down,
     or not reached yet, may have them.
@@ -140,7 +144,7 @@ def check_gpu_types(spec: JobSpec, devices: Sequence[GpuInfo], unseen: Iterable[
             f"{kind} ({', '.join(f'{node} {n}' for node, n in per.items())})"
             for kind, per in sorted(kinds.items())
         )
-        raise UsageError(
+        raise ResourceError(
             f"no GPU of type {asked}: the GPUs are {have or 'none'}",
             "pick a type that gpuq gpus --json lists (type), or drop --gpu-type",
         )
@@ -149,7 +153,7 @@ def check_gpu_types(spec: JobSpec, devices: Sequence[GpuInfo], unseen: Iterable[
     if len(fit) < spec.node_count:
         most = ", ".join(f"{node} {n}" for node, n in sorted(counts.items()))
         where = "one server" if spec.node_count == 1 else f"each of {spec.node_count} servers"
-        raise UsageError(
+        raise ResourceError(
             f"the job needs {need} GPU(s) of type {asked} on {where}; those GPUs are: {most}",
             "ask for fewer GPUs, or add another --gpu-type",
         )
