@@ -80,14 +80,22 @@ def format_size(n: int) -> str:
     return f"{value:.1f}{_FORMAT_UNITS[-1]}" if value < 9.95 else f"{value:.0f}{_FORMAT_UNITS[-1]}"
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, *, bare_minutes: bool = True) -> float:
     """Seconds from a duration: "90s", "15m", "2h", "1d", "1h30m", "1.5h" or Slurm forms.
 
     Slurm forms are "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM" and
-    "D-HH:MM:SS"; as in Slurm a bare number means minutes. Unit parts must
-    come largest first and at most once. Durations must be positive.
+    "D-HH:MM:SS"; as in Slurm a bare number means minutes (`--time`). Where
+    gpuq has no Slurm counterpart (`wait --timeout 30`, which `timeout(1)`
+    would read as seconds), `bare_minutes=False` refuses a bare number
+    rather than guess. Unit parts must come largest first and at most once.
+    Durations must be positive.
     """
     stripped = text.strip().lower()
+    if not bare_minutes and re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
+        raise UsageError(
+            f"duration {text!r} has no unit",
+            f"write {stripped}s for seconds, {stripped}m for minutes",
+        )
     if stripped and stripped[-1] in _DURATION_UNITS:
         seconds = _parse_unit_duration(text, stripped)
     elif (match := _SLURM_TIME_RE.fullmatch(stripped)) is not None:

@@ -108,7 +108,7 @@ def test_a_job_placed_on_gpu2_runs_there_as_its_owner(
 ) -> None:
     user = lab.users[owner]
     job_id = submit(lab, server, user, "--node", MEMBER, "--", "sh", "-c", REPORT)
-    waited = lab.gpuq(server, user, "wait", "--json", "--timeout", "300", str(job_id))
+    waited = lab.gpuq(server, user, "wait", "--json", "--timeout", "300s", str(job_id))
     assert waited.stdout, f"gpuq wait on {server}: {waited.stderr}"
     job: dict[str, Any] = json.loads(waited.stdout)["jobs"][0]
     assert (job["state"], job["node"]) == ("succeeded", MEMBER), job

@@ -442,7 +442,7 @@ def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab
     expected_total = batches * per_batch * len(lab.users)
     assert sum(len(ids) for ids in submitted.values()) == expected_total
     everything = [job_id for ids in submitted.values() for job_id in ids]
-    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "600", *map(str, everything))
+    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "600s", *map(str, everything))
     jobs = {job["id"]: job for job in json.loads(done.stdout)["jobs"]}
     failed = [
         (j["id"], j["state"], j["reason"]) for j in jobs.values() if j["state"] != "succeeded"

@@ -64,7 +64,7 @@ def submit_array(lab: Lab, user: LabUser, count: int, seconds: float = SECONDS) 
 
 def finished(lab: Lab, ids: Sequence[int]) -> list[dict[str, Any]]:
     """Wait for the jobs (as the admin) and return them, each checked to have succeeded."""
-    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "900", *map(str, ids))
+    done = lab.gpuq(lab.carol, "wait", "--json", "--timeout", "900s", *map(str, ids))
     jobs: list[dict[str, Any]] = json.loads(done.stdout)["jobs"]
     assert done.returncode == 0, [(j["id"], j["state"], j["reason"]) for j in jobs][:5]
     return jobs

@@ -149,6 +149,20 @@ def test_parse_duration_rejects(text: str) -> None:
     assert info.value.hint is not None and "1h30m" in info.value.hint
 
 
+@pytest.mark.parametrize("text", ["30", " 90 ", "1.5"])
+def test_a_bare_number_is_minutes_only_where_slurm_says_so(text: str) -> None:
+    """`--time 30` is Slurm's 30 minutes; `wait --timeout 30` would be read as seconds: refused."""
+    if "." not in text:  # Slurm's MM is whole minutes
+        assert parse_duration(text) == float(text) * 60
+    with pytest.raises(UsageError) as caught:
+        parse_duration(text, bare_minutes=False)
+    number = text.strip()
+    assert caught.value.message == f"duration {text!r} has no unit"
+    assert caught.value.hint == f"write {number}s for seconds, {number}m for minutes"
+    assert parse_duration(f"{number}s", bare_minutes=False) == float(number)
+    assert parse_duration("1:30", bare_minutes=False) == 90  # Slurm's MM:SS says what it is
+
+
 @pytest.mark.parametrize(
     ("seconds", "expected"),
     [

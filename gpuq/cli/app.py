@@ -464,7 +464,9 @@ def wait(
     any_job: Annotated[bool, typer.Option("--any", help="Return when any one job ends.")] = False,
     timeout: Annotated[
         str | None,
-        typer.Option("--timeout", metavar="DURATION", help="Give up after this long (exit 8)."),
+        typer.Option(
+            "--timeout", metavar="DURATION", help="Give up after this long (exit 8): 30s, 10m, 2h."
+        ),
     ] = None,
     exit_zero: Annotated[
         bool,
@@ -490,7 +492,7 @@ def wait(
         from gpuq.client import wait_jobs
         from gpuq.units import parse_duration
 
-        seconds = None if timeout is None else parse_duration(timeout)  # "" is refused
+        seconds = None if timeout is None else parse_duration(timeout, bare_minutes=False)
         loaded = load_config(config)
         jobs = wait_jobs(
             loaded,
@@ -575,7 +577,9 @@ def clean(
     def body() -> None:
         from gpuq.units import format_size, parse_duration
 
-        seconds = 0.0 if older_than in ("0", "0s") else parse_duration(older_than)
+        seconds = (
+            0.0 if older_than in ("0", "0s") else parse_duration(older_than, bare_minutes=False)
+        )
         with _client(config) as client:
             result = client.call("clean", older_than=seconds, dry_run=dry_run)
         if json_out:

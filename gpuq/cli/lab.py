@@ -68,7 +68,7 @@ def audit(
         from gpuq.client import Client
         from gpuq.units import parse_duration
 
-        cutoff = None if since is None else time.time() - parse_duration(since)
+        cutoff = None if since is None else time.time() - parse_duration(since, bare_minutes=False)
         with Client.connect(load_config(config), autostart=False) as client:
             note(client)
             own = {"here": True} if here else {}

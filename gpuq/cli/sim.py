@@ -203,7 +203,7 @@ def _with_users(
         )
     lab = SimLab(
         shares=parse_users(shares) if shares else {},
-        half_life=parse_duration(half_life),
+        half_life=parse_duration(half_life, bare_minutes=False),
         max_gpus=max_gpus,
     )
     if lab.half_life <= 0:
