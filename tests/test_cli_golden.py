@@ -241,7 +241,7 @@ def test_submit_prints_the_id_in_each_output_form(daemon: DaemonHarness) -> None
         (["--parsable"], "3\n"),
         (["--json"], '{"schema_version": 1, "ids": [4], "array_id": null}\n'),
         (["--array", "0-2"], "Submitted array job 5 (3 tasks: 6-8)\n"),
-        (["-q", "--array", "1,3"], "10\n11\n"),
+        (["-q", "--array", "1,3"], "9\n"),  # the array's id, as Slurm's --parsable
         (["--json", "--array", "0-1"], '{"schema_version": 1, "ids": [13, 14], "array_id": 12}\n'),
     ]
     for options, expected in cases:

@@ -55,11 +55,12 @@ def lab_of(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 def submit_array(lab: Lab, user: LabUser, count: int, seconds: float = SECONDS) -> list[int]:
     result = lab.gpuq(
-        user, "submit", "-q", "--gpus", "1", "--array", f"0-{count - 1}", "--",
+        user, "submit", "--json", "--gpus", "1", "--array", f"0-{count - 1}", "--",
         "sleep", str(seconds),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    return [int(word) for word in result.stdout.split()]
+    tasks: list[int] = json.loads(result.stdout)["ids"]
+    return tasks
 
 
 def finished(lab: Lab, ids: Sequence[int]) -> list[dict[str, Any]]:

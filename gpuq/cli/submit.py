@@ -174,7 +174,13 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Wait for the job and exit with its exit code (which may equal one of gpuq's own "
         "codes; gpuq wait --exit-zero --json tells them apart).",
     ),
-    Option(("--parsable", "-q"), "parsable", "flag", "", "Print only the job id(s)."),
+    Option(
+        ("--parsable", "-q"),
+        "parsable",
+        "flag",
+        "",
+        "Print only the job id (an array's own id; --json lists its tasks).",
+    ),
     Option(("--json",), "json", "flag", "", "Print the result as JSON."),
     Option(("--config",), "config", "str", "FILE", "Configuration file."),
 )
@@ -443,8 +449,8 @@ def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int |
             import json
 
             print(json.dumps({"schema_version": 1, "ids": ids, "array_id": array_id}))
-        elif values.get("parsable"):
-            print("\n".join(map(str, ids)))
+        elif values.get("parsable"):  # an array's own id, as Slurm's: wait, cancel, --after take it
+            print(ids[0] if array_id is None else array_id)
         elif array_id is None:
             print(f"Submitted job {ids[0]}")
         else:
