@@ -65,6 +65,14 @@ def test_cancel_wait_prints_the_state_each_job_ended_in(daemon: DaemonHarness) -
     assert cancelled.returncode == 0, cancelled.stderr
     assert cancelled.stdout == f"job {running}: cancelled\njob {pending}: cancelled\n"
     assert daemon.job(running)["state"] == "cancelled", "it waited out the kill grace"
+
+    again = submit(daemon, "--gpus", "0", "--", "sh", "-c", stubborn)
+    daemon.wait_state(again, "running")
+    waited = daemon.cli("cancel", "--wait", "--json", str(again))
+    assert waited.returncode == 0, waited.stderr
+    [ended] = json.loads(waited.stdout)["results"]  # ended: no "cancel requested" left
+    assert (ended["ok"], ended["state"], ended["message"]) == (True, "cancelled", "")
+
     as_json = daemon.cli("cancel", "--json", str(running))
     assert as_json.returncode == 4
     [result] = json.loads(as_json.stdout)["results"]

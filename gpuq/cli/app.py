@@ -313,13 +313,12 @@ def _action(
     if wait and acted:
         done = {j["id"]: j for j in wait_jobs(loaded, acted, on_lost=said_lost)}
     for item in results:
-        if item["id"] in done:
-            item["state"] = done[item["id"]]["state"]
+        if item["id"] in done:  # ended: "cancel requested" is over
+            item.update(state=done[item["id"]]["state"], message="")
     if json_out:
         _print_json({"results": results})
     else:
-        shown = [{**r, "message": ""} if r["id"] in done else r for r in results]  # ended
-        for ok, line in outcome_lines(shown):
+        for ok, line in outcome_lines(results):
             print(line if ok else f"gpuq: {line}", file=sys.stdout if ok else sys.stderr)
     failed = [r for r in results if not r["ok"]]
     if not failed:
