@@ -8,6 +8,7 @@ thing for the same mistake. The formats follow Slurm where Slurm has one.
 
 from __future__ import annotations
 
+import math
 import re
 import signal
 
@@ -78,6 +79,23 @@ def format_size(n: int) -> str:
             return shown + unit
         value /= 1024
     return f"{value:.1f}{_FORMAT_UNITS[-1]}" if value < 9.95 else f"{value:.0f}{_FORMAT_UNITS[-1]}"
+
+
+def format_size_at_most(n: int) -> str:
+    """`n` in `format_size`'s unit with one decimal, rounded down: a limit never shown above itself.
+
+    "22.8G" for 22.8 GiB where `format_size` says "23G", which reads as room
+    for a 23G request that the limit refuses.
+    """
+    if n < 1024:
+        return str(max(n, 0))
+    value = n / 1024
+    rank = 0
+    while value >= 1024 and rank < len(_FORMAT_UNITS) - 1:
+        value /= 1024
+        rank += 1
+    shown = math.floor(value * 10 + 1e-6) / 10  # 22.79999... of 24G * 0.95 is 22.8
+    return f"{shown:.1f}{_FORMAT_UNITS[rank]}"  # 22.79999... of 24G * 0.95 is 22.8
 
 
 def parse_duration(text: str, *, bare_minutes: bool = True) -> float:

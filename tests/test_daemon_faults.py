@@ -377,7 +377,7 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
         pytest.param(
             {"gpus": 1, "gpu_mem": 39 * G},
             "resources",
-            "--gpu-mem 39G is more than any GPU here can give (38G after the 5% safety margin)",
+            "--gpu-mem 39G is more than any GPU here can give (38.0G after the 5% safety margin)",
             id="gpu-mem-over-a-gpu",
         ),
         pytest.param(

@@ -248,7 +248,7 @@ def test_a_share_may_take_a_gpus_whole_usable_memory_and_no_more(daemon: DaemonH
     assert daemon.wait_state(largest, *ENDED)["state"] == "succeeded"
     result = daemon.cli("submit", "--gpu-mem", "39G", "--", "true")
     assert result.returncode == 5
-    assert "more than any GPU here can give (38G after the 5% safety margin)" in result.stderr
+    assert "more than any GPU here can give (38.0G after the 5% safety margin)" in result.stderr
 
 
 def test_exclusive_shares_with_no_other_job(daemon: DaemonHarness) -> None:

@@ -304,7 +304,7 @@ def test_a_job_is_judged_against_the_gpus_of_its_own_nodes() -> None:
     assert fits(devices, gpus=6, labels=("a100",)) == "the job needs 6 GPUs; gpu2, gpu3 have 5"
     assert fits(devices, gpus=8) == "the job needs 8 GPUs; gpu2, gpu3, head have 7"
     assert fits(devices, gpus=1, gpu_mem=39 * G, nodes=("gpu3",)) == (
-        "--gpu-mem 39G is more than any GPU on gpu3 can give (38G after the 5% safety margin)"
+        "--gpu-mem 39G is more than any GPU on gpu3 can give (38.0G after the 5% safety margin)"
     )
 
 

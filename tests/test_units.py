@@ -13,6 +13,7 @@ from gpuq.units import (
     expand_output_pattern,
     format_duration,
     format_size,
+    format_size_at_most,
     parse_array,
     parse_begin,
     parse_duration,
@@ -355,3 +356,18 @@ def test_parse_gpus_reads_a_count_or_a_range(text: str, expected: tuple[int, int
 def test_parse_gpus_refuses_anything_else(text: str) -> None:
     with pytest.raises(UsageError, match="--gpus needs a count or a range"):
         parse_gpus(text)
+
+
+@pytest.mark.parametrize(
+    ("n", "shown"),
+    [
+        (int(24 * 1024**3 * 0.95), "22.8G"),  # format_size says 23G
+        (int(22.99 * 1024**3), "22.9G"),
+        (24 * 1024**3, "24.0G"),
+        (512 * 1024**2, "512.0M"),
+        (1000, "1000"),
+    ],
+)
+def test_a_limit_is_shown_rounded_down_never_above_itself(n: int, shown: str) -> None:
+    assert format_size_at_most(n) == shown
+    assert parse_size(shown) <= n + 1  # within the float error of n's own making

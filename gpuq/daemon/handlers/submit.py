@@ -27,7 +27,7 @@ from gpuq.fairshare import queued_limit_reason
 from gpuq.models import GpuInfo, JobSpec, JobState
 from gpuq.policies.confine import node_names
 from gpuq.protocol import Submit, validate_spec
-from gpuq.units import expand_output_pattern, format_size
+from gpuq.units import expand_output_pattern, format_size, format_size_at_most
 
 MAX_ARRAY = 10_000
 
@@ -93,7 +93,7 @@ def check_fits(
             here = "here" if allowed == {local} else f"on {names}"
             raise ResourceError(
                 f"--gpu-mem {format_size(spec.gpu_mem)} is more than any GPU {here} can give "
-                f"({format_size(largest)} after the {memory_margin:.0%} safety margin)",
+                f"({format_size_at_most(largest)} after the {memory_margin:.0%} safety margin)",
                 "ask for less memory, or for a whole GPU without --gpu-mem",
             )
 
