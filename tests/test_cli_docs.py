@@ -319,6 +319,29 @@ def test_every_key_the_cli_prints_is_documented(daemon: DaemonHarness) -> None:
     assert not undocumented, f"add these keys to docs/json-schema.md: {undocumented}"
 
 
+def test_every_key_of_the_simulation_document_is_documented() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", "sim", "--json", "-w", "lab:1"]
+        + ["-p", "fifo", "--users", "ann=1,bo=1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    document = json.loads(result.stdout)
+    summary = document["results"]["fifo"]
+    schema = JSON_SCHEMA_DOC.read_text()
+    doc = section(schema, "Simulation document") + section(schema, "Simulation summary")
+    printed = {
+        *(set(document) - {"schema_version"}),
+        *document["settings"],
+        *document["settings"]["lab"],
+        *summary,
+        *summary["users"]["ann"],
+    }
+    assert {key for key in printed if f"`{key}`" not in doc} == set()
+
+
 def test_the_json_schema_documents_no_key_that_is_not_printed(daemon: DaemonHarness) -> None:
     job_id = int(daemon.cli("submit", "-q", "--gpus", "0", "--", "true").stdout)
     daemon.wait_state(job_id, "succeeded")
