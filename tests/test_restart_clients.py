@@ -65,6 +65,7 @@ def test_a_wait_goes_on_across_a_restart_and_returns_how_the_job_ended(
 def test_a_followed_log_goes_on_from_where_it_was_nothing_twice(daemon: DaemonHarness) -> None:
     script = "echo tick 1; while [ ! -e go ]; do sleep 0.05; done; echo tick 2"
     job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", script)
+    daemon.wait_state(job_id, "running")
     follow = subprocess.Popen(
         [sys.executable, "-m", "gpuq.cli.entry", "logs", "--follow", str(job_id)],
         env=daemon.env,
@@ -77,6 +78,7 @@ def test_a_followed_log_goes_on_from_where_it_was_nothing_twice(daemon: DaemonHa
         assert follow.stdout is not None
         assert follow.stdout.readline() == "tick 1\n"  # streaming: connected to this daemon
         restart(daemon)
+        assert "stopping on SIGTERM: 1 job(s) keep running under their shims" in daemon.log()
         (daemon.root / "go").touch()
         out, err = follow.communicate(timeout=60)
     finally:
@@ -134,6 +136,7 @@ def test_a_daemon_stopped_for_good_answers_a_wait_in_flight_with_unavailable(
     assert rest[0]["error"]["message"] == (
         "the daemon was stopped (gpuq daemon stop); the jobs keep running"
     )
+    assert "stopping on gpuq daemon stop: 0 job(s) keep running under their shims" in daemon.log()
     daemon.start()
     assert daemon.call("show", id=job_id)["job"]["state"] == "held"  # nothing lost
 

@@ -337,6 +337,14 @@ class Server:
 
     async def shutdown(self) -> None:
         """Stop serving; jobs keep running and will be re-adopted."""
+        if self.state is not None:
+            left = sum(1 for job in self.state.active.values() if job.state.is_active)
+            log.info(
+                "gpuqd %d stopping on %s: %d job(s) keep running under their shims",
+                os.getpid(),
+                self.state.stop_reason or "its loop ended",
+                left,
+            )
         if self._server is not None:
             self._server.close()
         for task in self._tasks:
@@ -385,6 +393,11 @@ def _reload_on_hangup(state: DaemonState) -> None:
     )
 
 
+def _stop_on_signal(state: DaemonState, signum: int) -> None:
+    state.stop_reason = state.stop_reason or signal.Signals(signum).name
+    state.should_exit.set()
+
+
 async def serve(config: Config) -> None:
     """Run a daemon until SIGTERM/SIGINT or a shutdown request."""
     server = Server(config)
@@ -394,7 +407,7 @@ async def serve(config: Config) -> None:
         assert server.state is not None
         state = server.state
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, state.should_exit.set)
+            loop.add_signal_handler(signum, _stop_on_signal, state, signum)
         loop.add_signal_handler(signal.SIGHUP, _reload_on_hangup, state)
         try:
             await server.main_loop()

@@ -151,6 +151,8 @@ class DaemonState:
         self.should_exit = asyncio.Event()
         self.awaited: Counter[int] = Counter()
         """The jobs `wait` requests are waiting on now, each with how many are."""
+        self.stop_reason = ""
+        """Why the daemon is stopping, for its log: a signal, or who asked."""
         self.stopped_for_good: GpuqError | None = None
         """Set by a final `shutdown`: the error requests still in flight are answered with."""
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()

@@ -11,6 +11,7 @@ from gpuq.protocol import Shutdown
 
 def handle(state: DaemonState, request: Shutdown) -> dict[str, Any]:
     """Ask the main loop to exit after this reply."""
+    state.stop_reason = "gpuq daemon stop" if request.final else "a shutdown request"
     if request.final:
         state.stopped_for_good = DaemonUnavailable(
             "the daemon was stopped (gpuq daemon stop); the jobs keep running",
