@@ -176,6 +176,7 @@ async def serve_connection(
             return
         greeted = False
         while not state.should_exit.is_set():
+            in_flight = None  # the last request, if any, has its answer
             try:
                 line = await reader.readline()
             except ValueError:
@@ -216,7 +217,6 @@ async def serve_connection(
                     link = link or HeadLink(state.config)
                     result = await _with_heartbeats(link.forward(message, caller, emit), beat)
                     await send({"id": request_id, "result": result})
-                    in_flight = None
                     continue  # the head audits it
                 acting = caller
                 try:
@@ -227,10 +227,8 @@ async def serve_connection(
                     raise
                 audit.record(state, acting, request, result, None)
                 await send({"id": request_id, "result": result})
-                in_flight = None
             except GpuqError as exc:
                 await send(error_reply(request_id, exc))
-                in_flight = None
             except (ConnectionError, asyncio.CancelledError):
                 raise
             except Exception as exc:

@@ -60,13 +60,10 @@ def handle(state: DaemonState, request: Clean, caller: Caller) -> dict[str, Any]
 
 def _in_use(state: DaemonState) -> set[int]:
     """The ids of jobs `clean` must keep (see `handle`): depended on, awaited, in a live array."""
-    needed = set(state.awaited)
-    arrays = set()
-    for job in state.active.values():
-        if job.array_id is not None:
-            arrays.add(job.array_id)
-        needed.update(dep.job_id for dep in job.spec.after)
-    for array_id in {*arrays, *needed}:
+    depended = {dep.job_id for job in state.active.values() for dep in job.spec.after}
+    live = {job.array_id for job in state.active.values() if job.array_id is not None}
+    needed = set(state.awaited) | depended  # a wait's ids are tasks already, never arrays
+    for array_id in live | depended:
         if state.store.array(array_id):
             needed.update(state.store.array_task_ids(array_id))
     return needed
