@@ -414,7 +414,7 @@ def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab
         result = lab.gpuq(
             user,
             "submit",
-            "-q",
+            "--json",
             "--gpus",
             "0",
             "--array",
@@ -427,7 +427,7 @@ def test_three_users_submit_300_jobs_at_once_and_each_runs_as_its_owner(open_lab
         if result.returncode != 0:
             failures.append(result.stderr)
             return
-        submitted[user.name].extend(int(word) for word in result.stdout.split())
+        submitted[user.name].extend(json.loads(result.stdout)["ids"])
 
     threads = [
         threading.Thread(target=submit, args=(user,))

@@ -130,6 +130,90 @@ def test_a_symlink_at_the_output_path_fails_the_job_and_is_left_alone(
     assert target.read_text() == "untouched\n"
 
 
+OTHER_UID = 54321
+"""A uid of nobody on this machine: the planter of links, as root can make them."""
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another uid's link needs root")
+
+
+def shared_directory(root: Path) -> Path:
+    """A directory anyone may write to, as /tmp or a lab's scratch space (mode 1777)."""
+    shared = root / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("pattern", "create_below"),
+    [("logs/1.out", True), ("logs/sub/1.out", True), ("logs/1.out", False)],
+    ids=["relative", "to-be-created-below", "absolute"],
+)
+def test_a_link_another_user_planted_in_a_shared_directory_is_never_followed(
+    tmp_path: Path, pattern: str, create_below: bool
+) -> None:
+    secret = tmp_path / "secret"  # the job user's: where the planter wants the output to go
+    secret.mkdir()
+    shared = shared_directory(tmp_path)
+    (shared / "logs").symlink_to(secret)
+    os.lchown(shared / "logs", OTHER_UID, OTHER_UID)
+    below = str(shared) if create_below else None
+    with pytest.raises(OutputError) as caught:
+        open_output(str(shared / pattern), below)
+    assert caught.value.args[0].startswith(
+        f"refusing to write the job's output to {shared / pattern.rpartition('/')[0]}: logs is "
+        f"a symbolic link that uid {OTHER_UID} made in a directory anyone may write to"
+    )
+    assert list(secret.iterdir()) == []  # nothing written there, no directory made
+
+
+def test_links_that_may_be_trusted_are_followed(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    shared = shared_directory(tmp_path)
+    (shared / "mine").symlink_to(real)  # the job user's own link, even in a shared directory
+    (shared / "up").symlink_to("../real")  # relative, climbing out
+    private = tmp_path / "private"  # nobody else may write here: any link is the owner's doing
+    private.mkdir()
+    (private / "theirs").symlink_to(real)
+    if os.geteuid() == 0:
+        os.lchown(private / "theirs", OTHER_UID, OTHER_UID)
+    for path, below in [
+        (shared / "mine" / "a.out", str(shared)),
+        (shared / "up" / "new" / "b.out", str(shared)),
+        (private / "theirs" / "c.out", None),
+    ]:
+        os.close(open_output(str(path), below))
+    assert sorted(str(p.relative_to(real)) for p in real.rglob("*.out")) == [
+        "a.out",
+        "c.out",
+        "new/b.out",
+    ]
+
+
+def test_a_loop_of_links_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(OutputError, match="too many levels of symbolic links"):
+        open_output(str(tmp_path / "a" / "1.out"), None)
+
+
+@needs_root
+def test_a_job_whose_output_dir_is_a_planted_link_fails_and_writes_nothing(
+    daemon: DaemonHarness,
+) -> None:
+    secret = daemon.root / "secret"
+    secret.mkdir()
+    (secret / "1.out").write_text("mine\n")
+    shared = shared_directory(daemon.root)
+    (shared / "logs").symlink_to(secret)
+    os.lchown(shared / "logs", OTHER_UID, OTHER_UID)
+    job_id = daemon.submit(["echo", "appended"], gpus=0, output="logs/1.out", cwd=str(shared))
+    job = daemon.wait_state(job_id, *ENDED)
+    assert job["state"] == "failed" and "made in a directory anyone may write to" in job["reason"]
+    assert (secret / "1.out").read_text() == "mine\n"
+
+
 def test_dev_null_is_a_fine_output(daemon: DaemonHarness) -> None:
     job_id = daemon.submit(["echo", "gone"], gpus=0, output="/dev/null")
     assert daemon.wait_state(job_id, *ENDED)["state"] == "succeeded"

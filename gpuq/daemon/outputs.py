@@ -3,7 +3,11 @@
 The shim opens each output file with `O_NOFOLLOW`, so a symbolic link
 planted at the path (in a shared directory, pointing at someone's file) is
 refused, not followed; it appends only to a regular file of the job's user
-or to a character device such as /dev/null. Missing directories are created
+or to a character device such as /dev/null. The directories on the way are
+walked one at a time, and a link among them is followed only if nobody
+else could have planted it (the kernel's `fs.protected_symlinks` rule,
+whatever that setting says): in a directory others may write to, only the
+job user's own links and the directory owner's. Missing directories are created
 only where the launch record allows it (`create_below`: gpuq's own log
 directory, or the job's working directory for a relative `--output`), one
 level at a time.
@@ -23,6 +27,7 @@ disk. Standard library only: the shim imports this module.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
@@ -131,9 +136,18 @@ def _check_target(fd: int, path: str, owner: int) -> None:
         )
 
 
+_DIR_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_LINKS: Final = 40
+"""Links followed on one path at most, as the kernel's own limit (ELOOP beyond)."""
+
+
 def _open_directory(parent: str, create_below: str | None) -> int:
-    """A descriptor of `parent`, creating the missing levels below `create_below`."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    """A descriptor of `parent`, creating the missing levels below `create_below`.
+
+    The path is walked a component at a time (`_walk`), so that a link
+    another user planted in a directory anyone may write to (a shared
+    working directory, /tmp) cannot send the output elsewhere.
+    """
     relative = None
     if create_below is not None:
         relative = os.path.relpath(parent, create_below)
@@ -142,31 +156,96 @@ def _open_directory(parent: str, create_below: str | None) -> int:
         elif relative.split(os.sep)[0] == os.pardir:
             relative = None  # outside the allowed tree: create nothing
     if relative is None:
-        try:
-            return os.open(parent, flags)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot use the directory {parent} for the job's output: {exc.strerror} "
-                "(gpuq creates missing directories only below the job's working directory)"
-            ) from None
+        return _walk(parent, create=False, shown=parent)
     assert create_below is not None
+    fd = _walk(create_below, create=False, shown=create_below)
     try:
-        fd = os.open(create_below, flags)
-    except OSError as exc:
-        raise OutputError(f"cannot use the directory {create_below}: {exc.strerror}") from None
-    for part in (p for p in relative.split(os.sep) if p):
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            next_fd = os.open(part, flags, dir_fd=fd)
-        except OSError as exc:
-            os.close(fd)
-            raise OutputError(
-                f"cannot create the directory {parent} for the job's output: {exc.strerror}"
-            ) from None
+        return _walk(relative, create=True, shown=parent, start=fd)
+    finally:
         os.close(fd)
-        fd = next_fd
-    return fd
+
+
+def _walk(path: str, *, create: bool, shown: str, start: int = -1) -> int:
+    """A descriptor (O_PATH) of the directory `path`, from `start` (default: / or the cwd).
+
+    Each component is opened without following links; a link is followed
+    only where a link may be trusted (`_check_link`), at most `_MAX_LINKS`
+    of them. With `create`, missing components are made (0755 less the
+    umask), as `mkdir -p` would. `shown` is the path the errors name.
+    """
+    parts = collections.deque(path.split(os.sep))
+    begin = os.sep if path.startswith(os.sep) else os.curdir
+    try:
+        fd = os.open(begin, _DIR_FLAGS) if start < 0 else os.dup(start)
+    except OSError as exc:
+        raise OutputError(f"cannot use the directory {shown}: {exc.strerror}") from None
+    links = 0
+    try:
+        while parts:
+            part = parts.popleft()
+            if part in ("", os.curdir):
+                continue
+            try:
+                if create and part != os.pardir:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                target = _link_target(fd, part, exc, shown, create)
+                links += 1
+                if links > _MAX_LINKS:
+                    raise OutputError(
+                        f"cannot use the directory {shown}: too many levels of symbolic links"
+                    ) from None
+                parts.extendleft(reversed(target.split(os.sep)))
+                if target.startswith(os.sep):
+                    os.close(fd)
+                    fd = -1
+                    fd = os.open(os.sep, _DIR_FLAGS)
+                continue
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def _link_target(dir_fd: int, name: str, error: OSError, shown: str, create: bool) -> str:
+    """Where the link `name` in `dir_fd` points, if it may be followed; else OutputError."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISLNK(info.st_mode):
+        if create:
+            raise OutputError(
+                f"cannot create the directory {shown} for the job's output: {error.strerror}"
+            ) from None
+        raise OutputError(
+            f"cannot use the directory {shown} for the job's output: {error.strerror} "
+            "(gpuq creates missing directories only below the job's working directory)"
+        ) from None
+    _check_link(dir_fd, name, info, shown)
+    return os.readlink(name, dir_fd=dir_fd)
+
+
+def _check_link(dir_fd: int, name: str, link: os.stat_result, shown: str) -> None:
+    """Refuse a link another user made in a directory others may write to.
+
+    The kernel's `fs.protected_symlinks` rule, applied whatever the
+    setting (and to root, in lab mode, too): in such a directory a link is
+    followed only if it is the job user's own or the directory owner's.
+    """
+    directory = os.fstat(dir_fd)
+    if not directory.st_mode & stat.S_IWOTH or link.st_uid in (os.geteuid(), directory.st_uid):
+        return
+    raise OutputError(
+        f"refusing to write the job's output to {shown}: {name} is a symbolic link that "
+        f"uid {link.st_uid} made in a directory anyone may write to (gpuq follows such a link "
+        "only if it is the job user's or the directory owner's; name the real directory)"
+    )
 
 
 class LogLimit:
