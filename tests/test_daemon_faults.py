@@ -8,21 +8,28 @@ full disk all end jobs with a recorded state and no process left behind.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
 import stat
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpuq.config import load_config
 from gpuq.daemon import jobfiles
+from gpuq.daemon.connection import HELLO_SECONDS, MAX_CONNECTIONS_PER_USER, admit
+from gpuq.daemon.identity import Account, Caller
+from gpuq.daemon.server import QuietAccept
 from gpuq.errors import ExitCode, GpuqError
 from gpuq.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION
 from tests.daemon_harness import DaemonHarness, mounted_tmpfs, running_daemon, wait_for
@@ -239,6 +246,70 @@ def test_a_client_gone_mid_request_is_dropped_without_an_error_in_the_log(
     wait_for(lambda: "its client went away" in daemon.log(), what="the request dropped")
     assert "Traceback" not in daemon.log() and "ERROR" not in daemon.log()
     assert_serving(daemon)
+
+
+def test_a_connection_that_sends_no_hello_is_closed_blank_lines_or_not(
+    daemon: DaemonHarness,
+) -> None:
+    """A silent client only holds a descriptor: it gets `HELLO_SECONDS`, however it idles."""
+    with raw(daemon, hello=False) as silent, raw(daemon, hello=False) as chatty:
+        for _ in range(int(HELLO_SECONDS) + 5):  # a blank line does not restart the clock
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                chatty.sock.sendall(b"\n")
+            if chatty.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                break
+        assert silent.closed() and chatty.closed()
+    wait_for(lambda: "sent no hello in 10 s" in daemon.log(), what="the closes logged")
+    assert_serving(daemon)
+
+
+def test_a_lab_user_past_the_connection_cap_is_refused_and_others_are_not(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "lab.toml"
+    config.write_text('[lab]\nenabled = true\nservice_account = "gpuq-lab"\n')
+    lab, connections = load_config(str(config)), Counter[int]()
+
+    def caller(uid: int, name: str) -> Caller:
+        return Caller(Account(uid, uid, (), name, "/"), admin=False)
+
+    for _ in range(MAX_CONNECTIONS_PER_USER):
+        admit(lab, connections, caller(1001, "ann"))
+    with pytest.raises(GpuqError) as caught:
+        admit(lab, connections, caller(1001, "ann"))
+    assert caught.value.exit_code == ExitCode.UNAVAILABLE
+    assert caught.value.message.startswith(f"uid 1001 has {MAX_CONNECTIONS_PER_USER} connections")
+    assert admit(lab, connections, caller(1002, "bo")) == 1002  # a cap per user, not for the daemon
+    assert admit(lab, connections, caller(0, "root")) == 0
+    for _ in range(MAX_CONNECTIONS_PER_USER + 1):
+        admit(lab, connections, caller(990, "gpuq-lab"))  # the lab's servers
+    assert connections[1001] == MAX_CONNECTIONS_PER_USER
+
+
+def test_running_out_of_descriptors_logs_a_line_a_minute_not_a_flood(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quiet = QuietAccept(every=60.0)
+    loop = asyncio.new_event_loop()
+    try:
+        context = {
+            "message": "socket.accept() out of system resource",
+            "exception": OSError(24, "Too many open files"),
+        }
+        with caplog.at_level(logging.ERROR, logger="gpuq.daemon"):
+            for _ in range(10_000):
+                quiet(loop, context)
+            quiet.last -= 61  # a minute on
+            quiet(loop, context)
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuq.daemon"]
+    assert lines == [
+        "cannot accept connections: Too many open files (1 time(s) since the last report); "
+        "raise the open-file limit, or see who holds connections (ss -xp)",
+        "cannot accept connections: Too many open files (10000 time(s) since the last report); "
+        "raise the open-file limit, or see who holds connections (ss -xp)",
+    ]
 
 
 # -- the socket and the single instance ---------------------------------------

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -22,7 +23,7 @@ from gpuq.daemon.dispatch import dispatch
 from gpuq.daemon.forward import NOT_TRUSTED, HeadLink, forwards
 from gpuq.daemon.identity import Caller, UnknownAccount, lab_caller, owner_caller, peer_credentials
 from gpuq.daemon.state import DaemonState
-from gpuq.errors import GpuqError, PermissionDenied, ProtocolError
+from gpuq.errors import DaemonUnavailable, GpuqError, PermissionDenied, ProtocolError
 from gpuq.protocol import (
     HEARTBEAT_EVENT,
     HEARTBEAT_SECONDS,
@@ -37,6 +38,15 @@ from gpuq.protocol import (
 )
 
 log = logging.getLogger("gpuq.daemon")
+
+HELLO_SECONDS = 10.0
+"""How long a new connection has to send its hello: a silent one only holds a descriptor."""
+MAX_CONNECTIONS_PER_USER = 256
+"""Connections one user may hold open on a lab daemon at once (root and the lab's servers: any).
+
+Each holds a descriptor and at most one reply buffered for a client that
+does not read it: one user must not run the daemon out of either.
+"""
 
 
 def peer_uid(writer: asyncio.StreamWriter) -> int | None:
@@ -65,6 +75,19 @@ def identify(state: DaemonState, writer: asyncio.StreamWriter) -> Caller:
             "each user runs their own gpuq daemon",
         )
     return owner_caller()
+
+
+def admit(config: Config, connections: Counter[int], caller: Caller) -> int:
+    """Count a connection in `connections` against its user's uid; refuse one past the lab's cap."""
+    capped = config.lab.enabled and not (caller.uid == 0 or is_service_account(config, caller))
+    if capped and connections[caller.uid] >= MAX_CONNECTIONS_PER_USER:
+        raise DaemonUnavailable(
+            f"uid {caller.uid} has {MAX_CONNECTIONS_PER_USER} connections to this daemon open "
+            "already, the most one user may",
+            "end some of your gpuq commands (waits, followed logs, gpuq top) and try again",
+        )
+    connections[caller.uid] += 1
+    return caller.uid
 
 
 def acting_for(config: Config, caller: Caller, message: object) -> Caller:
@@ -168,17 +191,28 @@ async def serve_connection(
     """The id of the request being answered, if any."""
     stopper = False
     """Whether this client asked the daemon to stop (and has its answer)."""
+    counted: int | None = None
+    """The uid this connection counts against, once admitted."""
     try:
         try:
             caller = identify(state, writer)
+            counted = admit(state.config, state.connections, caller)
         except GpuqError as exc:
             await send(error_reply(None, exc))
             return
         greeted = False
+        hello_by = asyncio.get_running_loop().time() + HELLO_SECONDS
         while not state.should_exit.is_set():
             in_flight = None  # the last request, if any, has its answer
             try:
-                line = await reader.readline()
+                if greeted:
+                    line = await reader.readline()
+                else:
+                    left = hello_by - asyncio.get_running_loop().time()
+                    line = await asyncio.wait_for(reader.readline(), max(0.0, left))
+            except TimeoutError:
+                log.info("closed a connection that sent no hello in %.0f s", HELLO_SECONDS)
+                return
             except ValueError:
                 await send(
                     error_reply(
@@ -242,6 +276,10 @@ async def serve_connection(
     except (ConnectionError, asyncio.IncompleteReadError):
         return
     finally:
+        if counted is not None:
+            state.connections[counted] -= 1
+            if not state.connections[counted]:
+                del state.connections[counted]
         if state.stopped_for_good is not None and not stopper and not writer.is_closing():
             # `gpuq daemon stop`: a client waiting here must not wait for a daemon to return
             writer.write(encode(error_reply(in_flight, state.stopped_for_good)))

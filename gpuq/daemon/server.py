@@ -16,12 +16,14 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import signal
 import socket
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuq import env as job_env
 from gpuq import statelock
@@ -393,6 +395,40 @@ def _reload_on_hangup(state: DaemonState) -> None:
     )
 
 
+class QuietAccept:
+    """The loop's exception handler: asyncio's "out of system resource" on accept, rate-limited.
+
+    With its descriptors used up, asyncio logs a traceback for each refused
+    accept, many times a second (hundreds of megabytes of log a minute);
+    this logs one line a minute saying how many there were, and leaves
+    every other error to asyncio's default handler.
+    """
+
+    def __init__(self, every: float = 60.0) -> None:
+        self.every = every
+        self.suppressed = 0
+        self.last = -math.inf
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Handle one exception the loop reports."""
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        self.suppressed += 1
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        error = context.get("exception")
+        why = getattr(error, "strerror", None) or str(error)
+        log.error(
+            "cannot accept connections: %s (%d time(s) since the last report); "
+            "raise the open-file limit, or see who holds connections (ss -xp)",
+            why,
+            self.suppressed,
+        )
+        self.last, self.suppressed = now, 0
+
+
 def _stop_on_signal(state: DaemonState, signum: int) -> None:
     state.stop_reason = state.stop_reason or signal.Signals(signum).name
     state.should_exit.set()
@@ -402,6 +438,7 @@ async def serve(config: Config) -> None:
     """Run a daemon until SIGTERM/SIGINT or a shutdown request."""
     server = Server(config)
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(QuietAccept())
     try:
         await server.startup()
         assert server.state is not None

@@ -149,6 +149,8 @@ class DaemonState:
         """Jobs whose safety checkpoint is being copied here now."""
         self.wake = asyncio.Event()
         self.should_exit = asyncio.Event()
+        self.connections: Counter[int] = Counter()
+        """Open client connections by uid (`gpuq.daemon.connection.admit`)."""
         self.awaited: Counter[int] = Counter()
         """The jobs `wait` requests are waiting on now, each with how many are."""
         self.stop_reason = ""
