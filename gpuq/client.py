@@ -147,6 +147,8 @@ class Client:
         self._hello = hello
         self.notice: str | None = None
         """Something the user should know about the daemon chosen (`choose_daemon`)."""
+        self.lab = False
+        """Whether the daemon is a lab's, which runs the lab's config, not the user's."""
 
     @property
     def hello(self) -> dict[str, Any]:
@@ -184,7 +186,28 @@ class Client:
         sock = connect_socket(config, autostart=autostart, timeout=seconds)
         client = cls._greet(sock, seconds, choice.path)
         client.notice = choice.notice
+        client.lab = choice.lab
         return client
+
+    def other_config(self, config: Config) -> str | None:
+        """What to tell a user whose daemon runs another config file than `config`'s, or None.
+
+        A daemon started by a command with `--config test.toml` goes on
+        serving every later command, which would silently get its GPUs and
+        policy. Known once the hello is answered; a lab daemon runs the
+        lab's file, and a daemon that predates the key does not say.
+        """
+        if self._hello is None or self.lab or "config" not in self._hello:
+            return None
+        theirs = self._hello["config"]
+        ours = None if config.source is None else str(config.source)
+        if theirs == ours or (theirs is not None and ours is not None and _same_file(theirs, ours)):
+            return None
+        return (
+            f"the daemon runs on {theirs or 'the built-in defaults'}, not on "
+            f"{ours or 'the built-in defaults'} as this command does "
+            "(gpuq daemon restart starts it on this command's)"
+        )
 
     @classmethod
     def _open(cls, path: Path, timeout: float) -> Client:
@@ -286,6 +309,13 @@ class Client:
         if envelope.id != request_id:
             raise ProtocolError(f"reply for request {envelope.id!r}, expected {request_id}")
         return envelope
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 RECONNECT_SECONDS = 60.0

@@ -177,3 +177,21 @@ def test_gpuq_daemon_restart_leaves_a_followed_log_to_reconnect(daemon: DaemonHa
     assert follow.returncode == 0, err
     assert out == "tick 2\n"
     assert "waiting for it to come back" in err
+
+
+def test_a_command_on_another_config_file_than_the_daemons_is_warned(
+    daemon: DaemonHarness,
+) -> None:
+    """A daemon started by `gpuq ls --config test.toml` would quietly serve every later command."""
+    other = daemon.root / "other.toml"
+    other.write_text(daemon.config_path.read_text())  # the same socket, another file
+    assert "warning" not in daemon.cli("ls").stderr  # the daemon's own file: nothing to say
+    warning = (
+        f"gpuq: warning: the daemon runs on {daemon.config_path}, not on {other} as this "
+        "command does (gpuq daemon restart starts it on this command's)\n"
+    )
+    listed = daemon.cli("ls", "--config", str(other))
+    assert listed.returncode == 0 and listed.stderr == warning
+    refused = daemon.cli("submit", "--config", str(other), "--gpus", "99", "--", "true")
+    assert refused.returncode == 5 and refused.stderr.startswith(warning)  # why, then the error
+    assert "gpuq: error: the job needs 99 GPUs; this server has 2" in refused.stderr

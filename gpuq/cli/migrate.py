@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from gpuq.cli.common import ConfigOpt, JsonOpt, print_json, run
+from gpuq.cli.common import ConfigOpt, JsonOpt, connected, print_json, run
 from gpuq.config import load_config
 
 
@@ -32,9 +32,7 @@ def migrate(
     """
 
     def body() -> None:
-        from gpuq.client import Client
-
-        with Client.connect(load_config(config)) as client:
+        with connected(load_config(config)) as client:
             result = client.call("migrate", id=job_id, to=to)
         if json_out:
             print_json({"migration": result})

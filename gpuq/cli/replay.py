@@ -46,7 +46,7 @@ from typing import Annotated
 
 import typer
 
-from gpuq.cli.common import ConfigOpt
+from gpuq.cli.common import ConfigOpt, connected
 from gpuq.cli.errors import render_error
 from gpuq.cli.sim import Progress, results_table
 from gpuq.errors import GpuqError, UsageError
@@ -87,7 +87,6 @@ def replay_command(
     submitted keep running if the replay is interrupted.
     """
     try:
-        from gpuq.client import Client
         from gpuq.config import load_config
         from gpuq.replay.forkserver import ForkServer
         from gpuq.replay.run import ReplaySettings, replay
@@ -101,7 +100,7 @@ def replay_command(
                 "--first N replays the workload's first N jobs; leave it out for all",
             )
         check_workload(workload)  # before the daemon is reached (or started)
-        with Client.connect(load_config(config)) as client:
+        with connected(load_config(config)) as client:
             gpus = int(client.call("status").get("gpus", 0))
             if gpus < 1:
                 raise UsageError(

@@ -535,7 +535,11 @@ def submit_with_retry(
             with Client.connect(config) as client:
                 if client.notice and attempt == 1:
                     print(f"gpuq: {client.notice}", file=sys.stderr)
-                result = client.call("submit", spec=spec, array=indices, token=token)
+                try:
+                    result = client.call("submit", spec=spec, array=indices, token=token)
+                finally:  # as `gpuq.cli.common.connected`, without its typer
+                    if (other := client.other_config(config)) is not None:
+                        print(f"gpuq: warning: {other}", file=sys.stderr)
             array_id = result.get("array_id")
             return [int(i) for i in result["ids"]], None if array_id is None else int(array_id)
         except DaemonUnavailable:

@@ -17,4 +17,5 @@ def handle(state: DaemonState, request: Hello) -> dict[str, Any]:
         "daemon_version": __version__,
         "pid": os.getpid(),
         "node": state.config.daemon.node_name,
+        "config": None if state.config.source is None else str(state.config.source),
     }
