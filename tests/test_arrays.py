@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
+import subprocess
+import sys
 
 from tests.daemon_harness import DaemonHarness, listed
 from tests.daemon_harness import submit_cli as submit
@@ -118,3 +121,26 @@ def test_after_ok_on_an_array_with_a_failed_task_never_runs(daemon: DaemonHarnes
     assert job["reason"] == (
         f"dependency {array_id}:ok can never be satisfied: job {array_id} failed"
     )
+
+
+def test_an_arrays_tasks_store_their_environment_once_and_each_runs_with_it(
+    daemon: DaemonHarness,
+) -> None:
+    """A shell with a megabyte of variables must not write a megabyte per task."""
+    big = {f"GPUQ_TEST_BIG{i}": "x" * 60_000 for i in range(4)}  # 128 KiB at most each
+    script = 'test "${#GPUQ_TEST_BIG3}" = 60000'
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", "submit", "--json", "--gpus", "0", "--hold",
+         "--array", "0-49", "--", "sh", "-c", script],
+        env={**daemon.env, **big}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    submitted = json.loads(result.stdout)
+    [database] = daemon.state_dir.glob("*.db")
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+        in_tasks = db.execute("SELECT SUM(LENGTH(env)) FROM jobs").fetchone()[0]
+        in_array = db.execute("SELECT LENGTH(env) FROM arrays").fetchone()[0]
+    assert in_tasks == 0 and 240_000 < in_array < 480_000  # once, not 50 times
+    daemon.cli("release", str(submitted["array_id"]))
+    waited = daemon.cli("wait", "--timeout", "300s", str(submitted["array_id"]))
+    assert waited.returncode == 0, waited.stderr  # every task saw the variable

@@ -140,6 +140,12 @@ MIGRATIONS: Final[tuple[tuple[str, str], ...]] = (
         );
         """,
     ),
+    (
+        "0006_array_env",
+        """
+        ALTER TABLE arrays ADD COLUMN env TEXT
+        """,
+    ),
 )
 
 

@@ -8,6 +8,9 @@ reused, not even after `gpuq clean` deletes the newest jobs.
 
 The environment of a job is kept in its own column and loaded only when the
 job is launched, so the daemon's in-memory view of 10,000 jobs stays small.
+An array's tasks share theirs, kept once with the array (a task's own column
+then holds `""`): 10,000 tasks from a shell with a megabyte of variables
+would otherwise write ten gigabytes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from gpuq.daemon.migrations import migrate
 from gpuq.errors import StateError
 from gpuq.models import Job, JobEvent, JobSpec, JobState
 
+_ARRAY_ENV = ""
+"""A task's env column when its environment is its array's (`arrays.env`)."""
 MAX_SAMPLES_PER_JOB = 2000
 """Metrics samples kept per job; older ones are thinned beyond this."""
 _COLUMNS = (
@@ -186,17 +191,26 @@ class Store:
         out: list[Job] = []
         with self._transaction():
             array_id: int | None = None
+            shared = jobs[0].spec.env if array and jobs else None
             if array:
                 array_id = self._reserve_id()
                 self._conn.execute(
-                    "INSERT INTO arrays (id, name, submit_time, size) VALUES (?,?,?,?)",
-                    (array_id, jobs[0].spec.name if jobs else "", now, len(jobs)),
+                    "INSERT INTO arrays (id, name, submit_time, size, env) VALUES (?,?,?,?,?)",
+                    (
+                        array_id,
+                        jobs[0].spec.name if jobs else "",
+                        now,
+                        len(jobs),
+                        None if shared is None else json.dumps(dict(shared)),
+                    ),
                 )
             env_json, env_of = "", None
             for new in jobs:
                 lean = replace(new.spec, env={})
                 spec_json = _encode_spec(lean)[0]
-                if new.spec.env is not env_of:  # an array's tasks share one, encoded once
+                if new.spec.env is shared:
+                    env_json, env_of = _ARRAY_ENV, None  # the array's, stored once
+                elif new.spec.env is not env_of:
                     env_of, env_json = new.spec.env, json.dumps(dict(new.spec.env))
                 cur = self._conn.execute(
                     "INSERT INTO jobs (state, reason, priority, name, user, spec, env, "
@@ -475,11 +489,15 @@ class Store:
 
     def full_spec(self, job_id: int) -> JobSpec:
         """A job's spec including its environment (for launching)."""
-        row = self._conn.execute("SELECT spec, env FROM jobs WHERE id=?", (job_id,)).fetchone()
+        row = self._conn.execute(
+            "SELECT jobs.spec, jobs.env, arrays.env FROM jobs "
+            "LEFT JOIN arrays ON arrays.id = jobs.array_id WHERE jobs.id=?",
+            (job_id,),
+        ).fetchone()
         if row is None:
             raise StateError(f"job {job_id} vanished from the database")
         data = json.loads(row[0])
-        data["env"] = json.loads(row[1])
+        data["env"] = json.loads(row[2] if row[1] == _ARRAY_ENV and row[2] is not None else row[1])
         return JobSpec.from_dict(data)
 
     def events(self, job_id: int) -> list[JobEvent]:
