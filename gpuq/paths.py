@@ -122,9 +122,35 @@ def ensure_dir(path: Path) -> None:
     Raises `StateError` naming the directory and why when it cannot be made.
     """
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others
     except OSError as exc:
         raise _cannot_create(path, exc) from None
+
+
+def check_log_dir(path: Path) -> None:
+    """Refuse a log directory another user owns or may write to (StateError).
+
+    Jobs' default logs go there: in a directory of someone else's (an
+    existing /tmp/gpuq-logs), or one anyone may write to, another user could
+    read them, delete them or plant files in their place. A link to a
+    directory of the daemon's user (or root's) is fine.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise StateError(f"cannot inspect the log directory {path}: {exc.strerror}") from None
+    if info.st_uid not in (os.geteuid(), 0):
+        raise StateError(
+            f"the log directory {path} belongs to uid {info.st_uid}, not to the daemon's user "
+            f"(uid {os.geteuid()}): its owner could read and delete the jobs' logs",
+            "set daemon.log_dir in the gpuq config to a directory of your own",
+        )
+    if info.st_mode & stat.S_IWOTH:
+        raise StateError(
+            f"the log directory {path} has mode {stat.S_IMODE(info.st_mode):o}: anyone may "
+            "write to it, and so delete the jobs' logs or plant files in their place",
+            f"chmod o-w {path}, or set daemon.log_dir to another directory",
+        )
 
 
 def _cannot_create(path: Path, exc: OSError) -> StateError:

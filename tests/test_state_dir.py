@@ -152,6 +152,44 @@ def test_a_read_only_state_directory_without_a_database_is_refused_with_a_clear_
     assert f"hint: {hint}" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("mode", "owner", "error"),
+    [
+        (0o1777, None, "has mode 1777: anyone may write to it"),
+        (0o755, 54321, "belongs to uid 54321, not to the daemon's user"),
+    ],
+    ids=["anyone-may-write", "another-users"],
+)
+def test_a_log_directory_others_could_tamper_with_is_refused_at_start(
+    tmp_path: Path, mode: int, owner: int | None, error: str
+) -> None:
+    """A `log_dir = "/tmp/gpuq-logs"` that someone else made first must not get the logs."""
+    if owner is not None and os.geteuid() != 0:
+        pytest.skip("giving a directory to another uid needs root")
+    logs = tmp_path / "shared-logs"
+    logs.mkdir()
+    logs.chmod(mode)
+    if owner is not None:
+        os.chown(logs, owner, owner)
+    harness = DaemonHarness(tmp_path / "d", extra_toml=f'log_dir = "{logs}"')
+    try:
+        result = harness.cli("daemon", "run")
+    finally:
+        harness.close()
+    assert result.returncode == ExitCode.STATE, result.stderr
+    assert f"the log directory {logs} {error}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_log_directory_gpuq_makes_is_its_users_and_closed_to_others(tmp_path: Path) -> None:
+    old = os.umask(0)  # a careless login shell's
+    try:
+        with running_daemon(tmp_path, extra_toml=f'log_dir = "{tmp_path / "new" / "logs"}"'):
+            assert (tmp_path / "new" / "logs").stat().st_mode & 0o022 == 0
+    finally:
+        os.umask(old)
+
+
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[DaemonHarness]:
     with running_daemon(tmp_path) as harness:

@@ -42,6 +42,7 @@ from gpuq.errors import DaemonUnavailable, GpuqError, StateError
 from gpuq.gpus import make_backend
 from gpuq.gpus.fake import FakeBackend
 from gpuq.paths import (
+    check_log_dir,
     ensure_dir,
     ensure_private_dir,
     filesystem_type,
@@ -164,6 +165,7 @@ class Server:
         for directory in (cfg.state_dir, cfg.runtime_dir):
             ensure_private_dir(directory)
         ensure_dir(cfg.log_dir)
+        check_log_dir(cfg.log_dir)
         if lab:
             open_lab_dirs(self.config)
         check_state_dir(self.config)
