@@ -29,7 +29,7 @@ from gpuq.config import load_config
 from gpuq.daemon import jobfiles
 from gpuq.daemon.connection import HELLO_SECONDS, MAX_CONNECTIONS_PER_USER, admit
 from gpuq.daemon.identity import Account, Caller
-from gpuq.daemon.server import QuietAccept
+from gpuq.daemon.server import DAEMON_LOG_MAX_BYTES, QuietAccept
 from gpuq.errors import ExitCode, GpuqError
 from gpuq.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION
 from tests.daemon_harness import DaemonHarness, mounted_tmpfs, running_daemon, wait_for
@@ -310,6 +310,23 @@ def test_running_out_of_descriptors_logs_a_line_a_minute_not_a_flood(
         "cannot accept connections: Too many open files (10000 time(s) since the last report); "
         "raise the open-file limit, or see who holds connections (ss -xp)",
     ]
+
+
+def test_the_daemons_own_log_is_kept_under_its_limit_start_and_latest_part(
+    daemon: DaemonHarness,
+) -> None:
+    log = daemon.state_dir / "daemon-test.log"  # the daemon's stderr, opened for appending
+    started = log.read_text()
+    with log.open("ab") as flood:  # months of jobs, or an error repeated
+        for _ in range(DAEMON_LOG_MAX_BYTES // (1024 * 1024) + 8):
+            flood.write((b"x" * 1023 + b"\n") * 1024)  # a MiB
+        flood.write(b"the latest line\n")
+    wait_for(lambda: log.stat().st_size <= DAEMON_LOG_MAX_BYTES, what="the log trimmed")
+    kept = log.read_text(errors="replace")
+    assert kept.startswith(started[:200])  # how the daemon started
+    assert kept.endswith("the latest line\n")
+    assert "bytes of output dropped here" in kept and "(the daemon's own limit)]" in kept
+    assert_serving(daemon)
 
 
 # -- the socket and the single instance ---------------------------------------

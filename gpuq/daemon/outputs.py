@@ -251,9 +251,13 @@ def _check_link(dir_fd: int, name: str, link: os.stat_result, shown: str) -> Non
 class LogLimit:
     """Trim output files that grow past `max_bytes` (None or 0: no limit)."""
 
-    def __init__(self, outputs: Outputs, max_bytes: int | None) -> None:
+    def __init__(
+        self, outputs: Outputs, max_bytes: int | None, setting: str = "[logs] max_size"
+    ) -> None:
         self.outputs = outputs
         self.max_bytes = max_bytes or None
+        self.setting = setting
+        """What sets the limit, for the marker line."""
         self.dropped: dict[int, int] = {}
 
     @property
@@ -278,7 +282,7 @@ class LogLimit:
         self.dropped[fd] = self.dropped.get(fd, 0) + dropped
         marker = (
             f"\n[gpuq: {dropped} bytes of output dropped here ({self.dropped[fd]} in all): "
-            f"this log is kept under {limit} bytes ([logs] max_size)]\n"
+            f"this log is kept under {limit} bytes ({self.setting})]\n"
         ).encode()
         # A second descriptor without O_APPEND, to the same file (never re-resolved by path).
         rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)

@@ -34,6 +34,7 @@ from gpuq.daemon.control import CONTROL_DIR, ControlHub, report_interval
 from gpuq.daemon.executor import Executor, lab_owner
 from gpuq.daemon.hosted import Hosted
 from gpuq.daemon.node.local import LocalNode
+from gpuq.daemon.outputs import LogLimit, Outputs
 from gpuq.daemon.scheduler import memory, tick
 from gpuq.daemon.spawner import SpawnerClient
 from gpuq.daemon.state import DaemonState
@@ -58,6 +59,8 @@ SOCKET_NAME = "gpuq.sock"
 LOCK_NAME = statelock.LOCK_NAME
 MAX_PASS_BACKOFF = 0.25
 HOUSEKEEPING_SECONDS = 1.0
+DAEMON_LOG_MAX_BYTES = 64 * 1024**2
+"""The most the daemon's log grows to, months of jobs or a flood of errors alike."""
 SHUTDOWN_GRACE_SECONDS = 1.0
 AUDIT_PRUNE_SECONDS = 3600.0
 FAKE_GPU_DIR = "fake-gpus"
@@ -323,10 +326,15 @@ class Server:
     async def _housekeeping(self, state: DaemonState) -> None:
         """Every second: look at the state directory, record outcomes a full disk held back.
 
-        A lab daemon also drops audit entries older than `[lab] audit_keep`, hourly.
+        A lab daemon also drops audit entries older than `[lab] audit_keep`,
+        hourly. The daemon's own log (its stderr, where that is a file) is
+        kept under `DAEMON_LOG_MAX_BYTES` as job logs are under theirs: its
+        start and its latest part, with a marker between.
         """
         pruned = 0.0
+        own_log = LogLimit(Outputs(2, 2), DAEMON_LOG_MAX_BYTES, "the daemon's own limit")
         while not state.should_exit.is_set():
+            own_log.check()
             if state.config.lab.enabled and time.monotonic() - pruned > AUDIT_PRUNE_SECONDS:
                 pruned = time.monotonic()
                 with contextlib.suppress(Exception):
