@@ -111,6 +111,8 @@ def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:
         (["-p", "fifo", "-w", "workload-1", "--seed", "-5"], "--seed must be 0 or more"),
         (["-w", "workload-1"], "no policy given"),
         (["-p", "fifo", "-w", "workload-1", "--nodes", "0"], "--nodes"),
+        (["-p", "fifo", "-w", "workload-1", "--gpus-per-node", "100000"], "at most 64 GPUs"),
+        (["-p", "fifo", "-w", "workload-1", "--nodes", "5000"], "at most 1024 nodes"),
         (["-p", "fifo", "-w", "workload-1", "--interference", "1"], "--interference"),
         (["-p", "fifo", "-w", "workload-1", "--jobs", "0"], "--jobs"),
         (["-p", "sia", "-w", "workload-1", "--cluster", "sia", "--nodes", "4"], "cannot go with"),

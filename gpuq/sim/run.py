@@ -55,6 +55,12 @@ WORKLOAD_HINT = (
 )
 
 
+MAX_NODES = 1024
+"""The most nodes a simulated cluster has: many times a lab's, or the papers' 16."""
+MAX_GPUS_PER_NODE = 64
+"""The most GPUs of one simulated node: servers hold 4 to 16."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimSettings:
     """The cluster and simulator settings shared by every policy of one run.
@@ -80,6 +86,13 @@ class SimSettings:
             raise UsageError(
                 "--nodes and --gpus-per-node must be at least 1",
                 hint="the default cluster is 16 nodes of 4 GPUs; --cluster names others",
+            )
+        if self.nodes > MAX_NODES or self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise UsageError(
+                f"a cluster of {self.nodes} x {self.gpus_per_node} GPUs is past what gpuq sim "
+                f"models: at most {MAX_NODES} nodes of at most {MAX_GPUS_PER_NODE} GPUs",
+                hint="the measured tables are of 4- and 8-GPU servers; the default cluster is "
+                "16 nodes of 4 GPUs",
             )
         if not (self.interval > 0 and math.isfinite(self.interval)):
             raise UsageError(
