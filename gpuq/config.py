@@ -28,7 +28,7 @@ from gpuq.errors import ConfigError, UsageError
 from gpuq.gpus import BACKEND_KINDS, FakeGpuDecl, GpuConfig
 from gpuq.models import HOST_PATTERN, LABEL_PATTERN
 from gpuq.paths import default_config_path, default_runtime_dir, default_state_dir
-from gpuq.units import parse_duration, parse_size
+from gpuq.units import MAX_DURATION, parse_duration, parse_size
 
 T = TypeVar("T")
 Converter = Callable[[object], T | None]
@@ -480,9 +480,9 @@ def _duration(value: object) -> float | None:
             number = value.strip()
             raise UsageError(f'write {number} for seconds, or add a unit as in "{number}m"')
         return parse_duration(value)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e12:
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    return float(value) if 0 <= value < MAX_DURATION else None
 
 
 def _positive_duration(value: object) -> float | None:

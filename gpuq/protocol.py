@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from gpuq.errors import ProtocolError, UsageError
 from gpuq.models import HOST_PATTERN, LABEL_PATTERN, DependencyKind, JobSpec, JobState
+from gpuq.units import MAX_DURATION, MAX_DURATION_TEXT
 from gpuq.wire import (
     HEARTBEAT_EVENT,
     HEARTBEAT_SECONDS,
@@ -579,8 +580,10 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
     for name, type_text in _SPEC_WIRE_TYPES.items():
         if name in data:
             checked = _check(data[name], type_text, f"spec.{name}")
-            if name == "signal" and checked is not None and len(data[name]) != 2:
-                raise UsageError("spec.signal must be [signal, seconds]")
+            if name == "signal" and checked is not None:
+                if len(data[name]) != 2:
+                    raise UsageError("spec.signal must be [signal, seconds]")
+                _check(data[name][0], "int", "spec.signal[0]")  # 10.5 is no signal
     if "command" not in data or "cwd" not in data:
         raise UsageError("a job spec needs 'command' and 'cwd'")
     if not data["command"]:
@@ -667,6 +670,10 @@ def _check_ranges(spec: JobSpec) -> None:
         raise UsageError("--retries must be 0 or more", "--retries 0 (the default) never retries")
     if spec.time_limit is not None and spec.time_limit <= 0:
         raise UsageError("--time must be positive", "give a limit such as --time 2h or 90s")
+    if spec.time_limit is not None and spec.time_limit >= MAX_DURATION:
+        raise UsageError(
+            f"--time must be less than {MAX_DURATION_TEXT}", "give a limit such as --time 2h or 7d"
+        )
     if spec.array_parallel is not None and spec.array_parallel <= 0:
         raise UsageError(
             "the array limit after % must be positive", "e.g. --array 0-99%4 runs 4 at once"
@@ -677,6 +684,12 @@ def _check_ranges(spec: JobSpec) -> None:
         raise UsageError("--begin must be before the year 10000", "e.g. --begin now+10m")
     if spec.signal is not None and spec.signal.signal not in signal.valid_signals():
         raise UsageError(f"--signal: no signal number {spec.signal.signal}", "e.g. USR1@120")
+    if spec.signal is not None and not 0 <= spec.signal.seconds < MAX_DURATION:
+        raise UsageError(
+            f"--signal: the time before the limit must be 0 or more and less than "
+            f"{MAX_DURATION_TEXT}, got {spec.signal.seconds:g}",
+            "e.g. USR1@120: SIGUSR1 120 seconds before the time limit",
+        )
     if any(dep.kind not in DependencyKind for dep in spec.after):  # pragma: no cover
         raise UsageError("unknown dependency kind")
 

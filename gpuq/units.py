@@ -41,6 +41,10 @@ MAX_ARRAY_TASKS = 10_000
 """Most tasks one `--array` may create."""
 DEFAULT_SIGNAL_SECONDS = 60.0
 """Lead time of `--signal NAME` when no `@TIME` is given (as in Slurm)."""
+MAX_DURATION = 1e12
+"""Durations are shorter than this many seconds (some 31,700 years); a longer one is a typo."""
+MAX_DURATION_TEXT = "1e12 seconds (some 31,700 years)"
+"""`MAX_DURATION` as error messages say it."""
 
 
 def parse_size(text: str) -> int:
@@ -106,7 +110,7 @@ def parse_duration(text: str, *, bare_minutes: bool = True) -> float:
     gpuq has no Slurm counterpart (`wait --timeout 30`, which `timeout(1)`
     would read as seconds), `bare_minutes=False` refuses a bare number
     rather than guess. Unit parts must come largest first and at most once.
-    Durations must be positive.
+    Durations must be positive and less than `MAX_DURATION`.
     """
     stripped = text.strip().lower()
     if not bare_minutes and re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
@@ -122,6 +126,10 @@ def parse_duration(text: str, *, bare_minutes: bool = True) -> float:
         raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
     if seconds <= 0:
         raise UsageError(f"invalid duration {text!r}: must be positive", _DURATION_HINT)
+    if seconds >= MAX_DURATION:
+        raise UsageError(
+            f"invalid duration {text!r}: must be less than {MAX_DURATION_TEXT}", _DURATION_HINT
+        )
     return seconds
 
 
@@ -186,6 +194,8 @@ def _parse_seconds(text: str, error: str, hint: str) -> float:
     """Seconds from a bare number (seconds, unlike `parse_duration`) or a duration."""
     stripped = text.strip()
     if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
+        if float(stripped) >= MAX_DURATION:
+            raise UsageError(f"{error}: must be less than {MAX_DURATION_TEXT}", hint)
         return float(stripped)
     try:
         return parse_duration(stripped)

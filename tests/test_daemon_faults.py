@@ -485,6 +485,13 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
             {"begin": 1e300}, "invalid", "--begin must be before the year 10000", id="begin-far"
         ),
         pytest.param(
+            {"signal": [10, -5], "time_limit": 3},
+            "invalid",
+            "--signal: the time before the limit must be 0 or more and less than "
+            "1e12 seconds (some 31,700 years), got -5",
+            id="signal-after-the-limit",
+        ),
+        pytest.param(
             {"output": "logs\0/out.txt"},
             "invalid",
             "spec.output contains a NUL character",

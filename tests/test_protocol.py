@@ -73,6 +73,7 @@ from gpuq.protocol import (
     request_params,
     validate_spec,
 )
+from gpuq.units import MAX_DURATION
 
 # -- parse_request: every method ---------------------------------------------
 
@@ -359,6 +360,10 @@ def test_integers_within_64_bits_are_accepted(value: int) -> None:
 # -- validate_spec ------------------------------------------------------------
 
 
+LONGEST = "1e12 seconds (some 31,700 years)"
+"""What a refused duration is said to have to stay under (`MAX_DURATION`)."""
+
+
 def spec(**fields: Any) -> dict[str, Any]:
     """A minimal valid wire spec with `fields` changed."""
     return {"command": ["true"], "cwd": "/", **fields}
@@ -452,6 +457,8 @@ def test_unknown_spec_fields_are_named() -> None:
         ({"after": [3]}, "invalid value for spec.after[]: expected str, got int"),
         ({"begin": "tomorrow"}, "invalid value for spec.begin: expected float | None, got str"),
         ({"gpus": 2**64}, "invalid value for spec.gpus: out of range"),
+        ({"signal": [10.5, 1]}, "invalid value for spec.signal[0]: expected int, got float"),
+        ({"signal": [10.0, 1]}, "invalid value for spec.signal[0]: expected int, got float"),
     ],
 )
 def test_spec_field_types_are_checked(fields: dict[str, Any], message: str) -> None:
@@ -504,6 +511,18 @@ def test_the_signal_must_exist(number: int) -> None:
         ({"array_parallel": 0}, "the array limit after % must be positive"),
         ({"begin": MAX_BEGIN}, "--begin must be before the year 10000"),
         ({"begin": 1e300}, "--begin must be before the year 10000"),
+        ({"time_limit": 1e308}, f"--time must be less than {LONGEST}"),
+        ({"time_limit": MAX_DURATION}, f"--time must be less than {LONGEST}"),
+        (
+            {"signal": [10, -5], "time_limit": 3},
+            f"--signal: the time before the limit must be 0 or more and less than {LONGEST}, "
+            "got -5",
+        ),
+        (
+            {"signal": [10, 1e308]},
+            f"--signal: the time before the limit must be 0 or more and less than {LONGEST}, "
+            "got 1e+308",
+        ),
     ],
 )
 def test_out_of_range_values_are_refused_in_the_cli_s_terms(
@@ -525,6 +544,8 @@ def test_out_of_range_values_are_refused_in_the_cli_s_terms(
         {"begin": -1e300},
         {"array_parallel": 1},
         {"signal": [15, 0], "time_limit": 10},
+        {"time_limit": MAX_DURATION - 1},
+        {"signal": [15, MAX_DURATION - 1]},
     ],
 )
 def test_values_at_the_edge_of_their_range_are_accepted(fields: dict[str, Any]) -> None:

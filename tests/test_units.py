@@ -141,6 +141,8 @@ def test_parse_duration(text: str, seconds: float) -> None:
         "1:2:3:4",
         "1.5:00",
         "soon",
+        "11574075d",  # 1e12 seconds and more are a typo
+        pytest.param("9" * 400 + "s", id="400-digit-seconds"),  # beyond a float: infinity
     ],
 )
 def test_parse_duration_rejects(text: str) -> None:
@@ -270,7 +272,17 @@ def test_parse_signal_spec_rejects_unknown_signals_listing_valid_names(text: str
     assert info.value.hint is not None and "USR1" in info.value.hint
 
 
-@pytest.mark.parametrize("text", ["USR1@", "USR1@soon", "USR1@-5", "USR1@nan"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "USR1@",
+        "USR1@soon",
+        "USR1@-5",
+        "USR1@nan",
+        "USR1@1000000000000",
+        pytest.param("USR1@" + "9" * 400, id="USR1@400-digits"),
+    ],
+)
 def test_parse_signal_spec_rejects_bad_times(text: str) -> None:
     with pytest.raises(UsageError, match="invalid signal time"):
         parse_signal_spec(text)
