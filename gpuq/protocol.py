@@ -20,6 +20,7 @@ decoded object into one of them, so handlers only ever see well-typed input.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import signal
 from dataclasses import dataclass
@@ -734,7 +735,11 @@ def _check_multi_node(spec: JobSpec) -> None:
 
 
 def _check_os_strings(spec: JobSpec) -> None:
-    """Strings handed to the OS (argv, paths, environment) cannot hold NUL or bad names."""
+    """Strings handed to the OS (argv, paths, environment) cannot hold NUL or bad names.
+
+    The cwd is absolute: the daemon runs in /, so a relative one would be
+    taken from there, not from where the client was.
+    """
     texts = {
         "command": spec.command,
         "cwd": (spec.cwd,),
@@ -749,6 +754,11 @@ def _check_os_strings(spec: JobSpec) -> None:
             raise UsageError(f"spec.{name} contains a NUL character", "the OS cannot pass it on")
     if any("=" in key for key in spec.env):
         raise UsageError("spec.env: a variable name cannot contain '='")
+    if not os.path.isabs(spec.cwd):  # the daemon's own is /, not the client's
+        raise UsageError(
+            f"spec.cwd must be an absolute path, got {spec.cwd!r}",
+            "send the job's working directory in full, as gpuq submit does",
+        )
 
 
 def parse_states(names: tuple[str, ...]) -> frozenset[JobState]:

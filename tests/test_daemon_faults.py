@@ -448,6 +448,12 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
             id="missing-cwd",
         ),
         pytest.param(
+            {"cwd": "."},
+            "invalid",
+            "spec.cwd must be an absolute path, got '.'",
+            id="relative-cwd",
+        ),
+        pytest.param(
             {"command": ["no-such-command-gpuq"]},
             "invalid",
             "command not found: 'no-such-command-gpuq'",

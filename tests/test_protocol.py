@@ -571,6 +571,15 @@ def test_strings_for_the_os_cannot_hold_nul(fields: dict[str, Any], field: str) 
     assert caught.value.message == f"spec.{field} contains a NUL character"
 
 
+@pytest.mark.parametrize("cwd", [".", "tmp", "../x", ""])
+def test_the_working_directory_must_be_absolute(cwd: str) -> None:
+    """The daemon runs in /: a relative cwd would be taken from there, not the client's."""
+    with pytest.raises(UsageError) as caught:
+        validate_spec(spec(cwd=cwd))
+    assert caught.value.message == f"spec.cwd must be an absolute path, got {cwd!r}"
+    assert caught.value.hint == "send the job's working directory in full, as gpuq submit does"
+
+
 def test_an_environment_name_cannot_contain_an_equals_sign() -> None:
     with pytest.raises(UsageError, match="a variable name cannot contain '='"):
         validate_spec(spec(env={"A=B": "1"}))
