@@ -569,11 +569,13 @@ _SPEC_WIRE_TYPES: Final = {
 }
 
 
-def validate_spec(data: dict[str, Any]) -> JobSpec:
+def validate_spec(data: dict[str, Any], *, array: bool = False) -> JobSpec:
     """Check a submitted spec's types and values and build the JobSpec.
 
     Only facts visible without the filesystem are checked here; the daemon
     checks the cwd, the command and the GPU counts against the server.
+    `array`: the spec is that of an array's tasks (`Submit.array`), whose
+    `array_index` the daemon sets; a request never does.
     """
     unknown = sorted(set(data) - set(_SPEC_WIRE_TYPES))
     if unknown:
@@ -585,6 +587,11 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
                 if len(data[name]) != 2:
                     raise UsageError("spec.signal must be [signal, seconds]")
                 _check(data[name][0], "int", "spec.signal[0]")  # 10.5 is no signal
+    if data.get("array_index") is not None:
+        raise UsageError(
+            "spec.array_index is set by the daemon, for each task of an array",
+            'give the indices as the submit request\'s "array" instead, e.g. "array": [0, 1, 2]',
+        )
     if "command" not in data or "cwd" not in data:
         raise UsageError("a job spec needs 'command' and 'cwd'")
     if not data["command"]:
@@ -600,7 +607,7 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
         raise UsageError(
             f"invalid job spec: {exc}", "dependencies look like ID or ID:ok|any|notok"
         ) from exc
-    _check_ranges(spec)
+    _check_ranges(spec, array)
     _check_os_strings(spec)
     _check_placement(spec)
     return spec
@@ -641,7 +648,7 @@ def _check_placement(spec: JobSpec) -> None:
         )
 
 
-def _check_ranges(spec: JobSpec) -> None:
+def _check_ranges(spec: JobSpec, array: bool) -> None:
     if spec.gpus < 0:
         raise UsageError(
             f"--gpus must be 0 or more, got {spec.gpus}", "--gpus 0 runs a CPU-only job"
@@ -664,7 +671,7 @@ def _check_ranges(spec: JobSpec) -> None:
             )
     if spec.gpu_mem is not None and spec.gpu_mem <= 0:
         raise UsageError("--gpu-mem must be positive", "give a size such as --gpu-mem 6G, or auto")
-    _check_multi_node(spec)
+    _check_multi_node(spec, array)
     if spec.shares_gpu and spec.gpus == 0:
         raise UsageError("--gpu-mem needs --gpus 1 or more", "drop --gpu-mem for a CPU-only job")
     if spec.retries < 0:
@@ -699,8 +706,8 @@ MAX_NODES: Final = 256
 """The most servers one multi-node job may span (a guard against typos)."""
 
 
-def _check_multi_node(spec: JobSpec) -> None:
-    """`--nodes N`: N servers, each with the same whole number of whole GPUs."""
+def _check_multi_node(spec: JobSpec, array: bool) -> None:
+    """`--nodes N`: N servers, each with the same whole number of whole GPUs; no array."""
     if spec.node_count < 1 or spec.node_count > MAX_NODES:
         raise UsageError(
             f"--nodes must be from 1 to {MAX_NODES}, got {spec.node_count}",
@@ -730,7 +737,7 @@ def _check_multi_node(spec: JobSpec) -> None:
             f"give a multiple of {spec.node_count}, e.g. --gpus {per * spec.node_count} "
             f"for {per} GPU(s) on each server",
         )
-    if spec.array_index is not None:
+    if array:
         raise UsageError("an array task cannot span servers", "submit --nodes jobs one by one")
 
 

@@ -454,6 +454,12 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
             id="relative-cwd",
         ),
         pytest.param(
+            {"array_index": 5},
+            "invalid",
+            "spec.array_index is set by the daemon, for each task of an array",
+            id="array-index-without-an-array",
+        ),
+        pytest.param(
             {"command": ["no-such-command-gpuq"]},
             "invalid",
             "command not found: 'no-such-command-gpuq'",
@@ -518,6 +524,21 @@ def test_an_impossible_submission_is_refused_with_its_code_and_no_job(
     assert caught.value.message == message
     assert daemon.call("status")["highest_job_id"] == 0
     assert_serving(daemon)
+
+
+def test_an_array_of_multi_node_jobs_is_refused_and_a_plain_array_is_numbered(
+    daemon: DaemonHarness,
+) -> None:
+    spec = {"command": ["true"], "cwd": str(daemon.root), "env": dict(os.environ), "hold": True}
+    with pytest.raises(GpuqError) as caught:
+        daemon.call("submit", spec={**spec, "gpus": 2, "node_count": 2}, array=[0, 1])
+    assert (caught.value.code, caught.value.message) == (
+        "invalid",
+        "an array task cannot span servers",
+    )
+    assert daemon.call("status")["highest_job_id"] == 0
+    ids = daemon.call("submit", spec={**spec, "gpus": 0}, array=[3, 7])["ids"]
+    assert [daemon.job(job_id)["array_index"] for job_id in ids] == [3, 7]
 
 
 @pytest.mark.parametrize(

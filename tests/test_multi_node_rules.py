@@ -73,7 +73,6 @@ def spec(**fields: object) -> dict[str, object]:
         ({"node_count": 2, "gpus": 0}, "--nodes 2 needs a GPU on each server, got --gpus 0"),
         ({"node_count": 2, "gpus": 2, "gpus_max": 4}, "a GPU range resizes the job"),
         ({"node_count": 2, "gpus": 2, "gpu_mem": G}, "--nodes takes whole GPUs on each server"),
-        ({"node_count": 2, "gpus": 2, "array_index": 0}, "an array task cannot span servers"),
         ({"node_count": "2"}, "spec.node_count"),
     ],
 )
@@ -82,6 +81,13 @@ def test_impossible_multi_node_specs_are_refused_with_the_reason(
 ) -> None:
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         validate_spec(spec(**fields))
+
+
+def test_the_tasks_of_an_array_cannot_span_servers() -> None:
+    with pytest.raises(UsageError, match="an array task cannot span servers") as caught:
+        validate_spec(spec(node_count=2, gpus=2), array=True)
+    assert caught.value.hint == "submit --nodes jobs one by one"
+    assert validate_spec(spec(gpus=2), array=True).node_count == 1
 
 
 def test_a_multi_node_spec_is_accepted_and_single_node_is_the_default() -> None:

@@ -571,6 +571,20 @@ def test_strings_for_the_os_cannot_hold_nul(fields: dict[str, Any], field: str) 
     assert caught.value.message == f"spec.{field} contains a NUL character"
 
 
+def test_the_array_index_is_set_by_the_daemon_never_by_the_request() -> None:
+    """The daemon numbers an array's tasks from `Submit.array`; a plain job is no task."""
+    with pytest.raises(UsageError) as caught:
+        validate_spec(spec(array_index=5))
+    assert (
+        caught.value.message == "spec.array_index is set by the daemon, for each task of an array"
+    )
+    assert caught.value.hint == (
+        'give the indices as the submit request\'s "array" instead, e.g. "array": [0, 1, 2]'
+    )
+    assert validate_spec(spec(array_index=None)).array_index is None  # a JobSpec's to_dict()
+    assert validate_spec(spec(), array=True).array_index is None
+
+
 @pytest.mark.parametrize("cwd", [".", "tmp", "../x", ""])
 def test_the_working_directory_must_be_absolute(cwd: str) -> None:
     """The daemon runs in /: a relative cwd would be taken from there, not the client's."""

@@ -176,7 +176,7 @@ def handle(state: DaemonState, request: Submit, caller: Caller) -> dict[str, Any
             array_id = None if first is None else first.array_id
             return {"ids": existing, "array_id": array_id, "duplicate": True}
     state.require_state_dir()
-    spec = validate_spec(request.spec)
+    spec = validate_spec(request.spec, array=bool(request.array))
     user = caller.name if lab else getpass.getuser()
     spec = dataclasses.replace(spec, user=user, uid=caller.uid)  # the kernel's, not the request's
     known = known_nodes(state.config)
