@@ -168,6 +168,21 @@ def test_bad_input_gets_an_error_reply_and_the_connection_stays_usable(
     assert_serving(daemon)
 
 
+@pytest.mark.parametrize("offset", [6, 1000, 2**62, 2**63 - 1])
+def test_a_logs_offset_at_or_past_the_end_reads_nothing_and_keeps_its_place(
+    daemon: DaemonHarness, offset: int
+) -> None:
+    job_id = daemon.submit(["echo", "hello"], gpus=0)
+    daemon.wait_state(job_id, "succeeded")
+    request = {"id": 1, "method": "logs", "params": {"id": job_id, "offset": offset}}
+    with raw(daemon) as conn:
+        reply = conn.ask(json.dumps(request).encode())  # no data event comes first
+        assert set(reply) == {"id", "result"}, reply
+        assert (reply["result"]["offset"], reply["result"]["state"]) == (offset, "succeeded")
+    assert "Traceback" not in daemon.log()
+    assert_serving(daemon)
+
+
 def test_an_unknown_method_asks_whether_the_daemon_is_up_to_date(daemon: DaemonHarness) -> None:
     with raw(daemon) as conn:
         reply = conn.ask(b'{"id": 5, "method": "frobnicate", "params": {}}')

@@ -42,6 +42,7 @@ from gpuq.daemon.outputs import (
     OutputError,
     log_name,
     open_for_reading,
+    seek_to,
     tail_offset,
     user_log_dir,
     write_carried,
@@ -414,6 +415,8 @@ class Hosted:
         """
         if stream not in ("stdout", "stderr"):
             raise UsageError(f"unknown stream {stream!r}", "use stdout or stderr")
+        if offset < 0:
+            raise UsageError(f"node.read's offset is {offset}", "give 0 or more")
         recorded = jobfiles.read_json(self.executor(head).jobs_dir / str(job) / jobfiles.LAUNCH)
         if recorded is None:
             raise NotFoundError(f"job {job} of {head} never ran here")
@@ -430,8 +433,8 @@ class Hosted:
         with opened as handle:
             if tail is not None:
                 offset = tail_offset(handle, tail)
-            handle.seek(offset)
-            data = handle.read(max(0, min(limit, 4 * 1024 * 1024)))
+            reading = seek_to(handle, offset)  # past the end: nothing there yet
+            data = handle.read(max(0, min(limit, 4 * 1024 * 1024))) if reading else b""
             size = os.fstat(handle.fileno()).st_size
         return {
             "data": base64.b64encode(data).decode() if raw else data.decode(errors="replace"),

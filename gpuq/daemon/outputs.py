@@ -480,6 +480,21 @@ def _check_readable(fd: int, path: str, owner: int | None) -> bool:
     return True
 
 
+def seek_to(handle: BinaryIO, offset: int) -> bool:
+    """Move an output file to `offset`; False, without moving, when that is at or past its end.
+
+    A reader asks for an offset past the end when it has read further before
+    (the file was truncated) or simply a large one: nothing is there to read
+    yet, as for the end itself. The kernel refuses to seek past the largest
+    file the filesystem can hold (an offset of 2**62 is EINVAL), so the size
+    is looked at first.
+    """
+    if offset >= os.fstat(handle.fileno()).st_size:
+        return False
+    handle.seek(offset)
+    return True
+
+
 def tail_offset(path: str | BinaryIO, lines: int) -> int:
     """Byte offset where the last `lines` lines of the file (a path or an open file) start."""
     if not isinstance(path, str):

@@ -15,7 +15,7 @@ from gpuq.daemon.identity import Caller
 from gpuq.daemon.lifecycle import output_paths
 from gpuq.daemon.node.gang import part_path
 from gpuq.daemon.node.remote import RemoteNode
-from gpuq.daemon.outputs import OutputError, open_for_reading, tail_offset
+from gpuq.daemon.outputs import OutputError, open_for_reading, seek_to, tail_offset
 from gpuq.daemon.state import DaemonState
 from gpuq.errors import GpuqError, PermissionDenied, UsageError
 from gpuq.models import Job
@@ -67,10 +67,10 @@ async def handle(
     while True:
         if (handle := _open_log(path, owner)) is not None:
             with handle:
-                handle.seek(offset)
-                while data := handle.read(CHUNK):
-                    offset += len(data)
-                    await _send(emit, text.decode(data), offset, text)
+                if seek_to(handle, offset):  # past the end: nothing there yet
+                    while data := handle.read(CHUNK):
+                        offset += len(data)
+                        await _send(emit, text.decode(data), offset, text)
         job = state.job(request.id)
         if not request.follow or job.state.is_terminal:
             if request.follow and os.path.exists(path) and os.path.getsize(path) > offset:
