@@ -336,6 +336,11 @@ def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
         if raw.startswith(codecs.BOM_UTF8):  # Windows editors write one; TOML has none
             raw = raw[len(codecs.BOM_UTF8) :]
         return tomllib.loads(raw.decode())
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(
+            f"config file {source} is not valid TOML: arrays or tables nested too deeply",
+            f"a gpuq config nests a few levels at most; {_DOCS_HINT}",
+        ) from None
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise ConfigError(

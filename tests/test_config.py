@@ -290,6 +290,29 @@ def test_invalid_toml_names_the_file_and_position(tmp_path: Path, env: dict[str,
     assert str(path) in info.value.message and "line 2" in info.value.message
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a = " + "[" * 5000 + "]" * 5000,
+        "[daemon]\nlabels = " + "[" * 500 + "]" * 500,
+        "a = " + "{b = " * 2000 + "1" + "}" * 2000,
+    ],
+    ids=["5000-arrays", "500-arrays-in-a-key", "2000-inline-tables"],
+)
+def test_toml_nested_too_deeply_is_a_config_error(
+    tmp_path: Path, env: dict[str, str], text: str
+) -> None:
+    path = write(tmp_path, text + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), env)
+    assert info.value.message == (
+        f"config file {path} is not valid TOML: arrays or tables nested too deeply"
+    )
+    assert info.value.hint == (
+        "a gpuq config nests a few levels at most; see docs/configuration.md for every key"
+    )
+
+
 def test_state_and_runtime_dirs_from_the_environment_win(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
