@@ -19,6 +19,7 @@ import codecs
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
@@ -331,8 +332,7 @@ def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
     import tomllib
 
     try:
-        with source.open("rb") as file:
-            raw = file.read()
+        raw = _read_regular_file(source)
         if raw.startswith(codecs.BOM_UTF8):  # Windows editors write one; TOML has none
             raw = raw[len(codecs.BOM_UTF8) :]
         return tomllib.loads(raw.decode())
@@ -366,6 +366,37 @@ def _read_toml(source: Path, origin: str) -> dict[str, Any] | None:
             f"config file {source} is not valid TOML: {exc}",
             f"fix the syntax at the position shown; {_DOCS_HINT}",
         ) from None
+
+
+def _read_regular_file(source: Path) -> bytes:
+    """The bytes of `source`; ConfigError unless it is a regular file (raises OSError).
+
+    Opened without blocking and looked at before reading: a FIFO would wait
+    for a writer forever, and a device such as /dev/zero might never end.
+    """
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(
+                f"cannot read config file {source}: it is {_file_kind(mode)}, not a regular file",
+                "point --config / GPUQ_CONFIG at a TOML file",
+            )
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for an error message."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
 
 
 class _Table:

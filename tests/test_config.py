@@ -279,8 +279,40 @@ def test_a_file_that_is_not_utf8_names_the_line(tmp_path: Path, env: dict[str, s
 
 
 def test_a_directory_is_not_a_config_file(tmp_path: Path, env: dict[str, str]) -> None:
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError) as info:
         load_config(str(tmp_path), env)
+    assert info.value.message == (
+        f"cannot read config file {tmp_path}: it is a directory, not a regular file"
+    )
+
+
+@pytest.mark.timeout(30)  # before the check, opening the FIFO waited for a writer forever
+@pytest.mark.parametrize("origin", ["--config", "GPUQ_CONFIG"])
+def test_a_fifo_is_refused_without_waiting_for_a_writer(
+    tmp_path: Path, env: dict[str, str], origin: str
+) -> None:
+    fifo = tmp_path / "gpuq.toml"
+    os.mkfifo(fifo)
+    path = None
+    if origin == "--config":
+        path = str(fifo)
+    else:
+        env["GPUQ_CONFIG"] = str(fifo)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env)
+    assert info.value.message == (
+        f"cannot read config file {fifo}: it is a FIFO (named pipe), not a regular file"
+    )
+    assert info.value.hint == "point --config / GPUQ_CONFIG at a TOML file"
+
+
+def test_a_device_is_not_a_config_file(env: dict[str, str]) -> None:
+    """Not even /dev/null: /dev/zero would never end, and /dev/tty would wait for typing."""
+    with pytest.raises(ConfigError) as info:
+        load_config("/dev/null", env)
+    assert info.value.message == (
+        "cannot read config file /dev/null: it is a device, not a regular file"
+    )
 
 
 def test_invalid_toml_names_the_file_and_position(tmp_path: Path, env: dict[str, str]) -> None:
