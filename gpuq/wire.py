@@ -60,13 +60,16 @@ def _has_lone_surrogate(value: object) -> bool:
 def decode(line: bytes) -> object:
     """Decode one protocol line; raises ProtocolError unless it is strict JSON.
 
-    Strict means a value that can be stored and sent back: no NaN or
-    Infinity, no number beyond a double, no string with a lone surrogate,
-    and no nesting deeper than Python's recursion limit.
+    Strict means UTF-8 text (json.loads would take bytes in UTF-16 or
+    UTF-32 too, and skip a byte order mark) holding a value that can be
+    stored and sent back: no NaN or Infinity, no number beyond a double, no
+    string with a lone surrogate, and no nesting deeper than Python's
+    recursion limit.
     """
     hint = "send one JSON object per line"
     try:
-        value = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
+        text = line.decode("utf-8")
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise ProtocolError("malformed JSON: nested too deeply", hint) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an over-long integer

@@ -155,6 +155,19 @@ MALFORMED = "malformed JSON"
         pytest.param(b'{"id": 1' + b"0" * 5000 + b"}", "protocol", MALFORMED, id="5000-digits"),
         pytest.param(b'{"token": "\\udc80"}', "protocol", MALFORMED, id="lone-surrogate"),
         pytest.param(b"[" * 50_000 + b"]" * 50_000, "protocol", MALFORMED, id="deep-nesting"),
+        # Big-endian: the line's last byte is its newline's, so it reaches the daemon whole.
+        pytest.param(
+            '{"id": 1, "method": "status"}\n'.encode("utf-16-be"),
+            "protocol",
+            MALFORMED,
+            id="utf-16",
+        ),
+        pytest.param(
+            '{"id": 1, "method": "status"}\n'.encode("utf-32-be"),
+            "protocol",
+            MALFORMED,
+            id="utf-32",
+        ),
     ],
 )
 def test_bad_input_gets_an_error_reply_and_the_connection_stays_usable(

@@ -650,6 +650,12 @@ def test_encode_refuses_what_json_cannot_carry() -> None:
         b'["a", ["\\ud83d"]]',
         b'{"id": 1' + b"0" * 5000 + b"}",
         b"[" * 100_000 + b"]" * 100_000,
+        '{"id": 1}'.encode("utf-16"),
+        '{"id": 1}'.encode("utf-16-le"),
+        '{"id": 1}'.encode("utf-16-be"),
+        '{"id": 1}'.encode("utf-32"),
+        '{"id": 1}'.encode("utf-32-le"),
+        '{"id": 1}'.encode("utf-8-sig"),
     ],
 )
 def test_decode_refuses_anything_but_strict_json(line: bytes) -> None:
