@@ -111,8 +111,8 @@ def test_errors_are_json_on_stderr_with_json(tiny: str) -> None:
         (["-p", "fifo", "-w", "workload-1", "--seed", "-5"], "--seed must be 0 or more"),
         (["-w", "workload-1"], "no policy given"),
         (["-p", "fifo", "-w", "workload-1", "--nodes", "0"], "--nodes"),
-        (["-p", "fifo", "-w", "workload-1", "--gpus-per-node", "100000"], "at most 64 GPUs"),
-        (["-p", "fifo", "-w", "workload-1", "--nodes", "5000"], "at most 1024 nodes"),
+        (["-p", "fifo", "-w", "workload-1", "--gpus-per-node", "100000"], "1600000 GPUs is past"),
+        (["-p", "fifo", "-w", "workload-1", "--nodes", "5000"], "20000 GPUs is past"),
         (["-p", "fifo", "-w", "workload-1", "--interference", "1"], "--interference"),
         (["-p", "fifo", "-w", "workload-1", "--jobs", "0"], "--jobs"),
         (["-p", "sia", "-w", "workload-1", "--cluster", "sia", "--nodes", "4"], "cannot go with"),
@@ -253,3 +253,11 @@ def test_bad_lab_options_exit_2_with_the_reason(tiny: str, args: list[str], mess
     result = sim("-p", "fifo", "-w", tiny, "--nodes", "1", *args)
     assert result.exit_code == 2
     assert message in result.stderr
+
+
+def test_a_cluster_file_past_what_the_simulator_models_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.toml"
+    big.write_text('[[nodes]]\ntype = "T4"\ngpus = 4096\ncount = 4\n')
+    result = sim("-p", "fifo", "-w", "workload-1", "--cluster", str(big))
+    assert result.exit_code == 2
+    assert "a cluster of 16384 GPUs is past what gpuq sim models: 8192 at most" in result.stderr

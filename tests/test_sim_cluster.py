@@ -55,6 +55,7 @@ def test_a_toml_file_lists_node_groups_with_types_any_case(tmp_path: Path) -> No
         ('tables = "gavel"\n[[nodes]]\ntype = "T4"\ngpus = 4\n', "unknown tables 'gavel'"),
         ("nodes = []\n", "no [[nodes]]"),
         ("[[nodes]\n", "is not valid TOML"),
+        ("a = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
         (
             '[[nodes]]\ntype = "T4"\ngpus = 4\nname = "a"\n[[nodes]]\ntype = "A100"\ngpus = 8\n'
             'name = "a"\n',

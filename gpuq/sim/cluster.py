@@ -130,6 +130,11 @@ def load_cluster(spec: str) -> SimCluster:
         raise UsageError(f"cannot read cluster file {spec}: {error}", hint=CLUSTER_HINT) from None
     except tomllib.TOMLDecodeError as error:
         raise UsageError(f"cluster file {spec} is not valid TOML: {error}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise UsageError(
+            f"cluster file {spec} is not valid TOML: arrays or tables nested too deeply",
+            hint=CLUSTER_HINT,
+        ) from None
     return parse_cluster(data, spec)
 
 
