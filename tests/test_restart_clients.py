@@ -66,14 +66,7 @@ def test_a_followed_log_goes_on_from_where_it_was_nothing_twice(daemon: DaemonHa
     script = "echo tick 1; while [ ! -e go ]; do sleep 0.05; done; echo tick 2"
     job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", script)
     daemon.wait_state(job_id, "running")
-    follow = subprocess.Popen(
-        [sys.executable, "-m", "gpuq.cli.entry", "logs", "--follow", str(job_id)],
-        env=daemon.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=daemon.root,
-    )
+    follow = gpuq(daemon, "logs", "--follow", str(job_id))
     try:
         assert follow.stdout is not None
         assert follow.stdout.readline() == "tick 1\n"  # streaming: connected to this daemon
