@@ -14,7 +14,6 @@ Jobs are `sleep`s of one GPU each, run as their owners. Skips unless root.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import sys
 import time
@@ -53,10 +52,12 @@ def lab_of(request: pytest.FixtureRequest) -> Iterator[Any]:
         context.__exit__(None, None, None)
 
 
-def submit_array(lab: Lab, user: LabUser, count: int, seconds: float = SECONDS) -> list[int]:
+def submit_array(
+    lab: Lab, user: LabUser, count: int, seconds: float = SECONDS, *, hold: bool = False
+) -> list[int]:
     result = lab.gpuq(
-        user, "submit", "--json", "--gpus", "1", "--array", f"0-{count - 1}", "--",
-        "sleep", str(seconds),
+        user, "submit", "--json", "--gpus", "1", "--array", f"0-{count - 1}",
+        *(["--hold"] if hold else []), "--", "sleep", str(seconds),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     tasks: list[int] = json.loads(result.stdout)["ids"]
@@ -111,10 +112,18 @@ def gpu_time_shares(jobs: Sequence[dict[str, Any]]) -> tuple[dict[str, float], f
 
 
 def test_while_both_wait_each_user_gets_its_configured_share_of_gpu_time(lab_of: Any) -> None:
+    """Both arrays queue held and are released together, as they arrive at once in the simulator.
+
+    Were one user's jobs to run first, the fair-share factor would rightly
+    pay that usage back inside the window (a second and a half ahead moves
+    bob's share to 0.21), and the test would measure the submissions' race.
+    """
     lab = lab_of(4, "shares = { gpuq-alice = 3, gpuq-bob = 1 }\n")
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both at once, as in the simulator
-        batches = pool.map(lambda user: submit_array(lab, user, 48), [lab.alice, lab.bob])
-        ids = [job_id for batch in batches for job_id in batch]
+    alice = submit_array(lab, lab.alice, 48, hold=True)
+    bob = submit_array(lab, lab.bob, 48, hold=True)
+    ids = [job_id for pair in zip(alice, bob, strict=True) for job_id in pair]
+    released = lab.gpuq(lab.carol, "release", *map(str, ids))
+    assert released.returncode == 0, released.stderr
     jobs = finished(lab, ids)
     shares, window = gpu_time_shares(jobs)
     assert window > 10 * SECONDS, f"a window of {window:.0f} s is too short to judge"
