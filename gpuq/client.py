@@ -121,6 +121,10 @@ def _lock_record(path: Path) -> tuple[str, bool]:
     return pid, bool(pid) and words[1:2] == [statelock.LISTENING]
 
 
+OTHER_CONFIG_HINT = "gpuq daemon restart starts it on this command's"
+"""What to do when `Client.other_config` speaks: the daemon reads its config only at start."""
+
+
 class ConnectionLost(DaemonUnavailable):
     """The daemon closed or dropped the connection of a request it had not answered.
 
@@ -192,6 +196,8 @@ class Client:
     def other_config(self, config: Config) -> str | None:
         """What to tell a user whose daemon runs another config file than `config`'s, or None.
 
+        `OTHER_CONFIG_HINT` says what to do about it.
+
         A daemon started by a command with `--config test.toml` goes on
         serving every later command, which would silently get its GPUs and
         policy. Known once the hello is answered; a lab daemon runs the
@@ -205,8 +211,7 @@ class Client:
             return None
         return (
             f"the daemon runs on {theirs or 'the built-in defaults'}, not on "
-            f"{ours or 'the built-in defaults'} as this command does "
-            "(gpuq daemon restart starts it on this command's)"
+            f"{ours or 'the built-in defaults'} as this command does"
         )
 
     @classmethod

@@ -188,3 +188,42 @@ def test_a_command_on_another_config_file_than_the_daemons_is_warned(
     refused = daemon.cli("submit", "--config", str(other), "--gpus", "99", "--", "true")
     assert refused.returncode == 5 and refused.stderr.startswith(warning)  # why, then the error
     assert "gpuq: error: the job needs 99 GPUs; this server has 2" in refused.stderr
+
+
+@pytest.mark.parametrize("command", [["wait"], ["logs", "--follow"]])
+def test_a_wait_or_a_followed_log_on_another_config_file_warns_before_it_blocks(
+    daemon: DaemonHarness, command: list[str]
+) -> None:
+    """The warning comes while the command waits, not hours later when the job ends."""
+    other = daemon.root / "other.toml"
+    other.write_text(daemon.config_path.read_text())
+    script = "while [ ! -e go ]; do sleep 0.05; done"
+    job_id = submit(daemon, "--gpus", "0", "--", "sh", "-c", script)
+    waiting = gpuq(daemon, *command, "--config", str(other), str(job_id))
+    try:
+        assert waiting.stderr is not None
+        assert waiting.stderr.readline() == (
+            f"gpuq: warning: the daemon runs on {daemon.config_path}, not on {other} as this "
+            "command does (gpuq daemon restart starts it on this command's)\n"
+        )
+        assert waiting.poll() is None  # said while the job still runs
+        (daemon.root / "go").touch()
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0 and err == ""  # said once
+
+
+def test_doctor_warns_of_a_daemon_on_another_config_file(daemon: DaemonHarness) -> None:
+    other = daemon.root / "other.toml"
+    other.write_text(daemon.config_path.read_text())
+    ours = daemon.cli("doctor", "--json")
+    (check,) = [c for c in json.loads(ours.stdout)["checks"] if c["name"] == "daemon"]
+    assert check["status"] == "ok", check
+    theirs = daemon.cli("doctor", "--json", "--config", str(other))
+    (check,) = [c for c in json.loads(theirs.stdout)["checks"] if c["name"] == "daemon"]
+    assert check["status"] == "warn"
+    assert check["message"].endswith(
+        f"but the daemon runs on {daemon.config_path}, not on {other} as this command does"
+    )
+    assert check["hint"] == "gpuq daemon restart starts it on this command's"

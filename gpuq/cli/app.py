@@ -19,17 +19,18 @@ import typer
 from typer._click import exceptions as click_exceptions
 
 from gpuq.cli import cluster, lab, migrate, render, replay, sim
-from gpuq.cli.common import ConfigOpt, JsonOpt, connected, note
+from gpuq.cli.common import ConfigOpt, JsonOpt
 from gpuq.cli.common import print_json as _print_json
 from gpuq.cli.common import run as _run
 from gpuq.cli.errors import asks_json, render_error, said_lost
+from gpuq.cli.link import connected, opened
 from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, NotFoundError, UsageError
 from gpuq.textsafe import visible
 
 if TYPE_CHECKING:
-    from gpuq.client import Client
+    pass
 
 app = typer.Typer(
     name="gpuq",
@@ -94,15 +95,6 @@ def _client(config: str | Config | None, autostart: bool = True) -> Any:
     """A connected client for the config at path `config` (or already read): `connected`."""
     loaded = config if isinstance(config, Config) else load_config(config)
     return connected(loaded, autostart=autostart)
-
-
-def _open_client(config: Config) -> Client:
-    """A connected client its caller closes (a wait or a followed log hands it on), notice said."""
-    from gpuq.client import Client
-
-    client = Client.connect(config)
-    note(client)
-    return client
 
 
 def _print_warnings(result: dict[str, Any]) -> None:
@@ -276,7 +268,7 @@ def logs(
         stream = "stderr" if stderr else "stdout"
         options: dict[str, Any] = {"part": part} if part else {}
         loaded = load_config(config)
-        client = _open_client(loaded)
+        client = opened(loaded)
         try:
             while True:
                 try:
@@ -507,7 +499,7 @@ def wait(
             any_job=any_job,
             timeout=seconds,
             on_lost=said_lost,
-            client=_open_client(loaded),
+            client=opened(loaded),
         )
         if json_out:
             _print_json({"jobs": jobs})

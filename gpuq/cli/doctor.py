@@ -67,7 +67,7 @@ def check_state_dir(config: Config) -> Check:
 
 def check_socket(config: Config) -> Check:
     """Check whether a daemon answers, its socket is stale, or none is there yet."""
-    from gpuq.client import Client, choose_daemon
+    from gpuq.client import OTHER_CONFIG_HINT, Client, choose_daemon
 
     choice = choose_daemon(config)
     path = choice.path
@@ -75,6 +75,7 @@ def check_socket(config: Config) -> Check:
         with Client.connect(config, autostart=False) as client:
             pid = client.hello.get("pid")
             warnings = client.call("status").get("warnings") or []
+            elsewhere = client.other_config(config)
     except GpuqError as exc:
         if path.exists():
             return Check(
@@ -106,6 +107,8 @@ def check_socket(config: Config) -> Check:
         )
     if choice.lab:
         return Check("daemon", "ok", f"the lab daemon (pid {pid}) on {path}")
+    if elsewhere is not None:
+        return Check("daemon", "warn", f"running (pid {pid}), but {elsewhere}", OTHER_CONFIG_HINT)
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         return Check(

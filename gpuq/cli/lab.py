@@ -12,7 +12,8 @@ from typing import Annotated
 
 import typer
 
-from gpuq.cli.common import ConfigOpt, JsonOpt, note, print_json, run
+from gpuq.cli.common import ConfigOpt, JsonOpt, print_json, run
+from gpuq.cli.link import say_notice
 from gpuq.config import LAB_SOCKET, load_config
 from gpuq.errors import ConfigError, PermissionDenied, UsageError
 
@@ -70,7 +71,7 @@ def audit(
 
         cutoff = None if since is None else time.time() - parse_duration(since, bare_minutes=False)
         with Client.connect(load_config(config), autostart=False) as client:
-            note(client)
+            say_notice(client)
             own = {"here": True} if here else {}
             result = client.call("audit", user=user, since=cutoff, limit=limit, **own)
         if json_out:
@@ -109,7 +110,7 @@ def share(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         from gpuq.units import format_duration
 
         with Client.connect(load_config(config), autostart=False) as client:
-            note(client)
+            say_notice(client)
             result = client.call("share")
         if json_out:
             print_json(result)

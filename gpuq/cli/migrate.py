@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from gpuq.cli.common import ConfigOpt, JsonOpt, connected, print_json, run
+from gpuq.cli.common import ConfigOpt, JsonOpt, print_json, run
+from gpuq.cli.link import connected
 from gpuq.config import load_config
 
 

@@ -46,8 +46,9 @@ from typing import Annotated
 
 import typer
 
-from gpuq.cli.common import ConfigOpt, connected
+from gpuq.cli.common import ConfigOpt
 from gpuq.cli.errors import render_error
+from gpuq.cli.link import connected
 from gpuq.cli.sim import Progress, results_table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION

@@ -526,20 +526,14 @@ def submit_with_retry(
 
     Returns the job ids and, for an array, the array's own id.
     """
-    from gpuq.client import Client
+    from gpuq.cli.link import connected
     from gpuq.errors import DaemonUnavailable
 
     token = os.urandom(16).hex()
     for attempt in (1, 2):
         try:
-            with Client.connect(config) as client:
-                if client.notice and attempt == 1:
-                    print(f"gpuq: {client.notice}", file=sys.stderr)
-                try:
-                    result = client.call("submit", spec=spec, array=indices, token=token)
-                finally:  # as `gpuq.cli.common.connected`, without its typer
-                    if (other := client.other_config(config)) is not None:
-                        print(f"gpuq: warning: {other}", file=sys.stderr)
+            with connected(config, notice=attempt == 1) as client:
+                result = client.call("submit", spec=spec, array=indices, token=token)
             array_id = result.get("array_id")
             return [int(i) for i in result["ids"]], None if array_id is None else int(array_id)
         except DaemonUnavailable:
