@@ -110,7 +110,9 @@ def list_jobs(
     ids: Annotated[
         list[int] | None,
         typer.Argument(
-            help="Only these jobs; an array's id lists all its tasks.", show_default=False
+            metavar="ID",
+            help="Only these jobs; an array's id lists all its tasks.",
+            show_default=False,
         ),
     ] = None,
     state: Annotated[
@@ -897,13 +899,36 @@ def run_app(args: list[str]) -> int:
 
 def _usage_error(exc: click_exceptions.UsageError, args: list[str]) -> int:
     """Render a command line typer refused, as `render_error` renders gpuq's own errors."""
-    message = exc.format_message().rstrip(".")
+    message = _with_value(exc).rstrip(".")
     if message[1:2].islower():  # "No such option: ..." reads as the rest of gpuq's errors
         message = message[:1].lower() + message[1:]
     path, command = _command_of(args)
     takes_json = any("--json" in getattr(param, "opts", ()) for param in command.params)
     error = UsageError(message, f"see {' '.join(path)} --help")
     return render_error(error, json_mode=takes_json and asks_json(args))
+
+
+def _with_value(exc: click_exceptions.UsageError) -> str:
+    """A refused value's message, quoting the value: "invalid value for 'ID': got 'abc': ...".
+
+    typer checks a value's type through pydantic, whose error (the cause)
+    holds the input; its message alone ("Input should be a valid integer")
+    does not say which of several values was wrong.
+    """
+    message = exc.format_message()
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if not isinstance(exc, click_exceptions.BadParameter) or not callable(errors):
+        return message
+    try:
+        (first, *_) = errors()
+        value, reason = first["input"], str(first["msg"])
+    except (TypeError, ValueError, KeyError):
+        return message
+    if not isinstance(value, (str, int, float)) or exc.message not in message:
+        return message
+    reason = reason.split(", ")[0]  # "..., unable to parse string as an integer" says it twice
+    return message.replace(exc.message, f"got {value!r}: {reason[:1].lower()}{reason[1:]}")
 
 
 def _command_of(args: list[str]) -> tuple[list[str], Any]:
