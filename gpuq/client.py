@@ -18,6 +18,7 @@ Every failure to reach or understand the daemon is a `GpuqError` with a hint.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import stat
@@ -32,7 +33,7 @@ from typing import Any
 
 from gpuq import statelock
 from gpuq.config import RUNTIME_DIR_ENV, STATE_DIR_ENV, Config
-from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, from_wire
+from gpuq.errors import DaemonUnavailable, GpuqError, ProtocolError, StateError, from_wire
 from gpuq.paths import check_private_dir, ensure_private_dir, require_socket_or_nothing
 from gpuq.wire import (
     HEARTBEAT_EVENT,
@@ -49,6 +50,8 @@ LOCK_NAME = statelock.LOCK_NAME
 START_TIMEOUT = 15.0
 DAEMON_ERROR = "gpuqd: error: "
 """How the daemon's last words start (`gpuq.daemon.__main__`), with a `hint: ` line after."""
+DAEMON_ERROR_CODE = "gpuqd: error code: "
+"""The line after those: the error's code (`GpuqError.code`), so that it keeps its kind."""
 
 
 def socket_path(config: Config) -> Path:
@@ -576,10 +579,7 @@ def start_daemon(config: Config) -> int:
             log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
     except OSError as exc:
-        raise DaemonUnavailable(
-            f"cannot open the daemon log {log_path}: {exc.strerror}",
-            "is it a symbolic link or not writable? move it away",
-        ) from None
+        raise _log_refused(log_path, exc) from None
     try:
         proc = subprocess.Popen(  # noqa: S603
             command,
@@ -669,10 +669,26 @@ def _another_daemon_starts(path: Path, ours: int) -> bool:
     return True
 
 
-def _start_failure(log_path: Path, start: int, code: int, state_dir: Path) -> DaemonUnavailable:
+def _log_refused(log_path: Path, exc: OSError) -> StateError:
+    """The state directory's fault that the daemon's log cannot be opened, with what to do."""
+    hints = {
+        errno.EROFS: "its filesystem is read-only: remount it read-write",
+        errno.ENOSPC: f"its filesystem is full: free some space (df -h {log_path.parent})",
+        errno.ELOOP: "it is a symbolic link, which gpuq does not follow: move it away",
+        errno.EACCES: f"make it writable by you, or move it away (ls -l {log_path})",
+    }
+    return StateError(
+        f"cannot open the daemon log {log_path}: {exc.strerror}",
+        hints.get(exc.errno or 0, "is it a symbolic link or not writable? move it away"),
+    )
+
+
+def _start_failure(log_path: Path, start: int, code: int, state_dir: Path) -> GpuqError:
     """Why the daemon this command started exited: its own error and hint, from its log.
 
-    A daemon on a full disk cannot write its log either: then the disk is
+    The error keeps its kind (NVML unusable, the state directory unusable)
+    where the daemon wrote its code, else it is a DaemonUnavailable. A
+    daemon on a full disk cannot write its log either: then the disk is
     looked at here.
     """
     try:
@@ -683,13 +699,24 @@ def _start_failure(log_path: Path, start: int, code: int, state_dir: Path) -> Da
         lines = []
     for number in range(len(lines) - 1, -1, -1):
         if lines[number].startswith(DAEMON_ERROR):
-            after = lines[number + 1] if number + 1 < len(lines) else ""
-            return DaemonUnavailable(
-                f"the gpuq daemon could not start: {lines[number].removeprefix(DAEMON_ERROR)}",
-                after.removeprefix("hint: ") if after.startswith("hint: ") else f"see {log_path}",
+            after = lines[number + 1 : number + 3]
+            hints = [line.removeprefix("hint: ") for line in after if line.startswith("hint: ")]
+            kinds = [
+                c.removeprefix(DAEMON_ERROR_CODE) for c in after if c.startswith(DAEMON_ERROR_CODE)
+            ]
+            error = from_wire(
+                {
+                    "code": kinds[0] if kinds else DaemonUnavailable.code,
+                    "message": "the gpuq daemon could not start: "
+                    + lines[number].removeprefix(DAEMON_ERROR),
+                    "hint": hints[0] if hints else f"see {log_path}",
+                }
             )
+            if type(error) is GpuqError:  # an internal error, or a code this client does not know
+                return DaemonUnavailable(error.message, error.hint)
+            return error
     if not lines and _full(state_dir):
-        return DaemonUnavailable(
+        return StateError(
             f"the gpuq daemon could not start: the filesystem of {state_dir} is full "
             "(the daemon could not even write its log)",
             f"free some space there (df -h {state_dir}), then start again; the queue is intact",

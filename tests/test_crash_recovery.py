@@ -28,7 +28,7 @@ import pytest
 from gpuq.daemon import jobfiles, proctree
 from gpuq.daemon.faults import POINTS
 from gpuq.daemon.store import Store
-from gpuq.errors import DaemonUnavailable, StateError
+from gpuq.errors import DaemonUnavailable, ExitCode, StateError
 from tests.daemon_harness import DaemonHarness, mounted_tmpfs, wait_for
 
 FOUR_GPUS = '[[gpus.fake]]\nname = "Fake"\nmemory = "16G"\ncount = 4\n'
@@ -372,7 +372,7 @@ def test_a_daemon_started_on_a_full_disk_says_to_free_space_and_keeps_the_queue(
         assert opening.value.hint is not None
         assert f"free some space where it lives (df -h {small_state_dir})" in opening.value.hint
         refused = daemon.cli("ls")
-        assert refused.returncode == 5
+        assert refused.returncode == ExitCode.STATE  # as the daemon's own "disk full" would be
         assert f"could not start: the filesystem of {small_state_dir} is full" in refused.stderr
         assert f"hint: free some space there (df -h {small_state_dir})" in refused.stderr
 

@@ -121,6 +121,38 @@ def test_a_read_only_database_is_refused_at_start_with_a_clear_error(
     assert "hint: make it and its directory writable" in result.stderr
 
 
+def test_a_daemon_a_command_starts_fails_with_its_own_error_code_not_unreachable(
+    tmp_path: Path,
+) -> None:
+    """A script tells an unusable state directory (exit 7) from a daemon that is not there (5)."""
+    harness = DaemonHarness(tmp_path)
+    harness.state_dir.mkdir(parents=True, mode=0o700)
+    (harness.state_dir / "gpuq.db").write_bytes(b"not a database, " * 64)
+    try:
+        result = harness.cli("ls", "--json")
+    finally:
+        harness.close()
+    assert result.returncode == ExitCode.STATE, result.stderr
+    error = json.loads(result.stderr)["error"]
+    assert error["code"] == "state"
+    assert error["message"] == (
+        "the gpuq daemon could not start: cannot open the state database "
+        f"{harness.state_dir / 'gpuq.db'}: file is not a database"
+    )
+    assert error["hint"] == (
+        "check the state directory (gpuq doctor); move a corrupt file aside to start afresh"
+    )
+
+
+def test_a_read_only_state_directory_is_a_state_error_for_a_command_that_starts_the_daemon(
+    read_only_state: DaemonHarness,
+) -> None:
+    result = read_only_state.cli("ls")
+    assert result.returncode == ExitCode.STATE, result.stderr
+    assert "read-only" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("mode", "error", "hint"),
     [

@@ -43,7 +43,9 @@ EXIT_STATUS: dict[ExitCode, str] = {
     "be met by this server (more GPUs or GPU memory than it has).",
     ExitCode.PROTOCOL: "The client and the daemon speak different protocol versions, or a "
     "message was malformed.",
-    ExitCode.STATE: "The state directory or database is unusable (for example on NFS).",
+    ExitCode.STATE: "The state directory or database is unusable (for example on NFS, "
+    "read-only, full, or a corrupt database), also when it keeps a daemon this command "
+    "starts from starting.",
     ExitCode.TIMEOUT: "A wait ran out of time (--timeout).",
     ExitCode.PERMISSION: "Not allowed: on a lab daemon, another user's job, or an action for "
     "the lab's admins only.",

@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuqd: error: {exc.message}", file=sys.stderr)
         if exc.hint:
             print(f"hint: {exc.hint}", file=sys.stderr)
+        # The command that started the daemon reads these lines from its log
+        # (gpuq.client._start_failure): the code keeps the error's kind.
+        print(f"gpuqd: error code: {exc.code}", file=sys.stderr)
         return int(exc.exit_code)
     return 0
 
