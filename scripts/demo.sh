@@ -7,7 +7,19 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-$here/.venv/bin/python}"
 gpuq() { "$python" -m gpuq.cli.entry "$@"; }
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
-run() { say "gpuq $*"; gpuq "$@"; }
+# A word the shell would split or expand is shown in single quotes, so that a
+# command can be copied from the demo's output and run.
+quoted() {
+  local word out=()
+  for word in "$@"; do
+    case $word in
+      '' | *[!A-Za-z0-9_./:=%,+@-]*) out+=("'${word//\'/\'\\\'\'}'") ;;
+      *) out+=("$word") ;;
+    esac
+  done
+  printf '%s' "${out[*]}"
+}
+run() { say "gpuq $(quoted "$@")"; gpuq "$@"; }
 
 work="$(mktemp -d /tmp/gpuq-demo.XXXXXX)"
 export GPUQ_CONFIG="$work/config.toml"

@@ -170,7 +170,7 @@ def test_ls_lists_pending_and_running_jobs_and_with_all_the_finished_ones_too(
 SHOW_GOLDEN = """\
 Job 1: three
   State:      failed (exited with code 3)
-  Command:    sh -c exit 3
+  Command:    sh -c 'exit 3'
   Directory:  <ROOT>
   User:       <USER>
   GPUs:       1 on <GPU0>

@@ -56,6 +56,11 @@ def gpuq(*args: str) -> subprocess.CompletedProcess[str]:
         (["daemon", "bogus"], "no such command 'bogus'", "see gpuq daemon --help"),
         (["cluster", "add"], "missing argument 'HOST'", "see gpuq cluster add --help"),
         (["top", "--json"], "no such option: --json", "see gpuq top --help"),
+        (
+            ["daemon", "run", "--log-level", "BOGUS"],
+            "--log-level must be one of DEBUG, INFO, WARNING, ERROR (in any case), got 'BOGUS'",
+            "e.g. gpuq daemon run --log-level debug",
+        ),
     ],
     ids=[
         "unknown-option",
@@ -68,6 +73,7 @@ def gpuq(*args: str) -> subprocess.CompletedProcess[str]:
         "unknown-subcommand",
         "nested-missing-argument",
         "json-where-none-is-taken",
+        "unknown-log-level",
     ],
 )
 def test_a_refused_command_line_is_a_gpuq_error_with_a_hint(

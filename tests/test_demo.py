@@ -31,3 +31,5 @@ def test_the_demo_packs_queues_trains_and_reports() -> None:
     assert "waiting for 1 free GPU" in out, "the whole-GPU job is shown queued"
     assert "accuracy" in out, "the PyTorch training run printed its result"
     assert "succeeded" in out and "retrying in 1s (attempt 2 of 2)" in out
+    shown = "gpuq submit --name whole --gpus 1 -- sh -c 'echo whole GPU: $CUDA_VISIBLE_DEVICES'"
+    assert shown in out, "a command is shown as it can be copied and run"

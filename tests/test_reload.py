@@ -12,6 +12,7 @@ import json
 import os
 import signal
 
+from gpuq.client import Client
 from gpuq.daemon import reload
 from tests.daemon_harness import DaemonHarness, wait_for
 from tests.daemon_harness import submit_cli as submit
@@ -24,16 +25,54 @@ def append(daemon: DaemonHarness, toml: str) -> None:
 
 def test_an_edit_not_yet_applied_is_flagged_by_ls_and_doctor(daemon: DaemonHarness) -> None:
     assert "config file" not in daemon.cli("ls").stderr
-    append(daemon, '[defaults]\ntime_limit = "1h"')
+    append(daemon, '[logs]\nmax_size = "2G"')
     listing = daemon.cli("ls")
     assert listing.returncode == 0
-    assert "changed since the daemon read it: gpuq daemon reload applies it" in listing.stderr
+    assert listing.stderr == (
+        f"gpuq: warning: the config file {daemon.config_path} changed since the daemon read "
+        "it: gpuq daemon reload applies logs.max_size\n"
+    )
     doctor = daemon.cli("doctor")
     assert "[FAIL] daemon" in doctor.stdout and "gpuq daemon reload" in doctor.stdout
     reloaded = daemon.cli("daemon", "reload")
     assert reloaded.returncode == 0, reloaded.stderr
-    assert "defaults.time_limit" in reloaded.stdout
+    assert "logs.max_size" in reloaded.stdout
     assert "config file" not in daemon.cli("ls").stderr
+
+
+def test_an_edit_of_the_defaults_alone_needs_no_reload_and_is_not_warned_of(
+    daemon: DaemonHarness,
+) -> None:
+    """Each `gpuq submit` reads [defaults] from the file: the edit counts at once."""
+    append(daemon, '# the usual limit\n[defaults]\ntime_limit = "1s"')
+    assert daemon.cli("ls").stderr == ""
+    job_id = submit(daemon, "--gpus", "0", "--", "sleep", "30")
+    assert daemon.wait_state(job_id, "failed", timeout=30)["reason"] == "time limit of 1s reached"
+
+
+def test_an_edit_that_needs_a_restart_says_so_before_the_reload(daemon: DaemonHarness) -> None:
+    append(daemon, '[[gpus.fake]]\nname = "Extra"\nmemory = "8G"')
+    assert daemon.cli("ls").stderr == (
+        f"gpuq: warning: the config file {daemon.config_path} changed since the daemon read "
+        "it: gpus.fake take effect only after gpuq daemon restart\n"
+    )
+    reloaded = daemon.cli("daemon", "reload")
+    assert reloaded.returncode == 0
+    assert reloaded.stdout.endswith(": nothing to apply now\n")
+    assert reloaded.stderr == "gpuq: gpus.fake take effect after gpuq daemon restart\n"
+
+
+def test_an_edit_that_no_longer_validates_is_warned_of(daemon: DaemonHarness) -> None:
+    """Commands refuse the file themselves; a client such as `gpuq top` hears it from the daemon."""
+    config = daemon.config  # read while it is valid
+    append(daemon, '[logs]\nmax_size = "huge"')
+    with Client.connect(config, autostart=False) as client:
+        (warning,) = client.call("status")["warnings"]
+    assert warning.startswith(
+        f"the config file {daemon.config_path} changed since the daemon read it and is not "
+        f"valid (invalid logs.max_size = 'huge' in {daemon.config_path}"
+    )
+    assert warning.endswith("); the daemon goes on with what it read")
 
 
 def test_reload_applies_live_keys_to_new_jobs(daemon: DaemonHarness) -> None:

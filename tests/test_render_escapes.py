@@ -15,6 +15,7 @@ import asyncio
 import io
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -135,7 +136,15 @@ def test_show_escapes_every_field_and_adds_no_line(hostile: str) -> None:
 def test_show_and_ls_leave_ordinary_text_alone() -> None:
     ordinary = job(name="bert-ü-训练", spec={"command": ["sh", "-c", "printf 'a\\n'"]})
     out = job_detail(ordinary, []) + jobs_table([ordinary], now=NOW)
-    assert "bert-ü-训练" in out and "printf 'a\\n'" in out
+    assert "bert-ü-训练" in out
+    assert """  Command:    sh -c 'printf '"'"'a\\n'"'"''\n""" in out  # quoted as a shell would
+
+
+def test_show_quotes_the_command_so_that_it_can_be_copied_and_run_again() -> None:
+    command = ["sh", "-c", 'echo "a b"; exit 0', "it's", ""]
+    detail = job_detail(job(spec={"command": command}), [])
+    (line,) = [row for row in detail.split("\n") if row.startswith("  Command:")]
+    assert shlex.split(line.removeprefix("  Command:")) == command
 
 
 def test_gpus_metrics_and_sim_tables_escape_their_cells() -> None:
@@ -244,7 +253,7 @@ def test_ls_and_show_through_the_cli_keep_escapes_off_the_terminal(
     assert_terminal_safe(shown)
     text = shown.decode()
     assert text.startswith(f"Job {evil}: x\\x1b[2J\\x07\\n9  forged\n")
-    assert "  Command:    echo \\x1b]0;pwned\\x07 c1\\x9b bidi\\u202e\n" in text
+    assert "  Command:    echo '\\x1b]0;pwned\\x07' 'c1\\x9b' 'bidi\\u202e'\n" in text
     assert f"  Directory:  {daemon.root}/dir\\x1b[31m\\nx\n" in text
     ordinary, _, _ = gpuq(daemon, "show", str(plain))
     assert len(text.split("\n")) == len(ordinary.decode().split("\n"))

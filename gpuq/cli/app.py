@@ -670,9 +670,11 @@ def daemon_restart(config: ConfigOpt = None) -> None:
 def daemon_reload(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
     """Apply the config file without a restart (SIGHUP does the same).
 
-    [scheduler], [logs], [defaults], [client] and daemon.kill_grace change
-    at once; other [daemon] keys and [gpus] need gpuq daemon restart, and
-    the command names them. An invalid file changes nothing (exit 2).
+    [scheduler], [logs], [client], [cluster], daemon.kill_grace and
+    daemon.labels change at once ([defaults] needs no reload: each command
+    reads it from the file); other [daemon] keys and [gpus] need gpuq daemon
+    restart, and the command names them. An invalid file changes nothing
+    (exit 2).
     """
 
     def body() -> None:
@@ -681,7 +683,9 @@ def daemon_reload(json_out: JsonOpt = False, config: ConfigOpt = None) -> None:
         if json_out:
             _print_json(result)
             return
-        applied = ", ".join(result["applied"]) or "nothing changed"
+        applied = ", ".join(result["applied"]) or (
+            "nothing to apply now" if result["restart_needed"] else "nothing changed"
+        )
         print(f"gpuq daemon reloaded {result['source'] or 'the built-in defaults'}: {applied}")
         if result["restart_needed"]:
             keys = ", ".join(result["restart_needed"])
@@ -698,10 +702,20 @@ def daemon_run(
     ] = "INFO",
 ) -> None:
     """Run the daemon in the foreground, logging to stderr (for systemd and containers)."""
+    from gpuq.daemon.__main__ import LOG_LEVELS
     from gpuq.daemon.__main__ import main as daemon_main
 
+    if log_level.upper() not in LOG_LEVELS:
+        _run(False, lambda: _bad_log_level(log_level, LOG_LEVELS))
     args = ["--log-level", log_level] + (["--config", config] if config else [])
     raise typer.Exit(daemon_main(args))
+
+
+def _bad_log_level(level: str, levels: tuple[str, ...]) -> None:
+    raise UsageError(
+        f"--log-level must be one of {', '.join(levels)} (in any case), got {level!r}",
+        "e.g. gpuq daemon run --log-level debug",
+    )
 
 
 @daemon_app.command("status")

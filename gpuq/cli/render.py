@@ -9,6 +9,7 @@ control characters escaped, so it cannot clear the screen or forge a row.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -187,7 +188,7 @@ def job_detail(
     lines = [
         f"Job {job['id']}: {job['name']}",
         f"  State:      {_state_with_reason(job['state'], job['reason'])}",
-        f"  Command:    {' '.join(spec['command'])}",
+        f"  Command:    {shlex.join(spec['command'])}",
         f"  Directory:  {spec['cwd']}",
         f"  User:       {job['user']}",
         f"  GPUs:       {gpus_cell(job)}"

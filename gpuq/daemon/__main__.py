@@ -21,14 +21,20 @@ at 1 ms a long Pollux decision over a 1,000-job queue costs the loop's
 """
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+"""The daemon's --log-level values, in any case."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the daemon until stopped; errors are printed with their hint."""
     parser = argparse.ArgumentParser(prog="gpuqd", description="The gpuq daemon.")
     parser.add_argument("--config", help="configuration file (default: GPUQ_CONFIG or XDG path)")
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument(
+        "--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="the log's detail"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         format="%(asctime)s gpuqd[%(process)d] %(levelname)s %(message)s",
     )
     sys.setswitchinterval(GIL_SWITCH_SECONDS)

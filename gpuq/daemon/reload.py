@@ -11,7 +11,9 @@ keep warning until the restart.
 
 `ConfigWatch` notices when the file on disk no longer matches what the
 daemon runs (by size and modification time, then by content), so users hear
-about an edit they forgot to apply.
+about an edit they forgot to apply, and what would apply it: a reload for
+live keys, a restart for the others; nothing for `[defaults]`, which each
+`gpuq submit` reads from the file itself.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from gpuq.config import Config, config_to_dict, load_config
+from gpuq.errors import ConfigError
 
 LIVE_SECTIONS = ("scheduler", "logs", "defaults", "client", "cluster")
 LIVE_DAEMON_KEYS = ("kill_grace", "labels")
+PER_COMMAND_SECTIONS = ("defaults",)
+"""What each command reads from the file itself: an edit there needs no reload."""
 
 
 def _digest(path: Path | None) -> tuple[tuple[int, int, int] | None, str | None]:
@@ -47,6 +52,8 @@ class ConfigWatch:
         self.source = source
         self._stat, self._digest = _digest(source)
         self.restart_needed: list[str] = []
+        self._edit: tuple[str | None, list[str]] = (self._digest, [])
+        """The file's digest when last looked at, and what its edit calls for."""
 
     def loaded(self, source: Path | None) -> None:
         """The daemon now runs the file as it is."""
@@ -65,20 +72,60 @@ class ConfigWatch:
             return False
         return _digest(self.source)[1] != self._digest
 
-    def warnings(self) -> list[str]:
-        """What to tell users about the config."""
-        found = []
-        if self.changed():
-            found.append(
-                f"the config file {self.source} changed since the daemon read it: "
-                "gpuq daemon reload applies it"
-            )
+    def warnings(self, running: Config) -> list[str]:
+        """What to tell users about the config, which `running` is what the daemon runs."""
+        found = self._edit_warnings(running) if self.changed() else []
         if self.restart_needed:
             found.append(
                 f"config keys {', '.join(self.restart_needed)} changed and take effect only "
                 "after gpuq daemon restart"
             )
         return found
+
+    def _edit_warnings(self, running: Config) -> list[str]:
+        """What the file's edit needs, read once per version of the file."""
+        digest = _digest(self.source)[1]
+        if digest != self._edit[0]:
+            self._edit = (digest, edit_warnings(self.source, running, self.restart_needed))
+        return self._edit[1]
+
+
+def edit_warnings(source: Path | None, running: Config, known: list[str]) -> list[str]:
+    """What applies an edit of `source` that `running` does not have yet, if it needs anything.
+
+    Keys of `known` (already reported as needing a restart) are not said twice.
+    """
+    try:
+        fresh = load_config(None if source is None else str(source))
+    except ConfigError as exc:
+        return [
+            f"the config file {source} changed since the daemon read it and is not valid "
+            f"({exc.message}); the daemon goes on with what it read"
+        ]
+    live, restart = _split(_changed(running, fresh))
+    found = []
+    if live := [k for k in live if k.partition(".")[0] not in PER_COMMAND_SECTIONS]:
+        found.append(
+            f"the config file {source} changed since the daemon read it: "
+            f"gpuq daemon reload applies {', '.join(live)}"
+        )
+    if restart := [k for k in restart if k not in known]:
+        found.append(
+            f"the config file {source} changed since the daemon read it: "
+            f"{', '.join(restart)} take effect only after gpuq daemon restart"
+        )
+    return found
+
+
+def _changed(before: Config, after: Config) -> list[str]:
+    """The dotted keys whose values differ."""
+    old, new = _flatten(before), _flatten(after)
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def _split(keys: list[str]) -> tuple[list[str], list[str]]:
+    """(keys a reload applies, keys that need a restart)."""
+    return [k for k in keys if _is_live(k)], [k for k in keys if not _is_live(k)]
 
 
 def _flatten(config: Config) -> dict[str, Any]:
@@ -103,10 +150,7 @@ def reload(current: Config) -> tuple[Config, list[str], list[str]]:
     """
     source = None if current.source is None else str(current.source)
     fresh = load_config(source)
-    before, after = _flatten(current), _flatten(fresh)
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    applied = [k for k in changed if _is_live(k)]
-    restart = [k for k in changed if not _is_live(k)]
+    applied, restart = _split(_changed(current, fresh))
     running = dataclasses.replace(
         current,
         scheduler=fresh.scheduler,

@@ -342,7 +342,7 @@ class DaemonState:
 
     def warnings(self) -> list[str]:
         """The daemon's problems, for the `warnings` of replies (shown by `gpuq ls`, doctor)."""
-        return [*self.problems.values(), *self.config_watch.warnings()]
+        return [*self.problems.values(), *self.config_watch.warnings(self.config)]
 
     def reload_config(self) -> dict[str, Any]:
         """Apply the config file as it is now (`gpuq.daemon.reload`); ConfigError if invalid."""
