@@ -234,6 +234,22 @@ def test_an_oversized_line_gets_request_too_large_and_the_connection_closes(
     assert_serving(daemon)
 
 
+def test_a_line_cut_off_by_the_client_going_away_is_dropped_unanswered(
+    daemon: DaemonHarness,
+) -> None:
+    """Answering half a megabyte of half a request kept it alive until the next full collection.
+
+    Clients that hung up mid-line, over and over, grew the daemon by their
+    lines' size each round (a lab daemon is anyone's to connect to).
+    """
+    with raw(daemon) as conn:
+        conn.sock.sendall(b'{"id": 1, "method": "list", "params": {"name": "' + b"a" * 500_000)
+        conn.sock.shutdown(socket.SHUT_WR)  # gone, as far as the daemon can tell
+        assert conn.file.read() == b"", "no reply to a line that never ended"
+    assert "Traceback" not in daemon.log() and "ERROR" not in daemon.log()
+    assert_serving(daemon)
+
+
 def test_the_first_request_must_be_hello(daemon: DaemonHarness) -> None:
     with raw(daemon, hello=False) as conn:
         for _ in range(2):

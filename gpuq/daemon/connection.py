@@ -223,8 +223,8 @@ async def serve_connection(
                     )
                 )
                 return
-            if not line:
-                return
+            if not line.endswith(b"\n"):
+                return  # the client went away, perhaps mid-line: nobody to answer
             if not line.strip():
                 continue
             request_id: object = None
