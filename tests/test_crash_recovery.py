@@ -220,6 +220,40 @@ def test_a_shim_killed_while_the_daemon_is_down_leaves_nothing_running(tmp_path:
         daemon.close()
 
 
+def test_a_live_shim_whose_record_is_unreadable_is_killed_with_its_job_before_its_gpus_go(
+    tmp_path: Path,
+) -> None:
+    """A torn or tampered shim record: the job cannot be re-adopted, nor left to run."""
+    daemon = DaemonHarness(tmp_path)  # two GPUs
+    runs = tmp_path / "runs"
+    try:
+        daemon.start()
+        record = f'echo "$GPUQ_JOB_ID $GPUQ_ATTEMPT" >> {runs}'
+        holder = daemon.submit(["sh", "-c", f"{record}; setsid sleep 600 & sleep 600"], gpus=2)
+        waiting = daemon.submit(["sh", "-c", record], gpus=2)
+        daemon.wait_state(holder, "running")
+        wait_for(lambda: len(attempt_processes(daemon, holder, 1)) == 3, what="sh and two sleeps")
+        left = attempt_processes(daemon, holder, 1)
+        shim_path = daemon.state_dir / "jobs" / str(holder) / jobfiles.SHIM
+        shim = jobfiles.read_json(shim_path)
+        assert shim is not None
+
+        daemon.kill()
+        shim_path.write_text("garbage")
+        daemon.start()
+
+        job = daemon.wait_state(holder, "lost", timeout=60)
+        assert job["reason"] == (
+            f"job {holder}: its lock is held but its shim never reported; its processes were killed"
+        )
+        assert not [
+            p for p in [int(shim["pid"]), *left] if (q := proctree.read_proc(p)) and q.alive
+        ]
+        wait_for(lambda: f"{waiting} 1" in runs.read_text().split("\n"), what="the next job")
+    finally:
+        daemon.close()
+
+
 # -- a full state directory ------------------------------------------------------------
 
 

@@ -695,6 +695,19 @@ def test_cancel_kills_the_whole_process_tree(daemon: DaemonHarness) -> None:
     assert_serving(daemon)
 
 
+def test_cancel_reaches_a_job_whose_command_record_is_unreadable(daemon: DaemonHarness) -> None:
+    """A torn or tampered child record: the shim's process tree is the job, and gets the signal."""
+    job_id = daemon.submit(["sh", "-c", "sleep 600 & sleep 600 & wait"], gpus=0)
+    pgid = int(job_record(daemon, job_id, jobfiles.CHILD)["pgid"])
+    wait_for(lambda: len(group_members(pgid)) == 3, what="sh and its two sleeps")
+    (daemon.state_dir / "jobs" / str(job_id) / jobfiles.CHILD).write_text('{"pid": 1')
+    daemon.call("cancel", ids=[job_id])
+    job = daemon.wait_state(job_id, "cancelled", timeout=30)
+    assert job["signal"] == "SIGTERM"
+    wait_for(lambda: not group_members(pgid), what="every process of the job to die")
+    assert_serving(daemon)
+
+
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(daemon: DaemonHarness) -> None:
     job_id = daemon.submit(["sh", "-c", 'trap "" TERM; sleep 60'], gpus=0)
     pgid = int(job_record(daemon, job_id, jobfiles.CHILD)["pgid"])

@@ -11,6 +11,8 @@ daemon; the job it runs weighs as usual.
 from __future__ import annotations
 
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,3 +243,25 @@ def test_all_shims_weigh_as_one_group_so_a_burst_of_jobs_cannot_outweigh_the_dae
         assert autogroup_of(shims[0].pid) != autogroup_of(daemon.process.pid)
     finally:
         daemon.call("cancel", ids=ids)
+
+
+def test_the_holder_of_a_lock_is_found_by_its_descriptors_among_group_leaders(
+    tmp_path: Path,
+) -> None:
+    """A job's lock names no holder (the daemon that took it gave it away): its fds do."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    hold = f"import time; f = open({str(lock)!r}); print(flush=True); time.sleep(60)"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", hold], start_new_session=True, stdout=subprocess.PIPE
+    )
+    follower = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE)
+    try:
+        for proc in (leader, follower):
+            assert proc.stdout is not None and proc.stdout.readline() == b"\n"
+        assert proctree.holding(lock, proctree.table()) == [leader.pid]  # a spawner leads none
+        assert proctree.holding(tmp_path / "other", proctree.table()) == []
+    finally:
+        for proc in (leader, follower):
+            proc.kill()
+            proc.communicate()

@@ -379,11 +379,17 @@ class Executor:
     def signal(self, job_id: int, signum: int) -> bool:
         """Send `signum` to the whole job: its process group and every descendant of its shim.
 
-        False if the job's command has not started yet or is gone.
+        False if the job's command has not started yet or is gone. Without
+        a readable record of the command (torn, or tampered with), its
+        shim's descendants are the job.
         """
         child = self._record(job_id, jobfiles.CHILD)
         if child is None:
-            return False
+            shim = self._record(job_id, jobfiles.SHIM)
+            if shim is None:
+                return False
+            job = proctree.descendants(int(shim["pid"]), proctree.table())
+            return proctree.send(job, signum) > 0
         pgid = int(child["pgid"])
         try:
             os.killpg(pgid, signum)
@@ -402,6 +408,9 @@ class Executor:
     def kill_leftovers(self, job_id: int, timeout: float = 10.0) -> list[int]:
         """Kill every process left of the job's attempt whose shim is gone; returns survivors.
 
+        A shim that still holds the job's lock but whose record cannot be
+        read (`live_shim` gave up on it) is killed too, with the job.
+
         Found by the attempt's process group and by its environment
         (`proctree.attempt_members`), only among processes of this boot that
         started no earlier than the attempt's shim, so a reused pid is
@@ -409,6 +418,8 @@ class Executor:
         """
         job_dir = self.jobs_dir / str(job_id)
         shim = jobfiles.read_json(job_dir / jobfiles.SHIM)
+        if shim is None and jobfiles.is_locked(job_dir / jobfiles.LOCK):
+            return self._kill_unreported(job_id, timeout)  # a shim lives, its record unreadable
         launch = jobfiles.read_json(job_dir / jobfiles.LAUNCH)
         if shim is None or launch is None or shim.get("boot_id") != jobfiles.boot_id():
             return []  # no attempt ever ran, or it ran before a reboot
@@ -426,6 +437,28 @@ class Executor:
                     for p in procs.values()
                     if p.pgid == child["pgid"] and p.alive and p.starttime >= since
                 )
+            return sorted(members)
+
+        return proctree.kill_until_gone(find, timeout)
+
+    def _kill_unreported(self, job_id: int, timeout: float) -> list[int]:
+        """Kill the shim that holds the job's lock without a readable record, and its job.
+
+        Its record torn or tampered with, such a shim cannot be re-adopted;
+        left alive, its job would go on on GPUs handed to the next one.
+        Found by the lock it holds, its process tree, and the attempt's
+        environment. Returns the pids still found at the timeout.
+        """
+        job_dir = self.jobs_dir / str(job_id)
+        attempt = jobfiles.launch_attempt(jobfiles.read_json(job_dir / jobfiles.LAUNCH))
+
+        def find() -> list[int]:
+            procs = proctree.table()
+            members = set(proctree.holding(job_dir / jobfiles.LOCK, procs))
+            for shim in list(members):
+                members.update(proctree.descendants(shim, procs))
+            if attempt is not None:  # a job dir is never reused, so no other process has it
+                members.update(proctree.attempt_members(str(job_dir), attempt, 0, procs))
             return sorted(members)
 
         return proctree.kill_until_gone(find, timeout)

@@ -116,6 +116,29 @@ def attempt_members(
     return members
 
 
+def holding(path: Path, procs: dict[int, Proc]) -> list[int]:
+    """Live process-group leaders (a shim leads its own) with a descriptor open on `path`.
+
+    A job's lock shows who holds it only through the descriptors: the
+    daemon that took the lock handed it over, and its pid is what
+    /proc/locks names. Leaders only, so that a spawner passing the lock on
+    (it leads no group) is never taken for the shim.
+    """
+    target = os.fsencode(os.path.realpath(path))
+    found = []
+    for proc in procs.values():
+        if not proc.alive or proc.pgid != proc.pid or proc.pid == os.getpid():
+            continue
+        fds = PROC / str(proc.pid) / "fd"
+        with contextlib.suppress(OSError):  # gone, or not ours to look into
+            for fd in os.listdir(fds):
+                with contextlib.suppress(OSError):
+                    if os.readlink(os.fsencode(fds / fd)) == target:
+                        found.append(proc.pid)
+                        break
+    return found
+
+
 def send(pids: Iterable[int], signum: int) -> int:
     """Send `signum` to each pid that still exists; returns how many were signalled."""
     sent = 0

@@ -51,8 +51,12 @@ def recover(state: DaemonState) -> dict[str, int]:
             continue
         try:
             pid = state.node.live_shim(job.id)
-        except RuntimeError as exc:
-            state.transition(job, JobState.LOST, str(exc), end_time=time.time())
+        except RuntimeError as exc:  # a shim whose record is unreadable: it cannot be re-adopted
+            survivors = state.node.kill_leftovers(job.id)  # nor left to run on GPUs given away
+            reason = f"{exc}; its processes were killed"
+            if survivors:
+                reason = f"{exc}; processes {survivors} of the job could not be killed"
+            state.transition(job, JobState.LOST, reason, end_time=time.time())
             counts["lost"] += 1
             continue
         if pid is not None:
