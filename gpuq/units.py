@@ -39,6 +39,12 @@ _SIGNAL_HINT = "use NAME[@TIME] or NUMBER[@TIME], e.g. USR1@60, SIGUSR1@5m, 10@9
 _ARRAY_HINT = "use 0-99, 0-99%4 (at most 4 at once), 1,3,5-7 or 0-15:4 (every 4th)"
 MAX_ARRAY_TASKS = 10_000
 """Most tasks one `--array` may create."""
+MAX_INT = 2**63 - 1
+"""The largest integer a request may carry: SQLite stores signed 64 bits (from -MAX_INT - 1)."""
+MAX_GPUS = 4096
+"""The most GPUs a GPU range may name (a guard against typos, not a lab's size)."""
+MAX_NODES = 256
+"""The most servers one multi-node job may span (a guard against typos)."""
 DEFAULT_SIGNAL_SECONDS = 60.0
 """Lead time of `--signal NAME` when no `@TIME` is given (as in Slurm)."""
 MAX_DURATION = 1e12

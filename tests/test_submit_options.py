@@ -1,7 +1,8 @@
-"""`gpuq submit`'s own option parser: a value left empty is refused, not taken as no option.
+"""`gpuq submit`'s own option parser: each value is checked under the option's own name.
 
-A script that writes `--time "$LIMIT"` with LIMIT unset would otherwise queue
-a job without the time limit its author meant, and say nothing.
+A value left empty is refused, not taken as no option: a script that writes
+`--time "$LIMIT"` with LIMIT unset would otherwise queue a job without the
+time limit its author meant, and say nothing.
 """
 
 from __future__ import annotations
@@ -32,3 +33,17 @@ def test_every_option_that_takes_text_is_checked() -> None:
 def test_an_empty_config_means_the_default_one_as_for_every_other_command() -> None:
     values, command = parse_submit_args(["--config", "", "--", "true"])
     assert (values, command) == ({"config": ""}, ["true"])
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "257", "99999999999999999999"])
+@pytest.mark.parametrize("gpus", [[], ["--gpus", "2"]], ids=["default-gpus", "with-gpus"])
+def test_a_node_count_out_of_range_is_refused_as_nodes_whether_or_not_gpus_is_given(
+    value: str, gpus: list[str]
+) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args([*gpus, "--nodes", value, "--", "true"])
+    assert refused.value.message == f"--nodes needs an integer from 1 to 256, got {value!r}"
+
+
+def test_a_node_count_within_range_is_taken() -> None:
+    assert parse_submit_args(["--nodes", "256", "--", "true"])[0] == {"node_count": 256}

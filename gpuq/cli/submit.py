@@ -19,17 +19,22 @@ from typing import Any
 
 from gpuq.cli.errors import asks_json
 from gpuq.errors import GpuqError, UsageError
+from gpuq.units import MAX_NODES
 
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi")."""
+    """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi").
+
+    An "int" option's `bounds` are the lowest and highest values it takes.
+    """
 
     flags: tuple[str, ...]
     dest: str
     kind: str
     metavar: str
     help: str
+    bounds: tuple[int, int] | None = None
 
 
 SUBMIT_OPTIONS: tuple[Option, ...] = (
@@ -61,6 +66,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "on each of 2 servers), started together, given "
         "the torchrun rendezvous environment (MASTER_ADDR, MASTER_PORT, NODE_RANK, "
         "WORLD_SIZE) and ended together when one part ends. Default 1.",
+        (1, MAX_NODES),
     ),
     Option(("--exclusive",), "exclusive", "flag", "", "Share the GPU with no other gpuq job."),
     Option(("--name", "-n"), "name", "str", "NAME", "Job name. Default: the command's name."),
@@ -234,12 +240,7 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
                 f"{flag} was given an empty value", f"write {flag} {opt.metavar}, or leave it out"
             )
         if opt.kind == "int":
-            try:
-                values[opt.dest] = int(value)
-            except ValueError:
-                raise UsageError(
-                    f"{flag} needs an integer, got {value!r}", f"e.g. {flag} 2"
-                ) from None
+            values[opt.dest] = _int_value(opt, flag, value)
         elif opt.kind == "gpus":
             from gpuq.units import parse_gpus
 
@@ -250,6 +251,24 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         else:
             values[opt.dest] = value
     return values, []
+
+
+def _int_value(opt: Option, flag: str, value: str) -> int:
+    """The integer an "int" option was given, within its bounds.
+
+    Checked here, so an out-of-range value is refused by the option's name
+    rather than by a field of the job spec the daemon checks later.
+    """
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{flag} needs an integer, got {value!r}", f"e.g. {flag} 2") from None
+    if opt.bounds is not None and not opt.bounds[0] <= number <= opt.bounds[1]:
+        low, high = opt.bounds
+        raise UsageError(
+            f"{flag} needs an integer from {low} to {high}, got {value!r}", f"e.g. {flag} 2"
+        )
+    return number
 
 
 @dataclass(frozen=True, slots=True)
