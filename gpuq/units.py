@@ -274,7 +274,11 @@ def parse_signal_spec(text: str) -> tuple[int, float]:
 
 
 def parse_gpus(text: str) -> tuple[int, int | None]:
-    """`N` as (N, None), `MIN-MAX` as (MIN, MAX); UsageError otherwise."""
+    """`N` as (N, None), `MIN-MAX` as (MIN, MAX); UsageError otherwise.
+
+    N is at most `MAX_INT` and a range's ends at most `MAX_GPUS`, so a typo
+    is refused as `--gpus`, not as a field of the job spec.
+    """
     low, dash, high = text.strip().partition("-")
     try:
         first = int(low)
@@ -283,6 +287,15 @@ def parse_gpus(text: str) -> tuple[int, int | None]:
         raise UsageError(
             f"--gpus needs a count or a range, got {text!r}", "e.g. --gpus 2 or --gpus 1-8"
         ) from None
+    if last is None and first > MAX_INT:
+        raise UsageError(
+            f"--gpus needs a count from 0 to {MAX_INT}, got {text!r}", "e.g. --gpus 2 or --gpus 1-8"
+        )
+    if last is not None and max(first, last) > MAX_GPUS:
+        raise UsageError(
+            f"--gpus: a range goes up to at most {MAX_GPUS} GPUs, got {text!r}",
+            f"give a range such as --gpus 1-8 (MAX up to {MAX_GPUS})",
+        )
     return first, last
 
 
@@ -295,7 +308,7 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     body, sep, limit_text = text.strip().partition("%")
     limit: int | None = None
     if sep:
-        if not limit_text.isdigit() or int(limit_text) == 0:
+        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_INT:
             raise UsageError(f"invalid array limit {limit_text!r} in {text!r}", _ARRAY_HINT)
         limit = int(limit_text)
     indices: set[int] = set()
@@ -306,6 +319,11 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
         start = int(match.group(1))
         stop = int(match.group(2)) if match.group(2) is not None else start
         step = int(match.group(3)) if match.group(3) is not None else 1
+        if stop > MAX_INT:
+            raise UsageError(
+                f"invalid array item {item.strip()!r} in {text!r}: indices go up to {MAX_INT}",
+                _ARRAY_HINT,
+            )
         if stop < start or step == 0:
             raise UsageError(f"invalid array range {item.strip()!r} in {text!r}", _ARRAY_HINT)
         if (stop - start) // step + 1 > MAX_ARRAY_TASKS:

@@ -574,7 +574,11 @@ def test_an_array_of_multi_node_jobs_is_refused_and_a_plain_array_is_numbered(
     [
         (["--gpus", "3"], ExitCode.UNAVAILABLE, "the job needs 3 GPUs; this server has 2"),
         (["--gpus", "0", "--gpu-mem", "1G"], ExitCode.USAGE, "--gpu-mem needs --gpus 1 or more"),
-        (["--retries", "-1"], ExitCode.USAGE, "--retries must be 0 or more"),
+        (
+            ["--nodes", "2", "--gpus", "3"],
+            ExitCode.USAGE,
+            "--gpus 3 cannot be split evenly over --nodes 2",
+        ),
         (["--after", "42"], ExitCode.NOT_FOUND, "unknown dependency: no job or array 42"),
     ],
 )

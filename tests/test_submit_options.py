@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpuq.cli.submit import SUBMIT_OPTIONS, Option, parse_submit_args
+from gpuq.cli.submit import SUBMIT_OPTIONS, Option, build_spec, parse_submit_args
+from gpuq.config import DefaultsConfig
 from gpuq.errors import UsageError
 
 TEXT_OPTIONS = [opt for opt in SUBMIT_OPTIONS if opt.kind == "str" and opt.dest != "config"]
+INT_OPTIONS = [opt for opt in SUBMIT_OPTIONS if opt.kind == "int"]
+HUGE = "99999999999999999999"
 
 
 @pytest.mark.parametrize("opt", TEXT_OPTIONS, ids=lambda opt: opt.flags[0])
@@ -47,3 +50,51 @@ def test_a_node_count_out_of_range_is_refused_as_nodes_whether_or_not_gpus_is_gi
 
 def test_a_node_count_within_range_is_taken() -> None:
     assert parse_submit_args(["--nodes", "256", "--", "true"])[0] == {"node_count": 256}
+
+
+def test_every_integer_option_has_bounds_within_what_the_daemon_stores() -> None:
+    assert {opt.flags[0] for opt in INT_OPTIONS} >= {"--nodes", "--priority", "--retries"}
+    for opt in INT_OPTIONS:
+        assert opt.bounds is not None
+        assert -(2**63) <= opt.bounds[0] <= opt.bounds[1] < 2**63
+
+
+@pytest.mark.parametrize("opt", INT_OPTIONS, ids=lambda opt: opt.flags[0])
+@pytest.mark.parametrize("sign", ["", "-"], ids=["huge", "huge-negative"])
+def test_an_integer_past_an_options_bounds_is_refused_naming_the_option_and_value(
+    opt: Option, sign: str
+) -> None:
+    flag = opt.flags[0]
+    assert opt.bounds is not None
+    low, high = opt.bounds
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args([flag, sign + HUGE, "--", "true"])
+    assert refused.value.message == (
+        f"{flag} needs an integer from {low} to {high}, got {sign + HUGE!r}"
+    )
+    assert refused.value.hint == f"e.g. {flag} 2"
+
+
+@pytest.mark.parametrize(
+    ("args", "values"),
+    [
+        (["--priority", str(-(2**63))], {"priority": -(2**63)}),
+        (["--priority", str(2**63 - 1)], {"priority": 2**63 - 1}),
+        (["--retries", "0"], {"retries": 0}),
+    ],
+)
+def test_the_ends_of_an_options_bounds_are_taken(args: list[str], values: dict[str, int]) -> None:
+    assert parse_submit_args([*args, "--", "true"])[0] == values
+
+
+def test_retries_below_zero_are_refused_before_reaching_the_daemon() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args(["--retries", "-1", "--", "true"])
+    assert refused.value.message == f"--retries needs an integer from 0 to {2**63 - 1}, got '-1'"
+
+
+def test_a_gpu_memory_size_too_large_to_send_is_refused_naming_the_option() -> None:
+    values, command = parse_submit_args(["--gpu-mem", "99999P", "--", "true"])
+    with pytest.raises(UsageError) as refused:
+        build_spec(values, command, DefaultsConfig(), 0.0)
+    assert refused.value.message == "--gpu-mem needs a size under 8192P, got '99999P'"

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpuq.cli.errors import asks_json
 from gpuq.errors import GpuqError, UsageError
-from gpuq.units import MAX_NODES
+from gpuq.units import MAX_INT, MAX_NODES
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "N",
         "Higher runs first (under the default policy it may also preempt lower-priority "
         "jobs through their gpuq.runner checkpoint). Default 0.",
+        (-MAX_INT - 1, MAX_INT),
     ),
     Option(
         ("--after", "-d"),
@@ -131,7 +132,14 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
     Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
-    Option(("--retries", "-r"), "retries", "int", "N", "Run again up to N times if it fails."),
+    Option(
+        ("--retries", "-r"),
+        "retries",
+        "int",
+        "N",
+        "Run again up to N times if it fails.",
+        (0, MAX_INT),
+    ),
     Option(
         ("--requeue",),
         "requeue",
@@ -381,7 +389,7 @@ def build_spec(
     gpu_mem = None
     auto = gpu_mem_text == "auto"
     if gpu_mem_text and not auto:
-        gpu_mem = units.parse_size(gpu_mem_text)
+        gpu_mem = _gpu_mem(gpu_mem_text)
     indices: list[int] = []
     parallel = None
     if values.get("array"):
@@ -424,6 +432,19 @@ def build_spec(
     spec.update((dest, names) for dest, names in placement.items() if names)
     _check_request_size(spec, indices)
     return spec, indices
+
+
+def _gpu_mem(text: str) -> int:
+    """Bytes of a `--gpu-mem SIZE`, refused by the option's name when too large to send."""
+    from gpuq import units
+
+    size = units.parse_size(text)
+    if size > MAX_INT:
+        raise UsageError(
+            f"--gpu-mem needs a size under {units.format_size(MAX_INT + 1)}, got {text!r}",
+            "give a size such as --gpu-mem 6G, or auto",
+        )
+    return size
 
 
 def _check_request_size(spec: dict[str, Any], indices: list[int]) -> None:
