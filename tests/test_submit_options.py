@@ -98,3 +98,34 @@ def test_a_gpu_memory_size_too_large_to_send_is_refused_naming_the_option() -> N
     with pytest.raises(UsageError) as refused:
         build_spec(values, command, DefaultsConfig(), 0.0)
     assert refused.value.message == "--gpu-mem needs a size under 8192P, got '99999P'"
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("--gpu", "--gpus"),
+        ("--gpumem", "--gpu-mem"),
+        ("--priorty", "--priority"),
+        ("--nmae", "--name"),
+        ("--arry", "--array"),
+        ("--gpus-type", "--gpu-type"),
+    ],
+)
+def test_an_unknown_option_suggests_the_known_one_it_looks_like(typo: str, meant: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args([typo, "1", "--", "true"])
+    assert refused.value.message == f"unknown option {typo!r} for gpuq submit"
+    assert refused.value.hint == f"did you mean {meant}? (see gpuq submit --help)"
+
+
+@pytest.mark.parametrize("unknown", ["--lr", "--time-limit", "-x"])
+def test_an_unknown_option_like_none_points_to_the_help_alone(unknown: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args([unknown, "1", "--", "true"])
+    assert refused.value.hint == "see gpuq submit --help"
+
+
+def test_a_typo_of_an_inline_value_option_is_suggested_too() -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_submit_args(["--priorty=3", "--", "true"])
+    assert refused.value.hint == "did you mean --priority? (see gpuq submit --help)"

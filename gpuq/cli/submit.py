@@ -226,7 +226,7 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             raise HelpRequested
         opt = _BY_FLAG.get(flag)
         if opt is None:
-            raise UsageError(f"unknown option {flag!r} for gpuq submit", "see gpuq submit --help")
+            raise _unknown_option(flag)
         if opt.kind == "flag":
             if eq:
                 raise UsageError(f"{flag} takes no value", f"write {flag} alone")
@@ -259,6 +259,20 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         else:
             values[opt.dest] = value
     return values, []
+
+
+def _unknown_option(flag: str) -> UsageError:
+    """The error for an option submit does not take, suggesting a known one it looks like.
+
+    Typer commands say "did you mean"; submit's own parser says it too.
+    Names are compared without their dashes, which every long option shares.
+    """
+    import difflib
+
+    names = [known[2:] for known in (*_BY_FLAG, "--help") if known.startswith("--")]
+    close = difflib.get_close_matches(flag.lstrip("-"), names, n=1) if flag.startswith("--") else []
+    hint = f"did you mean --{close[0]}? (see gpuq submit --help)" if close else None
+    return UsageError(f"unknown option {flag!r} for gpuq submit", hint or "see gpuq submit --help")
 
 
 def _int_value(opt: Option, flag: str, value: str) -> int:
