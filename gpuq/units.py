@@ -30,6 +30,9 @@ _SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _DURATION_HINT = (
     "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
 )
+_DURATION_HINT_WITH_UNIT = (
+    "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+)
 
 _BEGIN_HINT = (
     "use now+10m, +10m, now+600 (seconds), 14:00 (next occurrence), "
@@ -115,31 +118,31 @@ def parse_duration(text: str, *, bare_minutes: bool = True) -> float:
     "D-HH:MM:SS"; as in Slurm a bare number means minutes (`--time`). Where
     gpuq has no Slurm counterpart (`wait --timeout 30`, which `timeout(1)`
     would read as seconds), `bare_minutes=False` refuses a bare number
-    rather than guess. Unit parts must come largest first and at most once.
-    Durations must be positive and less than `MAX_DURATION`.
+    rather than guess, and the hints of its errors leave "MM" out. Unit
+    parts must come largest first and at most once. Durations must be
+    positive and less than `MAX_DURATION`.
     """
     stripped = text.strip().lower()
+    hint = _DURATION_HINT if bare_minutes else _DURATION_HINT_WITH_UNIT  # only forms it takes
     if not bare_minutes and re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
         raise UsageError(
             f"duration {text!r} has no unit",
             f"write {stripped}s for seconds, {stripped}m for minutes",
         )
     if stripped and stripped[-1] in _DURATION_UNITS:
-        seconds = _parse_unit_duration(text, stripped)
+        seconds = _parse_unit_duration(text, stripped, hint)
     elif (match := _SLURM_TIME_RE.fullmatch(stripped)) is not None:
-        seconds = _parse_slurm_duration(text, match)
+        seconds = _parse_slurm_duration(text, match, hint)
     else:
-        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}", hint)
     if seconds <= 0:
-        raise UsageError(f"invalid duration {text!r}: must be positive", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}: must be positive", hint)
     if seconds >= MAX_DURATION:
-        raise UsageError(
-            f"invalid duration {text!r}: must be less than {MAX_DURATION_TEXT}", _DURATION_HINT
-        )
+        raise UsageError(f"invalid duration {text!r}: must be less than {MAX_DURATION_TEXT}", hint)
     return seconds
 
 
-def _parse_unit_duration(text: str, stripped: str) -> float:
+def _parse_unit_duration(text: str, stripped: str, hint: str) -> float:
     """Seconds from "1h30m"-style text (units d, h, m, s, largest first)."""
     order = list(_DURATION_UNITS)
     position = 0
@@ -152,18 +155,18 @@ def _parse_unit_duration(text: str, stripped: str) -> float:
         seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         position, last_rank = match.end(), rank
     if position != len(stripped):
-        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}", hint)
     return seconds
 
 
-def _parse_slurm_duration(text: str, match: re.Match[str]) -> float:
+def _parse_slurm_duration(text: str, match: re.Match[str], hint: str) -> float:
     """Seconds from a matched Slurm time; minutes and seconds after the first field are < 60."""
     days_text, first, second, third = match.groups()
     if days_text is not None:
         days = int(days_text)
         hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
         if hours >= 24 or minutes >= 60 or seconds >= 60:
-            raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+            raise UsageError(f"invalid duration {text!r}: field out of range", hint)
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     if third is not None:  # HH:MM:SS
         hours, minutes, seconds = int(first), int(second), int(third)
@@ -172,7 +175,7 @@ def _parse_slurm_duration(text: str, match: re.Match[str]) -> float:
         hours, minutes, seconds = 0, int(first), int(second or 0)
         out_of_range = seconds >= 60
     if out_of_range:
-        raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}: field out of range", hint)
     return float((hours * 60 + minutes) * 60 + seconds)
 
 

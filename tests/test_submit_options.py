@@ -129,3 +129,8 @@ def test_a_typo_of_an_inline_value_option_is_suggested_too() -> None:
     with pytest.raises(UsageError) as refused:
         parse_submit_args(["--priorty=3", "--", "true"])
     assert refused.value.hint == "did you mean --priority? (see gpuq submit --help)"
+
+
+def test_the_help_of_time_says_a_bare_number_is_minutes() -> None:
+    (time_option,) = [opt for opt in SUBMIT_OPTIONS if opt.dest == "time"]
+    assert "A bare number is minutes, as in Slurm (--time 10: 10 minutes)." in time_option.help

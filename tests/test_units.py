@@ -167,6 +167,18 @@ def test_a_bare_number_is_minutes_only_where_slurm_says_so(text: str) -> None:
     assert parse_duration("1:30", bare_minutes=False) == 90  # Slurm's MM:SS says what it is
 
 
+@pytest.mark.parametrize("text", ["10x", "1:60", "1-24", "0s", "11574075d"])
+def test_the_hint_offers_slurms_bare_minutes_only_where_they_are_taken(text: str) -> None:
+    with pytest.raises(UsageError) as where_taken:
+        parse_duration(text)
+    assert where_taken.value.hint is not None and "Slurm's MM, MM:SS," in where_taken.value.hint
+    with pytest.raises(UsageError) as where_refused:
+        parse_duration(text, bare_minutes=False)
+    assert where_refused.value.hint == (
+        "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+    )
+
+
 @pytest.mark.parametrize(
     ("seconds", "expected"),
     [

@@ -131,7 +131,14 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     ),
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
-    Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
+    Option(
+        ("--time", "-t"),
+        "time",
+        "str",
+        "LIMIT",
+        "Time limit: 90s, 2h, 1-12:00:00. A bare number is minutes, as in Slurm "
+        "(--time 10: 10 minutes).",
+    ),
     Option(
         ("--retries", "-r"),
         "retries",
