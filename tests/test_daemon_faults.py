@@ -476,6 +476,12 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
             id="missing-cwd",
         ),
         pytest.param(
+            {"cwd": __file__},
+            "invalid",
+            f"working directory {__file__!r} is not a directory",
+            id="cwd-a-file",
+        ),
+        pytest.param(
             {"cwd": "."},
             "invalid",
             "spec.cwd must be an absolute path, got '.'",
