@@ -26,7 +26,8 @@ from gpuq.units import MAX_INT, MAX_NODES
 class Option:
     """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi").
 
-    An "int" option's `bounds` are the lowest and highest values it takes.
+    An "int" option's `bounds` are the lowest and highest values it takes;
+    `envvar` names the variable that gives a default, for the help to show.
     """
 
     flags: tuple[str, ...]
@@ -35,6 +36,7 @@ class Option:
     metavar: str
     help: str
     bounds: tuple[int, int] | None = None
+    envvar: str | None = None
 
 
 SUBMIT_OPTIONS: tuple[Option, ...] = (
@@ -203,7 +205,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Print only the job id (an array's own id; --json lists its tasks).",
     ),
     Option(("--json",), "json", "flag", "", "Print the result as JSON."),
-    Option(("--config",), "config", "str", "FILE", "Configuration file."),
+    Option(("--config",), "config", "str", "FILE", "Configuration file.", envvar="GPUQ_CONFIG"),
 )
 
 _BY_FLAG = {flag: opt for opt in SUBMIT_OPTIONS for flag in opt.flags}
