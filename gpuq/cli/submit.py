@@ -517,7 +517,8 @@ def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int |
         elif array_id is None:
             print(f"Submitted job {ids[0]}")
         else:
-            print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
+            tasks = "1 task" if len(ids) == 1 else f"{len(ids)} tasks"
+            print(f"Submitted array job {array_id} ({tasks}: {task_ranges(ids)})")
         sys.stdout.flush()
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):
