@@ -28,7 +28,7 @@ from typing import Any, Final
 
 from gpuq.errors import ProtocolError, UsageError
 from gpuq.models import HOST_PATTERN, LABEL_PATTERN, DependencyKind, JobSpec, JobState
-from gpuq.units import MAX_DURATION, MAX_DURATION_TEXT
+from gpuq.units import MAX_DURATION, MAX_DURATION_TEXT, MAX_GPUS, MAX_INT, MAX_NODES
 from gpuq.wire import (
     HEARTBEAT_EVENT,
     HEARTBEAT_SECONDS,
@@ -55,7 +55,7 @@ __all__ = [
     "parse_reply",
 ]
 
-INT_RANGE: Final = range(-(2**63), 2**63)
+INT_RANGE: Final = range(-MAX_INT - 1, MAX_INT + 1)
 """Integers a request may carry: what SQLite stores (signed 64 bits)."""
 MAX_BEGIN: Final = 253402300800.0
 """The first second of the year 10000: a later `begin` cannot be shown as a date."""
@@ -557,8 +557,6 @@ def request_params(request: Request) -> dict[str, Any]:
     }
 
 
-MAX_GPUS: Final = 4096
-"""The most GPUs a GPU range may name (a guard against typos, not a lab's size)."""
 _SPEC_TYPES: Final = {f.name: str(f.type) for f in dataclasses.fields(JobSpec)}
 _SPEC_WIRE_TYPES: Final = {
     **_SPEC_TYPES,
@@ -649,6 +647,7 @@ def _check_placement(spec: JobSpec) -> None:
 
 
 def _check_ranges(spec: JobSpec, array: bool) -> None:
+    _check_node_count(spec)  # first: a client derives the default --gpus from --nodes
     if spec.gpus < 0:
         raise UsageError(
             f"--gpus must be 0 or more, got {spec.gpus}", "--gpus 0 runs a CPU-only job"
@@ -702,17 +701,17 @@ def _check_ranges(spec: JobSpec, array: bool) -> None:
         raise UsageError("unknown dependency kind")
 
 
-MAX_NODES: Final = 256
-"""The most servers one multi-node job may span (a guard against typos)."""
-
-
-def _check_multi_node(spec: JobSpec, array: bool) -> None:
-    """`--nodes N`: N servers, each with the same whole number of whole GPUs; no array."""
+def _check_node_count(spec: JobSpec) -> None:
+    """`--nodes N` names from 1 to `MAX_NODES` servers."""
     if spec.node_count < 1 or spec.node_count > MAX_NODES:
         raise UsageError(
             f"--nodes must be from 1 to {MAX_NODES}, got {spec.node_count}",
             "--nodes 1 (the default) runs on one server",
         )
+
+
+def _check_multi_node(spec: JobSpec, array: bool) -> None:
+    """`--nodes N`: N servers, each with the same whole number of whole GPUs; no array."""
     if not spec.multi_node:
         return
     if spec.gpus_max is not None:

@@ -30,6 +30,9 @@ _SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _DURATION_HINT = (
     "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
 )
+_DURATION_HINT_WITH_UNIT = (
+    "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+)
 
 _BEGIN_HINT = (
     "use now+10m, +10m, now+600 (seconds), 14:00 (next occurrence), "
@@ -39,6 +42,12 @@ _SIGNAL_HINT = "use NAME[@TIME] or NUMBER[@TIME], e.g. USR1@60, SIGUSR1@5m, 10@9
 _ARRAY_HINT = "use 0-99, 0-99%4 (at most 4 at once), 1,3,5-7 or 0-15:4 (every 4th)"
 MAX_ARRAY_TASKS = 10_000
 """Most tasks one `--array` may create."""
+MAX_INT = 2**63 - 1
+"""The largest integer a request may carry: SQLite stores signed 64 bits (from -MAX_INT - 1)."""
+MAX_GPUS = 4096
+"""The most GPUs a GPU range may name (a guard against typos, not a lab's size)."""
+MAX_NODES = 256
+"""The most servers one multi-node job may span (a guard against typos)."""
 DEFAULT_SIGNAL_SECONDS = 60.0
 """Lead time of `--signal NAME` when no `@TIME` is given (as in Slurm)."""
 MAX_DURATION = 1e12
@@ -109,31 +118,31 @@ def parse_duration(text: str, *, bare_minutes: bool = True) -> float:
     "D-HH:MM:SS"; as in Slurm a bare number means minutes (`--time`). Where
     gpuq has no Slurm counterpart (`wait --timeout 30`, which `timeout(1)`
     would read as seconds), `bare_minutes=False` refuses a bare number
-    rather than guess. Unit parts must come largest first and at most once.
-    Durations must be positive and less than `MAX_DURATION`.
+    rather than guess, and the hints of its errors leave "MM" out. Unit
+    parts must come largest first and at most once. Durations must be
+    positive and less than `MAX_DURATION`.
     """
     stripped = text.strip().lower()
+    hint = _DURATION_HINT if bare_minutes else _DURATION_HINT_WITH_UNIT  # only forms it takes
     if not bare_minutes and re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", stripped):
         raise UsageError(
             f"duration {text!r} has no unit",
             f"write {stripped}s for seconds, {stripped}m for minutes",
         )
     if stripped and stripped[-1] in _DURATION_UNITS:
-        seconds = _parse_unit_duration(text, stripped)
+        seconds = _parse_unit_duration(text, stripped, hint)
     elif (match := _SLURM_TIME_RE.fullmatch(stripped)) is not None:
-        seconds = _parse_slurm_duration(text, match)
+        seconds = _parse_slurm_duration(text, match, hint)
     else:
-        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}", hint)
     if seconds <= 0:
-        raise UsageError(f"invalid duration {text!r}: must be positive", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}: must be positive", hint)
     if seconds >= MAX_DURATION:
-        raise UsageError(
-            f"invalid duration {text!r}: must be less than {MAX_DURATION_TEXT}", _DURATION_HINT
-        )
+        raise UsageError(f"invalid duration {text!r}: must be less than {MAX_DURATION_TEXT}", hint)
     return seconds
 
 
-def _parse_unit_duration(text: str, stripped: str) -> float:
+def _parse_unit_duration(text: str, stripped: str, hint: str) -> float:
     """Seconds from "1h30m"-style text (units d, h, m, s, largest first)."""
     order = list(_DURATION_UNITS)
     position = 0
@@ -146,18 +155,18 @@ def _parse_unit_duration(text: str, stripped: str) -> float:
         seconds += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         position, last_rank = match.end(), rank
     if position != len(stripped):
-        raise UsageError(f"invalid duration {text!r}", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}", hint)
     return seconds
 
 
-def _parse_slurm_duration(text: str, match: re.Match[str]) -> float:
+def _parse_slurm_duration(text: str, match: re.Match[str], hint: str) -> float:
     """Seconds from a matched Slurm time; minutes and seconds after the first field are < 60."""
     days_text, first, second, third = match.groups()
     if days_text is not None:
         days = int(days_text)
         hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
         if hours >= 24 or minutes >= 60 or seconds >= 60:
-            raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+            raise UsageError(f"invalid duration {text!r}: field out of range", hint)
         return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
     if third is not None:  # HH:MM:SS
         hours, minutes, seconds = int(first), int(second), int(third)
@@ -166,7 +175,7 @@ def _parse_slurm_duration(text: str, match: re.Match[str]) -> float:
         hours, minutes, seconds = 0, int(first), int(second or 0)
         out_of_range = seconds >= 60
     if out_of_range:
-        raise UsageError(f"invalid duration {text!r}: field out of range", _DURATION_HINT)
+        raise UsageError(f"invalid duration {text!r}: field out of range", hint)
     return float((hours * 60 + minutes) * 60 + seconds)
 
 
@@ -268,7 +277,11 @@ def parse_signal_spec(text: str) -> tuple[int, float]:
 
 
 def parse_gpus(text: str) -> tuple[int, int | None]:
-    """`N` as (N, None), `MIN-MAX` as (MIN, MAX); UsageError otherwise."""
+    """`N` as (N, None), `MIN-MAX` as (MIN, MAX); UsageError otherwise.
+
+    N is at most `MAX_INT` and a range's ends at most `MAX_GPUS`, so a typo
+    is refused as `--gpus`, not as a field of the job spec.
+    """
     low, dash, high = text.strip().partition("-")
     try:
         first = int(low)
@@ -277,6 +290,15 @@ def parse_gpus(text: str) -> tuple[int, int | None]:
         raise UsageError(
             f"--gpus needs a count or a range, got {text!r}", "e.g. --gpus 2 or --gpus 1-8"
         ) from None
+    if last is None and first > MAX_INT:
+        raise UsageError(
+            f"--gpus needs a count from 0 to {MAX_INT}, got {text!r}", "e.g. --gpus 2 or --gpus 1-8"
+        )
+    if last is not None and max(first, last) > MAX_GPUS:
+        raise UsageError(
+            f"--gpus: a range goes up to at most {MAX_GPUS} GPUs, got {text!r}",
+            f"give a range such as --gpus 1-8 (MAX up to {MAX_GPUS})",
+        )
     return first, last
 
 
@@ -289,7 +311,7 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
     body, sep, limit_text = text.strip().partition("%")
     limit: int | None = None
     if sep:
-        if not limit_text.isdigit() or int(limit_text) == 0:
+        if not limit_text.isdigit() or not 0 < int(limit_text) <= MAX_INT:
             raise UsageError(f"invalid array limit {limit_text!r} in {text!r}", _ARRAY_HINT)
         limit = int(limit_text)
     indices: set[int] = set()
@@ -300,6 +322,11 @@ def parse_array(text: str) -> tuple[tuple[int, ...], int | None]:
         start = int(match.group(1))
         stop = int(match.group(2)) if match.group(2) is not None else start
         step = int(match.group(3)) if match.group(3) is not None else 1
+        if stop > MAX_INT:
+            raise UsageError(
+                f"invalid array item {item.strip()!r} in {text!r}: indices go up to {MAX_INT}",
+                _ARRAY_HINT,
+            )
         if stop < start or step == 0:
             raise UsageError(f"invalid array range {item.strip()!r} in {text!r}", _ARRAY_HINT)
         if (stop - start) // step + 1 > MAX_ARRAY_TASKS:

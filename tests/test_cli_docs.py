@@ -204,6 +204,20 @@ def test_every_option_that_takes_a_value_names_what_it_takes(doc: CommandDoc) ->
     assert unnamed == []
 
 
+CONFIGURED = [doc for doc in COMMANDS if any(p.name == "config" for p in doc.command.params)]
+
+
+@pytest.mark.parametrize("doc", CONFIGURED, ids=lambda doc: doc.invocation)
+def test_every_config_option_names_the_variable_that_sets_it(doc: CommandDoc) -> None:
+    result = CliRunner().invoke(app, [*doc.words, "--help"], prog_name="gpuq", terminal_width=200)
+    (line,) = [line for line in result.output.splitlines() if line.strip().startswith("--config")]
+    assert line.rstrip().endswith("[env var: GPUQ_CONFIG]")
+
+
+def test_submit_is_among_the_commands_whose_config_option_is_checked() -> None:
+    assert "gpuq submit" in {doc.invocation for doc in CONFIGURED}
+
+
 def test_gpuq_help_lists_every_command() -> None:
     result = gpuq("--help")
     assert result.returncode == 0

@@ -243,6 +243,7 @@ def test_submit_prints_the_id_in_each_output_form(daemon: DaemonHarness) -> None
         (["--array", "0-2"], "Submitted array job 5 (3 tasks: 6-8)\n"),
         (["-q", "--array", "1,3"], "9\n"),  # the array's id, as Slurm's --parsable
         (["--json", "--array", "0-1"], '{"schema_version": 1, "ids": [13, 14], "array_id": 12}\n'),
+        (["--array", "7"], "Submitted array job 15 (1 task: 16)\n"),
     ]
     for options, expected in cases:
         result = daemon.cli("submit", "--gpus", "0", *options, "--", "true")

@@ -492,6 +492,12 @@ def test_after_daemon_stop_the_next_command_starts_a_daemon(daemon: DaemonHarnes
             id="missing-cwd",
         ),
         pytest.param(
+            {"cwd": __file__},
+            "invalid",
+            f"working directory {__file__!r} is not a directory",
+            id="cwd-a-file",
+        ),
+        pytest.param(
             {"cwd": "."},
             "invalid",
             "spec.cwd must be an absolute path, got '.'",
@@ -590,7 +596,11 @@ def test_an_array_of_multi_node_jobs_is_refused_and_a_plain_array_is_numbered(
     [
         (["--gpus", "3"], ExitCode.UNAVAILABLE, "the job needs 3 GPUs; this server has 2"),
         (["--gpus", "0", "--gpu-mem", "1G"], ExitCode.USAGE, "--gpu-mem needs --gpus 1 or more"),
-        (["--retries", "-1"], ExitCode.USAGE, "--retries must be 0 or more"),
+        (
+            ["--nodes", "2", "--gpus", "3"],
+            ExitCode.USAGE,
+            "--gpus 3 cannot be split evenly over --nodes 2",
+        ),
         (["--after", "42"], ExitCode.NOT_FOUND, "unknown dependency: no job or array 42"),
     ],
 )

@@ -69,6 +69,7 @@ def spec(**fields: object) -> dict[str, object]:
     ("fields", "message"),
     [
         ({"node_count": 0, "gpus": 2}, "--nodes must be from 1 to 256, got 0"),
+        ({"node_count": -1, "gpus": -1}, "--nodes must be from 1 to 256, got -1"),
         ({"node_count": 2, "gpus": 3}, "--gpus 3 cannot be split evenly over --nodes 2"),
         ({"node_count": 2, "gpus": 0}, "--nodes 2 needs a GPU on each server, got --gpus 0"),
         ({"node_count": 2, "gpus": 2, "gpus_max": 4}, "a GPU range resizes the job"),

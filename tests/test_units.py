@@ -10,6 +10,7 @@ import pytest
 from gpuq.errors import UsageError
 from gpuq.units import (
     MAX_ARRAY_TASKS,
+    MAX_INT,
     expand_output_pattern,
     format_duration,
     format_size,
@@ -166,6 +167,18 @@ def test_a_bare_number_is_minutes_only_where_slurm_says_so(text: str) -> None:
     assert parse_duration("1:30", bare_minutes=False) == 90  # Slurm's MM:SS says what it is
 
 
+@pytest.mark.parametrize("text", ["10x", "1:60", "1-24", "0s", "11574075d"])
+def test_the_hint_offers_slurms_bare_minutes_only_where_they_are_taken(text: str) -> None:
+    with pytest.raises(UsageError) as where_taken:
+        parse_duration(text)
+    assert where_taken.value.hint is not None and "Slurm's MM, MM:SS," in where_taken.value.hint
+    with pytest.raises(UsageError) as where_refused:
+        parse_duration(text, bare_minutes=False)
+    assert where_refused.value.hint == (
+        "use 90s, 15m, 2h, 1d, 1h30m, 1.5h, or Slurm's MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS"
+    )
+
+
 @pytest.mark.parametrize(
     ("seconds", "expected"),
     [
@@ -320,6 +333,26 @@ def test_parse_array_rejects(text: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"{MAX_INT + 1}", f"indices go up to {MAX_INT}"),
+        (f"0-{MAX_INT + 1}:{MAX_INT}", f"indices go up to {MAX_INT}"),
+        (f"0-3%{MAX_INT + 1}", f"invalid array limit '{MAX_INT + 1}'"),
+    ],
+)
+def test_parse_array_refuses_an_index_or_limit_too_large_to_send_saying_which(
+    text: str, message: str
+) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_array(text)
+    assert repr(text) in info.value.message and message in info.value.message
+
+
+def test_parse_array_takes_the_largest_index_a_request_carries() -> None:
+    assert parse_array(f"{MAX_INT}") == ((MAX_INT,), None)
+
+
+@pytest.mark.parametrize(
     "text", [f"0-{MAX_ARRAY_TASKS}", "0-999999999999", f"0-{MAX_ARRAY_TASKS - 1},{MAX_ARRAY_TASKS}"]
 )
 def test_parse_array_refuses_more_than_the_task_limit(text: str) -> None:
@@ -368,6 +401,23 @@ def test_parse_gpus_reads_a_count_or_a_range(text: str, expected: tuple[int, int
 def test_parse_gpus_refuses_anything_else(text: str) -> None:
     with pytest.raises(UsageError, match="--gpus needs a count or a range"):
         parse_gpus(text)
+
+
+def test_parse_gpus_refuses_a_count_too_large_to_send_naming_it() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_gpus("99999999999999999999")
+    assert info.value.message == (
+        f"--gpus needs a count from 0 to {MAX_INT}, got '99999999999999999999'"
+    )
+    assert parse_gpus(str(MAX_INT)) == (MAX_INT, None)
+
+
+@pytest.mark.parametrize("text", ["1-4097", "1-99999999999999999999", "99999999999999999999-2"])
+def test_parse_gpus_refuses_a_range_past_the_most_gpus_a_range_may_name(text: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_gpus(text)
+    assert info.value.message == f"--gpus: a range goes up to at most 4096 GPUs, got {text!r}"
+    assert parse_gpus("1-4096") == (1, 4096)
 
 
 @pytest.mark.parametrize(

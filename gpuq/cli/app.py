@@ -833,7 +833,12 @@ def _register_submit() -> None:
     annotations: dict[str, Any] = {}
     for opt in SUBMIT_OPTIONS:
         info = typer.Option(
-            *opt.flags, help=opt.help, metavar=opt.metavar or None, show_default=False
+            *opt.flags,
+            help=opt.help,
+            metavar=opt.metavar or None,
+            show_default=False,
+            envvar=opt.envvar,
+            show_envvar=opt.envvar is not None,
         )
         kind: Any = {
             "flag": bool,

@@ -19,17 +19,24 @@ from typing import Any
 
 from gpuq.cli.errors import asks_json
 from gpuq.errors import GpuqError, UsageError
+from gpuq.units import MAX_INT, MAX_NODES
 
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi")."""
+    """One submit option: flags, destination, kind ("str", "int", "gpus", "flag", "multi").
+
+    An "int" option's `bounds` are the lowest and highest values it takes;
+    `envvar` names the variable that gives a default, for the help to show.
+    """
 
     flags: tuple[str, ...]
     dest: str
     kind: str
     metavar: str
     help: str
+    bounds: tuple[int, int] | None = None
+    envvar: str | None = None
 
 
 SUBMIT_OPTIONS: tuple[Option, ...] = (
@@ -61,6 +68,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "on each of 2 servers), started together, given "
         "the torchrun rendezvous environment (MASTER_ADDR, MASTER_PORT, NODE_RANK, "
         "WORLD_SIZE) and ended together when one part ends. Default 1.",
+        (1, MAX_NODES),
     ),
     Option(("--exclusive",), "exclusive", "flag", "", "Share the GPU with no other gpuq job."),
     Option(("--name", "-n"), "name", "str", "NAME", "Job name. Default: the command's name."),
@@ -71,6 +79,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "N",
         "Higher runs first (under the default policy it may also preempt lower-priority "
         "jobs through their gpuq.runner checkpoint). Default 0.",
+        (-MAX_INT - 1, MAX_INT),
     ),
     Option(
         ("--after", "-d"),
@@ -124,8 +133,22 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
     ),
     Option(("--hold", "-H"), "hold", "flag", "", "Queue the job held; start it with gpuq release."),
     Option(("--begin", "-b"), "begin", "str", "TIME", "Not before TIME: now+10m, 14:00, ISO date."),
-    Option(("--time", "-t"), "time", "str", "LIMIT", "Time limit: 90s, 2h, 1-12:00:00."),
-    Option(("--retries", "-r"), "retries", "int", "N", "Run again up to N times if it fails."),
+    Option(
+        ("--time", "-t"),
+        "time",
+        "str",
+        "LIMIT",
+        "Time limit: 90s, 2h, 1-12:00:00. A bare number is minutes, as in Slurm "
+        "(--time 10: 10 minutes).",
+    ),
+    Option(
+        ("--retries", "-r"),
+        "retries",
+        "int",
+        "N",
+        "Run again up to N times if it fails.",
+        (0, MAX_INT),
+    ),
     Option(
         ("--requeue",),
         "requeue",
@@ -182,7 +205,7 @@ SUBMIT_OPTIONS: tuple[Option, ...] = (
         "Print only the job id (an array's own id; --json lists its tasks).",
     ),
     Option(("--json",), "json", "flag", "", "Print the result as JSON."),
-    Option(("--config",), "config", "str", "FILE", "Configuration file."),
+    Option(("--config",), "config", "str", "FILE", "Configuration file.", envvar="GPUQ_CONFIG"),
 )
 
 _BY_FLAG = {flag: opt for opt in SUBMIT_OPTIONS for flag in opt.flags}
@@ -212,7 +235,7 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             raise HelpRequested
         opt = _BY_FLAG.get(flag)
         if opt is None:
-            raise UsageError(f"unknown option {flag!r} for gpuq submit", "see gpuq submit --help")
+            raise _unknown_option(flag)
         if opt.kind == "flag":
             if eq:
                 raise UsageError(f"{flag} takes no value", f"write {flag} alone")
@@ -234,12 +257,7 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
                 f"{flag} was given an empty value", f"write {flag} {opt.metavar}, or leave it out"
             )
         if opt.kind == "int":
-            try:
-                values[opt.dest] = int(value)
-            except ValueError:
-                raise UsageError(
-                    f"{flag} needs an integer, got {value!r}", f"e.g. {flag} 2"
-                ) from None
+            values[opt.dest] = _int_value(opt, flag, value)
         elif opt.kind == "gpus":
             from gpuq.units import parse_gpus
 
@@ -250,6 +268,38 @@ def parse_submit_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
         else:
             values[opt.dest] = value
     return values, []
+
+
+def _unknown_option(flag: str) -> UsageError:
+    """The error for an option submit does not take, suggesting a known one it looks like.
+
+    Typer commands say "did you mean"; submit's own parser says it too.
+    Names are compared without their dashes, which every long option shares.
+    """
+    import difflib
+
+    names = [known[2:] for known in (*_BY_FLAG, "--help") if known.startswith("--")]
+    close = difflib.get_close_matches(flag.lstrip("-"), names, n=1) if flag.startswith("--") else []
+    hint = f"did you mean --{close[0]}? (see gpuq submit --help)" if close else None
+    return UsageError(f"unknown option {flag!r} for gpuq submit", hint or "see gpuq submit --help")
+
+
+def _int_value(opt: Option, flag: str, value: str) -> int:
+    """The integer an "int" option was given, within its bounds.
+
+    Checked here, so an out-of-range value is refused by the option's name
+    rather than by a field of the job spec the daemon checks later.
+    """
+    try:
+        number = int(value)
+    except ValueError:
+        raise UsageError(f"{flag} needs an integer, got {value!r}", f"e.g. {flag} 2") from None
+    if opt.bounds is not None and not opt.bounds[0] <= number <= opt.bounds[1]:
+        low, high = opt.bounds
+        raise UsageError(
+            f"{flag} needs an integer from {low} to {high}, got {value!r}", f"e.g. {flag} 2"
+        )
+    return number
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +412,7 @@ def build_spec(
     gpu_mem = None
     auto = gpu_mem_text == "auto"
     if gpu_mem_text and not auto:
-        gpu_mem = units.parse_size(gpu_mem_text)
+        gpu_mem = _gpu_mem(gpu_mem_text)
     indices: list[int] = []
     parallel = None
     if values.get("array"):
@@ -405,6 +455,19 @@ def build_spec(
     spec.update((dest, names) for dest, names in placement.items() if names)
     _check_request_size(spec, indices)
     return spec, indices
+
+
+def _gpu_mem(text: str) -> int:
+    """Bytes of a `--gpu-mem SIZE`, refused by the option's name when too large to send."""
+    from gpuq import units
+
+    size = units.parse_size(text)
+    if size > MAX_INT:
+        raise UsageError(
+            f"--gpu-mem needs a size under {units.format_size(MAX_INT + 1)}, got {text!r}",
+            "give a size such as --gpu-mem 6G, or auto",
+        )
+    return size
 
 
 def _check_request_size(spec: dict[str, Any], indices: list[int]) -> None:
@@ -454,7 +517,8 @@ def _report(config: Any, values: dict[str, Any], ids: list[int], array_id: int |
         elif array_id is None:
             print(f"Submitted job {ids[0]}")
         else:
-            print(f"Submitted array job {array_id} ({len(ids)} tasks: {task_ranges(ids)})")
+            tasks = "1 task" if len(ids) == 1 else f"{len(ids)} tasks"
+            print(f"Submitted array job {array_id} ({tasks}: {task_ranges(ids)})")
         sys.stdout.flush()
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):

@@ -531,6 +531,10 @@ def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
 def check_runnable_command(command: tuple[str, ...], cwd: str, path_env: str | None) -> None:
     """Reject a missing cwd or a command that cannot be found, with a hint."""
     if not os.path.isdir(cwd):
+        if os.path.exists(cwd):
+            raise UsageError(
+                f"working directory {cwd!r} is not a directory", "pass a directory as --cwd"
+            )
         raise UsageError(f"working directory {cwd!r} does not exist", "pass an existing --cwd")
     program = command[0]
     if "/" in program:
