@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 
-from tests.daemon_harness import DaemonHarness, listed
+from tests.daemon_harness import DaemonHarness, listed, wait_for
 from tests.daemon_harness import submit_cli as submit
 
 
@@ -87,8 +87,40 @@ def test_an_action_on_a_large_array_prints_a_range_not_a_line_per_task(
     assert again.returncode == 4
     assert again.stderr == (
         f"gpuq: job {tasks[0]} already ended (cancelled)\n"
-        f"gpuq: jobs {tasks[0]}-{tasks[-1]}: already ended (cancelled)\n"
+        f"gpuq: array {array_id} has no task to cancel (11 cancelled)\n"
     )
+
+
+def test_an_action_on_an_array_acts_on_the_tasks_it_applies_to_and_passes_over_the_rest(
+    daemon: DaemonHarness,
+) -> None:
+    """`gpuq hold ARRAY` while two tasks run holds the two that wait, and that is a success."""
+    result = daemon.cli("submit", "--json", "--gpus", "0", "--array", "0-3%2", "--", "sleep", "60")
+    assert result.returncode == 0, result.stderr
+    array_id, tasks = json.loads(result.stdout)["array_id"], json.loads(result.stdout)["ids"]
+    wait_for(lambda: len(listed(daemon, str(array_id), "--state", "running")) == 2, what="2 runs")
+    queued = [job["id"] for job in listed(daemon, str(array_id), "--state", "queued")]
+    held = daemon.cli("hold", str(array_id))
+    assert (held.returncode, held.stderr) == (0, "")
+    assert held.stdout == "".join(f"job {task}: held\n" for task in queued)
+    suspended = daemon.cli("resume", str(array_id))
+    assert suspended.returncode == 4
+    assert suspended.stderr == f"gpuq: array {array_id} has no task to resume (2 held, 2 running)\n"
+    daemon.cli("cancel", str(tasks[0]))  # a cancel of the array cut short, say
+    rest = daemon.cli("cancel", str(array_id))
+    assert (rest.returncode, rest.stderr) == (0, ""), "what is left is cancelled, nothing failed"
+    assert {job["state"] for job in listed(daemon, str(array_id))} == {"cancelled"}
+
+
+def test_an_id_given_twice_or_as_a_task_of_an_array_given_too_is_acted_on_once(
+    daemon: DaemonHarness,
+) -> None:
+    array_id, tasks = submit_array(daemon, "--hold", "--", "true")
+    released = daemon.cli("release", str(tasks[0]), str(tasks[0]), str(array_id))
+    assert (released.returncode, released.stderr) == (0, "")
+    assert released.stdout == "".join(f"job {task}: queued\n" for task in tasks)
+    waited = daemon.cli("wait", "--json", str(array_id), str(tasks[-1]))
+    assert [job["id"] for job in json.loads(waited.stdout)["jobs"]] == tasks
 
 
 def test_a_command_for_one_job_given_an_array_id_names_its_tasks(daemon: DaemonHarness) -> None:

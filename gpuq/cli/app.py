@@ -349,7 +349,7 @@ def outcome_lines(results: list[dict[str, Any]]) -> list[tuple[bool, str]]:
         if item["ok"]:
             return f"job {item['id']}: {visible(item.get('message') or item['state'])}"
         message = visible(item["message"])
-        named = re.search(rf"\bjob {item['id']}\b", message)
+        named = re.search(rf"\b(job|array) {item['id']}\b", message)  # "array 5 has no task ..."
         return message if named else f"job {item['id']}: {message}"
 
     def common(item: dict[str, Any]) -> str:

@@ -233,16 +233,20 @@ class DaemonState:
         return self.config.daemon.node_name
 
     def resolve_ids(self, ids: Iterable[int]) -> list[int]:
-        """Job ids, each array id replaced by the ids of its tasks (unknown ids kept)."""
-        resolved: list[int] = []
+        """Job ids, each array id replaced by the ids of its tasks (unknown ids kept), once each.
+
+        `gpuq cancel 12 13`, 12 an array and 13 its first task, acts on 13 once.
+        """
+        resolved: dict[int, None] = {}
         for job_id in ids:
-            if job_id not in self.active and self.store.get(job_id) is None:
-                tasks = self.store.array_task_ids(job_id) if self.store.array(job_id) else []
-                if tasks:
-                    resolved.extend(tasks)
-                    continue
-            resolved.append(job_id)
-        return resolved
+            resolved.update(dict.fromkeys(self.array_tasks(job_id) or [job_id]))
+        return list(resolved)
+
+    def array_tasks(self, array_id: int) -> list[int]:
+        """The ids of the tasks of the array `array_id`; none if it is no array's id."""
+        if array_id in self.active or self.store.get(array_id) is not None:
+            return []  # a job's id, never an array's
+        return self.store.array_task_ids(array_id) if self.store.array(array_id) else []
 
     def dependency_state(self, job_id: int) -> JobState | None:
         """The state a dependency on `job_id` sees: a job's, or an array's as a whole."""
