@@ -410,6 +410,11 @@ def connect_socket(config: Config, *, autostart: bool = True, timeout: float) ->
     except (FileNotFoundError, ConnectionRefusedError):
         _check_not_squatted(path)
         if not autostart:
+            if (held := statelock.holder(config.daemon.state_dir)) is not None:
+                # A daemon runs, but not where this command looks, or its socket is gone.
+                raise statelock.in_use(
+                    config.daemon.state_dir, config.daemon.runtime_dir, held
+                ) from None
             raise DaemonUnavailable(
                 f"no gpuq daemon is running ({path})", "start one: gpuq daemon start"
             ) from None

@@ -113,9 +113,19 @@ def holder(state_dir: Path) -> Holder | None:
 
 
 def in_use(state_dir: Path, runtime_dir: Path, found: Holder) -> DaemonUnavailable:
-    """The error for a state directory another daemon holds, with how to reach that one."""
+    """The error for a state directory another daemon holds, with how to reach that one.
+
+    A holder on this very runtime directory cannot be reached only because
+    its socket is gone (a cleaner of /tmp removed it): that is what is said.
+    """
     pid = "unknown" if found.pid is None else str(found.pid)
     socket = "unknown" if found.socket is None else str(found.socket)
+    if found.socket is not None and _same_dir(found.socket.parent, runtime_dir):
+        return DaemonUnavailable(
+            f"gpuq daemon {pid} holds the state directory {state_dir}, but its socket "
+            f"{socket} is gone (removed by a cleaner of {runtime_dir}?)",
+            f"stop it (kill {pid}: its jobs keep running) and run the command again",
+        )
     reach = (
         "set GPUQ_RUNTIME_DIR to its runtime directory to reach it"
         if found.socket is None
@@ -127,6 +137,10 @@ def in_use(state_dir: Path, runtime_dir: Path, found: Holder) -> DaemonUnavailab
         f"that daemon has another runtime directory than this shell's ({runtime_dir}, "
         f"set by XDG_RUNTIME_DIR or GPUQ_RUNTIME_DIR): {reach}",
     )
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _parse(data: bytes) -> Holder:

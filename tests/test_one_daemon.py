@@ -171,3 +171,41 @@ def test_a_daemon_whose_socket_was_removed_is_named_not_waited_for(
     assert f"gpuq daemon {pid} holds {harness.runtime_dir} but does not answer" in result.stderr
     assert f"hint: was its socket removed? stop it (kill {pid})" in result.stderr
     assert harness.process.poll() is None  # left alone
+
+
+def test_status_stop_and_doctor_say_a_daemon_runs_whose_socket_was_removed(
+    harness: DaemonHarness,
+) -> None:
+    """Not "not running" (exit 0 for stop): the daemon goes on, and its pid is what to stop."""
+    harness.start()
+    assert harness.process is not None
+    pid = harness.process.pid
+    (harness.runtime_dir / "gpuq.sock").unlink()
+    said = (
+        f"gpuq: error: gpuq daemon {pid} holds the state directory {harness.state_dir}, but "
+        f"its socket {harness.runtime_dir / 'gpuq.sock'} is gone (removed by a cleaner of "
+        f"{harness.runtime_dir}?)\nhint: stop it (kill {pid}: its jobs keep running) and run "
+        "the command again\n"
+    )
+    for command in (["daemon", "status"], ["daemon", "stop"]):
+        result = harness.cli(*command)
+        assert (result.returncode, result.stderr) == (5, said), command
+    doctor = harness.cli("doctor")
+    assert doctor.returncode == 1
+    assert f"[FAIL] daemon: gpuq daemon {pid} holds the state directory" in doctor.stdout
+    assert harness.process.poll() is None  # left alone
+
+
+def test_a_runtime_directory_emptied_under_the_daemon_names_it_not_the_same_directory(
+    harness: DaemonHarness,
+) -> None:
+    """A cleaner of /tmp took the socket and the lock: the hint is to stop the daemon."""
+    harness.start()
+    assert harness.process is not None
+    for entry in harness.runtime_dir.iterdir():
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    result = harness.cli("ls")
+    assert result.returncode == 5
+    assert f"its socket {harness.runtime_dir / 'gpuq.sock'} is gone" in result.stderr
+    assert f"hint: stop it (kill {harness.process.pid}: its jobs keep running)" in result.stderr
+    assert "GPUQ_RUNTIME_DIR" not in result.stderr

@@ -642,6 +642,10 @@ def _stop(cfg: Config, *, final: bool = True) -> None:
                     raise
                 result = client.call("shutdown")  # a daemon from before `final`
     except DaemonUnavailable:
+        from gpuq import statelock
+
+        if statelock.holder(cfg.daemon.state_dir) is not None:
+            raise  # it runs, but cannot be reached (its socket removed): say so, not "not running"
         print("gpuq daemon is not running", file=sys.stderr)
         return
     deadline = time.monotonic() + 15

@@ -87,7 +87,7 @@ def check_socket(config: Config) -> Check:
         if choice.lab:
             return Check("daemon", "fail", exc.message, exc.hint or "")
         cfg = config.daemon
-        if (held := statelock.holder(cfg.state_dir)) is not None and held.socket != path:
+        if (held := statelock.holder(cfg.state_dir)) is not None:  # elsewhere, or its socket gone
             other = statelock.in_use(cfg.state_dir, cfg.runtime_dir, held)
             return Check("daemon", "fail", other.message, other.hint or "")
         return Check("daemon", "ok", "not running; the first gpuq command starts it")
