@@ -57,19 +57,27 @@ def _has_lone_surrogate(value: object) -> bool:
     return False
 
 
-def decode(line: bytes) -> object:
+def decode(line: bytes, *, unique_keys: bool = False) -> object:
     """Decode one protocol line; raises ProtocolError unless it is strict JSON.
 
     Strict means UTF-8 text (json.loads would take bytes in UTF-16 or
     UTF-32 too, and skip a byte order mark) holding a value that can be
     stored and sent back: no NaN or Infinity, no number beyond a double, no
     string with a lone surrogate, and no nesting deeper than Python's
-    recursion limit.
+    recursion limit. With `unique_keys` (the daemon, reading a request), an
+    object naming a key twice is refused too: `{"method": "list", "method":
+    "shutdown"}` must not mean whichever comes last.
     """
     hint = "send one JSON object per line"
+    pairs = _unique_object if unique_keys else None
     try:
         text = line.decode("utf-8")
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_float=_finite_float,
+            object_pairs_hook=pairs,
+        )
     except RecursionError:
         raise ProtocolError("malformed JSON: nested too deeply", hint) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
@@ -77,6 +85,16 @@ def decode(line: bytes) -> object:
     if _has_lone_surrogate(value):
         raise ProtocolError("malformed JSON: a string is not valid Unicode (lone surrogate)", hint)
     return value
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict; ValueError (malformed JSON) if it names a key twice."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r} given twice")
+        obj[key] = value
+    return obj
 
 
 def error_reply(request_id: object, error: GpuqError) -> dict[str, Any]:

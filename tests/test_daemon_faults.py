@@ -154,6 +154,18 @@ MALFORMED = "malformed JSON"
         ),
         pytest.param(b'{"id": 1' + b"0" * 5000 + b"}", "protocol", MALFORMED, id="5000-digits"),
         pytest.param(b'{"token": "\\udc80"}', "protocol", MALFORMED, id="lone-surrogate"),
+        pytest.param(
+            b'{"id": 1, "method": "list", "method": "shutdown"}',
+            "protocol",
+            "malformed JSON: key 'method' given twice",
+            id="a-key-twice",
+        ),
+        pytest.param(
+            b'{"id": 1, "method": "show", "params": {"id": 1, "id": 2}}',
+            "protocol",
+            "malformed JSON: key 'id' given twice",
+            id="a-param-twice",
+        ),
         pytest.param(b"[" * 50_000 + b"]" * 50_000, "protocol", MALFORMED, id="deep-nesting"),
         # Big-endian: the line's last byte is its newline's, so it reaches the daemon whole.
         pytest.param(

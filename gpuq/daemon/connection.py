@@ -229,7 +229,7 @@ async def serve_connection(
                 continue
             request_id: object = None
             try:
-                message = decode(line)
+                message = decode(line, unique_keys=True)
                 if isinstance(message, dict):
                     request_id = message.get("id")
                 request_id, request = parse_request(message)
