@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from gpuq.daemon import jobfiles, proctree
+from gpuq.daemon import jobfiles, lifecycle, proctree
 from gpuq.daemon.faults import POINTS
 from gpuq.daemon.store import Store
 from gpuq.errors import DaemonUnavailable, ExitCode, StateError
@@ -415,3 +415,37 @@ def test_a_daemon_started_on_a_full_disk_says_to_free_space_and_keeps_the_queue(
         assert daemon.job(held)["state"] == "held"
     finally:
         daemon.close()
+
+
+# -- a cancel cut short by the daemon's death ------------------------------------------
+
+
+def test_a_cancel_asked_before_a_daemon_restart_still_kills_a_job_that_ignores_term(
+    tmp_path: Path,
+) -> None:
+    daemon = DaemonHarness(tmp_path)
+    try:
+        daemon.start()
+        job_id = daemon.submit(["sh", "-c", 'trap "" TERM; sleep 600'], gpus=0)
+        daemon.wait_state(job_id, "running")
+        wait_for(lambda: attempt_processes(daemon, job_id, 1), what="the job's processes")
+        daemon.call("cancel", ids=[job_id])
+        daemon.kill()  # before its KILL timer fires
+        daemon.start()
+        job = daemon.wait_state(job_id, "cancelled", timeout=60)
+        assert job["signal"] == "SIGKILL"
+        assert attempt_processes(daemon, job_id, 1) == []
+    finally:
+        daemon.close()
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "delay"),
+    [(None, 10.0), (1005.0, 5.0), (995.0, 0.0), (2000.0, 10.0)],
+    ids=["a-new-cancel", "half-the-grace-left", "the-grace-over", "never-more-than-the-grace"],
+)
+def test_after_a_restart_the_kill_comes_when_the_cancels_own_grace_ends(
+    kill_at: float | None, delay: float
+) -> None:
+    """A daemon killed again and again during a cancel must not put its KILL off each time."""
+    assert lifecycle.kill_delay(10.0, kill_at, now=1000.0) == delay

@@ -481,12 +481,18 @@ def requeue_when_lost(state: DaemonState, job: Job) -> bool:
 
 def cancel_requested(state: DaemonState, job: Job) -> bool:
     """True if a cancel was asked for during the current attempt."""
+    return cancel_requested_at(state, job) is not None
+
+
+def cancel_requested_at(state: DaemonState, job: Job) -> float | None:
+    """When a cancel was first asked for during the current attempt, or None."""
+    asked = None
     for event in reversed(state.store.events(job.id)):
-        if event.reason == CANCEL_REQUESTED:
-            return True
         if event.state is JobState.STARTING:
-            return False
-    return False
+            break
+        if event.reason == CANCEL_REQUESTED:
+            asked = event.time
+    return asked
 
 
 def request_cancel(state: DaemonState, job: Job) -> Job:
@@ -498,27 +504,42 @@ def request_cancel(state: DaemonState, job: Job) -> Job:
     return job
 
 
-def _terminate(state: DaemonState, job_id: int, attempt: int) -> None:
+def _terminate(state: DaemonState, job_id: int, attempt: int, kill_at: float | None = None) -> None:
     """TERM the attempt's process group now and KILL it after the grace period.
 
     A job cancelled the moment it turned running may not have recorded its
     process group yet (the shim does so just after starting the command), so
     this tries again shortly for as long as the attempt is still active.
+    `kill_at` (a wall-clock time) ends the grace sooner, for a cancel asked
+    for before a daemon restart.
     """
     job = state.active.get(job_id)
     if job is None or not job.state.is_active or job.attempts != attempt:
         return
     loop = asyncio.get_running_loop()
     if not state.node_of(job_id).signal(job_id, signal.SIGTERM):
-        loop.call_later(CHILD_POLL_SECONDS, _terminate, state, job_id, attempt)
+        loop.call_later(CHILD_POLL_SECONDS, _terminate, state, job_id, attempt, kill_at)
         return
     state.node_of(job_id).signal(job_id, signal.SIGCONT)  # a stopped job must wake to die
-    loop.call_later(state.config.daemon.kill_grace, _kill, state, job_id, attempt)
+    delay = kill_delay(state.config.daemon.kill_grace, kill_at, time.time())
+    loop.call_later(delay, _kill, state, job_id, attempt)
+
+
+def kill_delay(grace: float, kill_at: float | None, now: float) -> float:
+    """Seconds from `now` to the KILL: the grace, or less when it must come by `kill_at`."""
+    return grace if kill_at is None else min(grace, max(0.0, kill_at - now))
 
 
 def resume_cancel(state: DaemonState, job: Job) -> None:
-    """Carry on a cancel a previous daemon started (its KILL timer died with it)."""
-    _terminate(state, job.id, job.attempts)
+    """Carry on a cancel a previous daemon started (its KILL timer died with it).
+
+    The job is sent TERM again (it may not have had it before the crash),
+    but the grace counts from the cancel's request: daemons killed over and
+    over must not put the KILL off for ever.
+    """
+    asked = cancel_requested_at(state, job)
+    kill_at = None if asked is None else asked + state.config.daemon.kill_grace
+    _terminate(state, job.id, job.attempts, kill_at)
 
 
 def _kill(state: DaemonState, job_id: int, attempt: int) -> None:
