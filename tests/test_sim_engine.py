@@ -24,6 +24,7 @@ from gpuq.policies.interface import (
 )
 from gpuq.sim.apps import BatchConfig, get_application
 from gpuq.sim.engine import SimProgress, SimulationError, Simulator, sharing
+from gpuq.sim.fair import SimLab
 from gpuq.sim.jobs import FitMemo, SimJob
 from gpuq.sim.metrics import JobRecord, SimResult
 from gpuq.sim.workload import WorkloadJob
@@ -316,6 +317,21 @@ def test_a_policy_that_never_runs_a_job_is_reported() -> None:
     simulator = Simulator(Scripted(lambda now, s: Decision()), workload, stall_limit=3600)
     with pytest.raises(SimulationError, match="no job finished in 0.0416667 days"):
         simulator.run()
+
+
+def test_jobs_held_back_by_the_per_user_cap_are_named_as_why_none_finished() -> None:
+    """Not "check that every job's request fits the cluster": it does; the user's cap is lower."""
+    workload = [WorkloadJob("wide", 0.0, "ncf", 4, 32768, user="alice")]
+    simulator = Simulator(
+        Scripted(lambda now, s: Decision()), workload, stall_limit=3600, lab=SimLab(max_gpus=2)
+    )
+    with pytest.raises(SimulationError) as stalled:
+        simulator.run()
+    assert stalled.value.message.endswith(
+        "1 of them asks for more GPUs than one user may hold (--max-gpus-per-user 2), "
+        "such as 'wide' (4 GPUs)"
+    )
+    assert stalled.value.hint == "raise --max-gpus-per-user to 4 or more, or leave it out"
 
 
 def test_a_policy_that_restarts_jobs_forever_is_reported() -> None:

@@ -222,11 +222,7 @@ class Simulator:
                 if any(job.finish_time is not None for job in active):
                     last_event = now
                 elif now - last_event > self.stall_limit:
-                    raise SimulationError(
-                        f"policy {self.policy.name!r}: no job finished in "
-                        f"{self.stall_limit / 86400:g} days, with {len(active)} active",
-                        hint="check that every job's request fits the cluster",
-                    )
+                    raise self._stalled(active)
                 active = [job for job in active if job.finish_time is None]
             ticks += 1
             now = ticks * self.interval
@@ -236,6 +232,26 @@ class Simulator:
         if progress is not None:
             progress(SimProgress(now, len(jobs), 0, len(jobs)))
         return self._result(decision_times, active_counts, reallocations)
+
+    def _stalled(self, active: list[SimJob]) -> SimulationError:
+        """Why no job finished for `stall_limit`: the per-user cap, where jobs ask for more."""
+        message = (
+            f"policy {self.policy.name!r}: no job finished in "
+            f"{self.stall_limit / 86400:g} days, with {len(active)} active"
+        )
+        cap = 0 if self.lab is None else self.lab.max_gpus
+        over = [job for job in active if cap and self._requested[job.id] > cap]
+        if over:
+            most = max(over, key=lambda job: self._requested[job.id])
+            return SimulationError(
+                f"{message}; {len(over)} of them {'asks' if len(over) == 1 else 'ask'} for more "
+                "GPUs than one user may hold "
+                f"(--max-gpus-per-user {cap}), such as {most.spec.name!r} "
+                f"({self._requested[most.id]} GPUs)",
+                hint=f"raise --max-gpus-per-user to {self._requested[most.id]} or more, "
+                "or leave it out",
+            )
+        return SimulationError(message, hint="check that every job's request fits the cluster")
 
     def _state(self, active: list[SimJob]) -> ClusterState:
         views = []
