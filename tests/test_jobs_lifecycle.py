@@ -491,6 +491,22 @@ def test_clean_removes_finished_jobs_and_their_default_logs_only(daemon: DaemonH
     assert newest > max(ok, bad, own_log, running, held)
 
 
+def test_a_cleaned_jobs_id_is_said_to_be_removed_by_clean_by_every_one_job_command(
+    daemon: DaemonHarness,
+) -> None:
+    cleaned = submit(daemon, "--gpus", "0", "--", "true")
+    daemon.wait_state(cleaned, *ENDED)
+    kept = submit(daemon, "--hold", "--", "true")
+    assert daemon.cli("clean").returncode == 0
+    removed = f"job ids so far run from 1 to {kept}; job {cleaned} was removed by gpuq clean"
+    for command in (["show"], ["wait"], ["logs"], ["metrics"]):
+        result = daemon.cli(*command, str(cleaned))
+        assert result.returncode == 3, command
+        assert f"hint: {removed}" in result.stderr, command
+    beyond = daemon.cli("show", str(kept + 1))
+    assert beyond.stderr.splitlines()[-1] == f"hint: job ids so far run from 1 to {kept}"
+
+
 def test_clean_keeps_a_finished_job_a_queued_one_depends_on_until_that_one_ends(
     daemon: DaemonHarness,
 ) -> None:
