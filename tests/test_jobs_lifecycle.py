@@ -226,6 +226,33 @@ def test_logs_of_a_job_whose_output_was_deleted_say_it_is_gone(daemon: DaemonHar
     assert daemon.cli("logs", str(queued)).returncode == 0
 
 
+def test_logs_of_a_held_or_queued_job_say_on_stderr_why_there_is_nothing(
+    daemon: DaemonHarness,
+) -> None:
+    held = submit(daemon, "--hold", "--gpus", "0", "--", "echo", "hello")
+    queued = submit(daemon, "--after", str(held), "--gpus", "0", "--", "true")
+    assert daemon.job(queued)["state"] == "queued"
+    for job_id, note in ((held, "is held: it has written nothing yet"),
+                         (queued, "is queued: it has not started yet")):  # fmt: skip
+        result = daemon.cli("logs", str(job_id))
+        assert (result.returncode, result.stdout) == (0, ""), result.stderr
+        assert result.stderr == f"gpuq: job {job_id} {note}\n"
+
+    follow = popen(daemon, "logs", "-f", str(held))
+    assert follow.stderr is not None
+    try:
+        first = follow.stderr.readline()
+        assert daemon.cli("release", str(held)).returncode == 0
+        out, errors = follow.communicate(timeout=30)
+    finally:
+        follow.kill()
+        follow.wait()
+    assert first == (
+        f"gpuq: job {held} is held: it has written nothing yet; its output follows once it starts\n"
+    )
+    assert (follow.returncode, out, errors) == (0, "hello\n", "")
+
+
 def test_logs_follow_streams_until_the_job_ends(daemon: DaemonHarness) -> None:
     # Three lines 0.2 s apart, a pause until the test says go, three more lines.
     script = (
