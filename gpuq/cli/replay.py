@@ -23,8 +23,7 @@ attempt starts in a fraction of a second rather than after an import of
 torch; a job still running when the replay is interrupted finishes under
 it.
 
-Workloads are named as for `gpuq sim` (a CSV file, workload-N,
-workload-0.5-N, gen:SEED[:variant][:load], lab:SEED[:variant][:load]);
+Workloads are named as for `gpuq sim` (`gpuq.workloads.WORKLOAD_FORMS`);
 gen: ones are drawn for the daemon's GPUs, lab: ones (the generator's lab
 variant) for one server of 8. `--first N` replays only the first N jobs to
 arrive.
@@ -52,6 +51,7 @@ from gpuq.cli.link import connected
 from gpuq.cli.sim import Progress, results_table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.workloads import WORKLOAD_FORMS
 
 
 def replay_command(
@@ -59,7 +59,7 @@ def replay_command(
         str,
         typer.Argument(
             metavar="WORKLOAD",
-            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:...] or lab:SEED[:...].",
+            help=f"The workload, as for gpuq sim: {WORKLOAD_FORMS}.",
         ),
     ],
     speedup: Annotated[

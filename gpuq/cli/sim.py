@@ -47,6 +47,7 @@ from gpuq.cli.render import table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
 from gpuq.textsafe import visible
+from gpuq.workloads import WORKLOAD_FORMS
 
 if TYPE_CHECKING:
     from gpuq.sim.cluster import SimCluster
@@ -236,7 +237,7 @@ def sim_command(
             "--workload",
             "-w",
             metavar="SPEC",
-            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:variant][:load] or lab:SEED.",
+            help=f"The workload: {WORKLOAD_FORMS}.",
         ),
     ],
     policy: Annotated[
@@ -339,8 +340,8 @@ def sim_command(
     """Simulate a workload under one or more scheduling policies and compare them.
 
     The workload is a CSV file (name,time,application,num_replicas,batch_size),
-    a bundled Pollux trace (workload-1 to workload-4, workload-0.5-1 to
-    workload-0.5-4), gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
+    a bundled trace of the Pollux or Sia artifact (--workload lists them),
+    gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
     recipe for this cluster, or lab:SEED[:tuned|realistic][:LOAD], its lab
     variant: one server of 8 GPUs at 1.5x load (30 jobs). The table gives the
     average, median and p99 job completion time and the makespan in seconds,
