@@ -56,26 +56,34 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """One status line on stderr, rewritten in place (silent when disabled)."""
+    """One status line on stderr, rewritten in place (silent when disabled).
 
-    def __init__(self, enabled: bool) -> None:
+    Not `in_place` (stderr is a log file, not a terminal), each change is a
+    line of its own instead, so a long run still shows where it is.
+    """
+
+    def __init__(self, enabled: bool, in_place: bool = True) -> None:
         self.enabled = enabled
+        self.in_place = in_place
         self.shown = ""
 
     def show(self, text: str) -> None:
         """Replace the line with `text` if it changed (escaped: policy names are user text)."""
         text = visible(text)
         if self.enabled and text != self.shown:
-            sys.stderr.write("\r" + text.ljust(len(self.shown)))
+            if self.in_place:
+                sys.stderr.write("\r" + text.ljust(len(self.shown)))
+            else:
+                sys.stderr.write(text + "\n")
             sys.stderr.flush()
             self.shown = text
 
     def clear(self) -> None:
-        """Erase the line."""
-        if self.enabled and self.shown:
+        """Erase the line (a line of its own stays)."""
+        if self.enabled and self.shown and self.in_place:
             sys.stderr.write("\r" + " " * len(self.shown) + "\r")
             sys.stderr.flush()
-            self.shown = ""
+        self.shown = ""
 
 
 _COLUMNS = (
