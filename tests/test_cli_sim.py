@@ -17,7 +17,13 @@ from gpuq.cli.app import app
 from gpuq.cli.sim import results_table
 from gpuq.errors import UsageError
 from gpuq.policies.registry import LIVE_POLICY_NAMES, POLICY_NAMES
-from gpuq.sim.run import SimSettings, policy_names, resolve_workload, run_policies
+from gpuq.sim.run import (
+    WORKLOAD_HINT,
+    SimSettings,
+    policy_names,
+    resolve_workload,
+    run_policies,
+)
 
 TINY = """name,time,application,num_replicas,batch_size
 a,0,cifar10,1,128
@@ -73,6 +79,23 @@ def test_help_names_every_policy_and_those_the_daemon_runs() -> None:
     assert "Policies: " + ", ".join(POLICY_NAMES) + ";" in text
     assert f"the daemon runs {', '.join(LIVE_POLICY_NAMES)} (scheduler.policy)" in text
     assert "gpuq is its default" in text
+
+
+@pytest.mark.parametrize("command", ["sim", "replay"])
+def test_help_lists_every_workload_form_the_error_hint_does(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"], prog_name="gpuq", env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())
+    assert WORKLOAD_HINT.removeprefix("give ") in text
+    for family in (
+        "workload-1..4",
+        "workload-0.5-1..4",
+        "philly-1..4",
+        "saturn-1..5",
+        "gen:",
+        "lab:",
+    ):
+        assert family in text
 
 
 def test_a_policy_variant_runs_beside_its_default_under_its_own_name(tiny: str) -> None:

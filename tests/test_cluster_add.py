@@ -6,7 +6,7 @@ its daemon answered through `ssh gpu2 gpuq bridge`; every failure (unknown
 host, unknown or changed host key, a login ssh refuses, no gpuq there,
 another protocol, a server cut off)
 is a clear error with its exit code and leaves the config file as it was.
-Root only (tests/netns_harness.py).
+Root only (tests/netns_harness.py), but for the --json refusal, which needs no lab.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,24 @@ def expect_refusal(cluster: Cluster, args: list[str], code: int, *words: str) ->
 
 def test_an_unknown_host_is_refused(cluster: Cluster) -> None:
     expect_refusal(cluster, ["nosuchhost", "--command", GPUQ], 5, "unknown host nosuchhost")
+
+
+def test_a_refusal_under_json_leaves_only_the_error_object_on_stderr(tmp_path: Path) -> None:
+    # Needs no lab: ssh is refused at once by a port nothing listens on.
+    (tmp_path / "ssh_config").write_text("Host deadhost\n  Hostname 127.0.0.1\n  Port 9\n")
+    config = tmp_path / "gpuq.toml"
+    config.write_text(
+        f'[daemon]\nstate_dir = "{tmp_path / "state"}"\nruntime_dir = "{tmp_path / "run"}"\n'
+        f'[cluster]\nssh_config = "{tmp_path / "ssh_config"}"\nconnect_timeout = "3s"\n'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuq.cli.entry", "cluster", "add", "deadhost", "--json"],
+        capture_output=True, text=True, env={**os.environ, "GPUQ_CONFIG": str(config)},
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (5, ""), result.stderr
+    [line] = result.stderr.splitlines()
+    assert json.loads(line)["error"]["exit_code"] == 5
 
 
 def test_an_unknown_host_key_is_refused_without_a_prompt(cluster: Cluster) -> None:

@@ -226,6 +226,33 @@ def test_logs_of_a_job_whose_output_was_deleted_say_it_is_gone(daemon: DaemonHar
     assert daemon.cli("logs", str(queued)).returncode == 0
 
 
+def test_logs_of_a_held_or_queued_job_say_on_stderr_why_there_is_nothing(
+    daemon: DaemonHarness,
+) -> None:
+    held = submit(daemon, "--hold", "--gpus", "0", "--", "echo", "hello")
+    queued = submit(daemon, "--after", str(held), "--gpus", "0", "--", "true")
+    assert daemon.job(queued)["state"] == "queued"
+    for job_id, note in ((held, "is held: it has written nothing yet"),
+                         (queued, "is queued: it has not started yet")):  # fmt: skip
+        result = daemon.cli("logs", str(job_id))
+        assert (result.returncode, result.stdout) == (0, ""), result.stderr
+        assert result.stderr == f"gpuq: job {job_id} {note}\n"
+
+    follow = popen(daemon, "logs", "-f", str(held))
+    assert follow.stderr is not None
+    try:
+        first = follow.stderr.readline()
+        assert daemon.cli("release", str(held)).returncode == 0
+        out, errors = follow.communicate(timeout=30)
+    finally:
+        follow.kill()
+        follow.wait()
+    assert first == (
+        f"gpuq: job {held} is held: it has written nothing yet; its output follows once it starts\n"
+    )
+    assert (follow.returncode, out, errors) == (0, "hello\n", "")
+
+
 def test_logs_follow_streams_until_the_job_ends(daemon: DaemonHarness) -> None:
     # Three lines 0.2 s apart, a pause until the test says go, three more lines.
     script = (
@@ -489,6 +516,22 @@ def test_clean_removes_finished_jobs_and_their_default_logs_only(daemon: DaemonH
     assert ids(daemon, "--all") == []
     newest = submit(daemon, "--gpus", "0", "--", "true")
     assert newest > max(ok, bad, own_log, running, held)
+
+
+def test_a_cleaned_jobs_id_is_said_to_be_removed_by_clean_by_every_one_job_command(
+    daemon: DaemonHarness,
+) -> None:
+    cleaned = submit(daemon, "--gpus", "0", "--", "true")
+    daemon.wait_state(cleaned, *ENDED)
+    kept = submit(daemon, "--hold", "--", "true")
+    assert daemon.cli("clean").returncode == 0
+    removed = f"job ids so far run from 1 to {kept}; job {cleaned} was removed by gpuq clean"
+    for command in (["show"], ["wait"], ["logs"], ["metrics"]):
+        result = daemon.cli(*command, str(cleaned))
+        assert result.returncode == 3, command
+        assert f"hint: {removed}" in result.stderr, command
+    beyond = daemon.cli("show", str(kept + 1))
+    assert beyond.stderr.splitlines()[-1] == f"hint: job ids so far run from 1 to {kept}"
 
 
 def test_clean_keeps_a_finished_job_a_queued_one_depends_on_until_that_one_ends(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from gpuq.errors import GpuqError, UsageError
 from gpuq.policies.interface import JobView
 from gpuq.policies.registry import get_policy
 from gpuq.replay.run import (
+    ReplayInterrupted,
+    ReplayProgress,
     ReplaySettings,
     Submission,
     measure,
@@ -41,7 +44,7 @@ from gpuq.sim.engine import Simulator
 from gpuq.sim.jobs import SimJob
 from gpuq.sim.metrics import solo_run_time
 from gpuq.sim.workload import WorkloadJob
-from tests.daemon_harness import running_daemon
+from tests.daemon_harness import running_daemon, wait_for
 
 pytestmark = [pytest.mark.torch]
 
@@ -308,6 +311,49 @@ def test_a_failed_job_stops_the_replay_with_its_reason() -> None:
     workload = [WorkloadJob("a", 0.0, "cifar10", 1, 128), WorkloadJob("b", 0.0, "ncf", 1, 32768)]
     with pytest.raises(GpuqError, match=r"replayed job 2 \(b\) failed: exited with code 1"):
         replay(daemon, workload, ReplaySettings(), clock=lambda: daemon.now, sleep=daemon.sleep)
+
+
+def test_an_interrupted_replay_names_the_jobs_it_submitted_and_reports_each_submission() -> None:
+    daemon = FakeDaemon(runs=10.0)
+    workload = [WorkloadJob(name, 0.0, "cifar10", 1, 128) for name in ("a", "b")]
+    workload.append(WorkloadJob("late", 3600.0, "cifar10", 1, 128))
+    reports: list[ReplayProgress] = []
+
+    def interrupt(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(ReplayInterrupted) as stopped:
+        replay(daemon, workload, ReplaySettings(), reports.append, lambda: daemon.now, interrupt)
+    assert stopped.value.ids == (1, 2)
+    assert [p.submitted for p in reports] == [1, 2, 2]  # each submission, then the poll
+
+
+def test_gpuq_replay_interrupted_names_its_jobs_and_the_cancel_that_ends_them(
+    tmp_path: Path,
+) -> None:
+    csv = tmp_path / "two.csv"
+    csv.write_text("name,time,application,num_replicas,batch_size\na,0,cifar10,1,128\n"
+                   "late,36000,cifar10,1,128\n")  # fmt: skip
+    errors = tmp_path / "stderr"
+    with running_daemon(tmp_path / "d") as daemon, errors.open("w") as stderr:
+        command = [sys.executable, "-m", "gpuq.cli.entry", "replay", str(csv), "--speedup", "1"]
+        run = subprocess.Popen(command, env=daemon.env, cwd=daemon.root, stderr=stderr)
+        try:
+            # stderr is no terminal: a line each time a job is submitted or ends
+            wait_for(lambda: errors.read_text(), timeout=120, what="a progress line")
+            run.send_signal(signal.SIGINT)
+            run.wait(timeout=60)
+        finally:
+            run.kill()
+            run.wait()
+        [job] = daemon.call("list", ids=[], include_done=True)["jobs"]
+        daemon.cli("cancel", str(job["id"]))
+    assert run.returncode == 130
+    assert errors.read_text() == (
+        "replay: 1 of 2 jobs submitted, 0 done\n"
+        f"gpuq: replay interrupted: job {job['id']} keeps running\n"
+        f"hint: gpuq cancel {job['id']} ends them\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -262,7 +262,11 @@ def logs(
     ] = 0,
     config: ConfigOpt = None,
 ) -> None:
-    """Print a job's output (its stdout, or stderr with --stderr)."""
+    """Print a job's output (its stdout, or stderr with --stderr).
+
+    For a held or queued job that has written nothing, a note on stderr says
+    so (with --follow, that its output follows once it starts).
+    """
 
     def body() -> None:
         from gpuq.client import ConnectionLost, reconnect
@@ -272,6 +276,8 @@ def logs(
         loaded = load_config(config)
         client = opened(loaded)
         try:
+            if follow:
+                _note_not_started(job_id, _unstarted_state(client, job_id), follow=True)
             while True:
                 try:
                     for kind, item in client.stream(
@@ -282,6 +288,8 @@ def logs(
                             sys.stdout.flush()
                             if "offset" in item:  # where to go on from if the daemon restarts
                                 options["offset"] = item["offset"]
+                        elif not follow and "offset" not in options:  # nothing was written
+                            _note_not_started(job_id, str(item.get("state", "")), follow=False)
                     return
                 except ConnectionLost as lost:  # a followed log outlives a daemon restart
                     if not (follow and client.greeted):
@@ -293,6 +301,23 @@ def logs(
             client.close()
 
     _run(False, body)
+
+
+_NOT_STARTED = {"held": "it has written nothing yet", "queued": "it has not started yet"}
+
+
+def _unstarted_state(client: Any, job_id: int) -> str:
+    """The job's state if it never started (it has no output to read yet), else ""."""
+    listed = client.call("list", ids=[job_id], include_done=True)["jobs"]
+    return str(listed[0]["state"]) if listed and not listed[0].get("stdout") else ""
+
+
+def _note_not_started(job_id: int, state: str, *, follow: bool) -> None:
+    """Say on stderr why a held or queued job's log is empty, so silence is not a mystery."""
+    if (why := _NOT_STARTED.get(state)) is None:
+        return
+    then = "; its output follows once it starts" if follow else ""
+    print(f"gpuq: job {job_id} is {state}: {why}{then}", file=sys.stderr)
 
 
 def _action(

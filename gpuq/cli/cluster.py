@@ -66,7 +66,8 @@ def add(
         path = cfg.source or default_config_path()
         if any(s.host == server.host for s in cfg.cluster.servers):
             raise already_listed(server.host, path)
-        print(f"checking {server.host} over ssh ...", file=sys.stderr)
+        if not json_out:  # under --json, stderr holds only the error object, if any
+            print(f"checking {server.host} over ssh ...", file=sys.stderr)
         result = check(server, cfg)
         append_server(path, server)
         if json_out:

@@ -267,8 +267,9 @@ def array_detail(array: dict[str, Any], jobs: Sequence[dict[str, Any]]) -> str:
     for job in jobs:
         counts[job["state"]] = counts.get(job["state"], 0) + 1
     states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    tasks = "1 task" if array["size"] == 1 else f"{array['size']} tasks"
     head = [
-        f"Array {array['id']}: {array['name']} ({array['size']} tasks: {states or 'none left'})",
+        f"Array {array['id']}: {array['name']} ({tasks}: {states or 'none left'})",
         f"  Submitted:  {_when(array['submit_time'])}",
         "",
     ]

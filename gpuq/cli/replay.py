@@ -23,18 +23,19 @@ attempt starts in a fraction of a second rather than after an import of
 torch; a job still running when the replay is interrupted finishes under
 it.
 
-Workloads are named as for `gpuq sim` (a CSV file, workload-N,
-workload-0.5-N, gen:SEED[:variant][:load], lab:SEED[:variant][:load]);
+Workloads are named as for `gpuq sim` (`gpuq.workloads.WORKLOAD_FORMS`);
 gen: ones are drawn for the daemon's GPUs, lab: ones (the generator's lab
 variant) for one server of 8. `--first N` replays only the first N jobs to
 arrive.
 
-Progress (jobs submitted and ended) is shown on stderr when it is a
-terminal; `--json` prints `{"schema_version", "workload", "settings",
+Progress (jobs submitted and ended) is shown on stderr, one line
+rewritten in place on a terminal, else a line each time a job is submitted
+or ends, and never with `--json`; `--json` prints `{"schema_version", "workload", "settings",
 "results": {policy: summary}}` as `gpuq sim --json` does. Exit status 0
 when every job succeeded; a job that fails or is cancelled stops the
-replay with its reason (exit 1); Ctrl-C stops waiting, and the jobs
-already submitted keep running (`gpuq cancel` ends them).
+replay with its reason (exit 1); Ctrl-C stops waiting (exit 130), and
+the jobs already submitted keep running: it names them and the `gpuq
+cancel` that ends them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from gpuq.cli.link import connected
 from gpuq.cli.sim import Progress, results_table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
+from gpuq.workloads import WORKLOAD_FORMS
 
 
 def replay_command(
@@ -59,7 +61,7 @@ def replay_command(
         str,
         typer.Argument(
             metavar="WORKLOAD",
-            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:...] or lab:SEED[:...].",
+            help=f"The workload, as for gpuq sim: {WORKLOAD_FORMS}.",
         ),
     ],
     speedup: Annotated[
@@ -109,7 +111,7 @@ def replay_command(
                     hint="declare fake GPUs ([[gpus.fake]] in the config) to replay without any",
                 )
             jobs = resolve_workload(workload, gpus, gpus)[: first or None]
-            progress = Progress(enabled=not json_out and sys.stderr.isatty())
+            progress = Progress(enabled=not json_out, in_place=sys.stderr.isatty())
             try:
                 with ForkServer() as server:
                     result = replay(
@@ -117,15 +119,15 @@ def replay_command(
                         jobs,
                         replace(settings, fork_server=str(server.path)),
                         lambda p: progress.show(
-                            f"{p.submitted}/{p.total} submitted, {p.ended} ended"
+                            f"replay: {p.submitted} of {p.total} jobs submitted, {p.ended} done"
                         ),
                     )
             finally:
                 progress.clear()
     except GpuqError as error:
         raise typer.Exit(render_error(error, json_out)) from None
-    except KeyboardInterrupt:
-        print("interrupted: jobs already submitted keep running", file=sys.stderr)
+    except KeyboardInterrupt as stop:
+        _say_interrupted(getattr(stop, "ids", None))
         raise typer.Exit(130) from None
     results = {f"{result.policy} (live)": result.summary()}
     if json_out:
@@ -139,3 +141,21 @@ def replay_command(
         print(json.dumps(document, indent=2))
     else:
         print(results_table(results))
+
+
+def _say_interrupted(ids: tuple[int, ...] | None) -> None:
+    """Name on stderr the jobs an interrupted replay leaves running, and how to cancel them.
+
+    `ids` is None when the interrupt came before the replay began (or after it ended).
+    """
+    from gpuq.cli.submit import task_ranges
+
+    if ids is None:
+        print("gpuq: replay interrupted: jobs it submitted keep running", file=sys.stderr)
+        return
+    if not ids:
+        print("gpuq: replay interrupted before it submitted a job", file=sys.stderr)
+        return
+    which = f"job {ids[0]} keeps" if len(ids) == 1 else f"jobs {task_ranges(list(ids))} keep"
+    print(f"gpuq: replay interrupted: {which} running", file=sys.stderr)
+    print(f"hint: gpuq cancel {' '.join(map(str, ids))} ends them", file=sys.stderr)

@@ -47,6 +47,7 @@ from gpuq.cli.render import table
 from gpuq.errors import GpuqError, UsageError
 from gpuq.models import JSON_SCHEMA_VERSION
 from gpuq.textsafe import visible
+from gpuq.workloads import WORKLOAD_FORMS
 
 if TYPE_CHECKING:
     from gpuq.sim.cluster import SimCluster
@@ -55,26 +56,34 @@ if TYPE_CHECKING:
 
 
 class Progress:
-    """One status line on stderr, rewritten in place (silent when disabled)."""
+    """One status line on stderr, rewritten in place (silent when disabled).
 
-    def __init__(self, enabled: bool) -> None:
+    Not `in_place` (stderr is a log file, not a terminal), each change is a
+    line of its own instead, so a long run still shows where it is.
+    """
+
+    def __init__(self, enabled: bool, in_place: bool = True) -> None:
         self.enabled = enabled
+        self.in_place = in_place
         self.shown = ""
 
     def show(self, text: str) -> None:
         """Replace the line with `text` if it changed (escaped: policy names are user text)."""
         text = visible(text)
         if self.enabled and text != self.shown:
-            sys.stderr.write("\r" + text.ljust(len(self.shown)))
+            if self.in_place:
+                sys.stderr.write("\r" + text.ljust(len(self.shown)))
+            else:
+                sys.stderr.write(text + "\n")
             sys.stderr.flush()
             self.shown = text
 
     def clear(self) -> None:
-        """Erase the line."""
-        if self.enabled and self.shown:
+        """Erase the line (a line of its own stays)."""
+        if self.enabled and self.shown and self.in_place:
             sys.stderr.write("\r" + " " * len(self.shown) + "\r")
             sys.stderr.flush()
-            self.shown = ""
+        self.shown = ""
 
 
 _COLUMNS = (
@@ -236,7 +245,7 @@ def sim_command(
             "--workload",
             "-w",
             metavar="SPEC",
-            help="CSV file, workload-N, workload-0.5-N, gen:SEED[:variant][:load] or lab:SEED.",
+            help=f"The workload: {WORKLOAD_FORMS}.",
         ),
     ],
     policy: Annotated[
@@ -339,8 +348,8 @@ def sim_command(
     """Simulate a workload under one or more scheduling policies and compare them.
 
     The workload is a CSV file (name,time,application,num_replicas,batch_size),
-    a bundled Pollux trace (workload-1 to workload-4, workload-0.5-1 to
-    workload-0.5-4), gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
+    a bundled trace of the Pollux or Sia artifact (--workload lists them),
+    gen:SEED[:tuned|realistic][:LOAD], drawn by the Pollux
     recipe for this cluster, or lab:SEED[:tuned|realistic][:LOAD], its lab
     variant: one server of 8 GPUs at 1.5x load (30 jobs). The table gives the
     average, median and p99 job completion time and the makespan in seconds,

@@ -181,12 +181,20 @@ class DaemonState:
                     f"give one of its tasks' ids, {tasks[0]} to {tasks[-1]} (gpuq show {job_id} "
                     "lists them)",
                 )
-            highest = self.store.max_job_id()
-            raise NotFoundError(
-                f"no job {job_id}",
-                f"job ids so far run from 1 to {highest}" if highest else "no job was submitted",
-            )
+            raise NotFoundError(f"no job {job_id}", self._missing_hint(job_id))
         return job
+
+    def _missing_hint(self, job_id: int) -> str:
+        """Why there is no job `job_id`: past the ids handed out, or removed (`gpuq clean`)."""
+        highest = self.store.max_job_id()
+        if not highest:
+            return "no job was submitted"
+        if 1 <= job_id <= highest:
+            return (
+                f"job ids so far run from 1 to {highest}; job {job_id} was removed by gpuq "
+                "clean (or its id was skipped and never was a job's)"
+            )
+        return f"job ids so far run from 1 to {highest}"
 
     def server_health(self) -> list[dict[str, Any]]:
         """Each configured server's health, in the config's order (`gpuq.daemon.servers`)."""

@@ -16,6 +16,9 @@ after the first the restarts, and the jobs' overlap the contention behind
 finish-time fairness. A job that fails or is cancelled makes the replay
 fail with its reason: its numbers would mean nothing.
 
+Ctrl-C raises `ReplayInterrupted`, which names the jobs submitted so far:
+they keep running.
+
 Times here are wall-clock, read as the daemon reads them; only `replay`
 sleeps, and it takes the clock and the sleep as arguments so tests can
 drive it.
@@ -85,6 +88,14 @@ class ReplayProgress:
     submitted: int
     ended: int
     total: int
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a replay: the ids of the jobs it had submitted, which keep running."""
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        super().__init__()
+        self.ids = tuple(ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,21 +189,26 @@ def replay(
     ids: list[int] = []
     ended: dict[int, dict[str, Any]] = {}
     next_poll = start
-    while len(ended) < len(order):
-        now = clock()
-        while len(ids) < len(order) and start + order[len(ids)].time / settings.speedup <= now:
-            spec = submit_spec(order[len(ids)], settings, terms[len(ids)])
-            ids.append(int(client.call("submit", spec=spec)["ids"][0]))
-        if ids and now >= next_poll:
-            ended.update(_ended(client, [i for i in ids if i not in ended]))
-            next_poll = now + POLL_SECONDS
-            if progress is not None:
-                progress(ReplayProgress(len(ids), len(ended), len(order)))
-        waits = [next_poll - now]
-        if len(ids) < len(order):
-            waits.append(start + order[len(ids)].time / settings.speedup - now)
-        sleep(max(0.0, min(waits)))
-    jobs = [ended[i] | {"gpu_seconds": _gpu_seconds(client, i)} for i in ids]
+    try:
+        while len(ended) < len(order):
+            now = clock()
+            while len(ids) < len(order) and start + order[len(ids)].time / settings.speedup <= now:
+                spec = submit_spec(order[len(ids)], settings, terms[len(ids)])
+                ids.append(int(client.call("submit", spec=spec)["ids"][0]))
+                if progress is not None:
+                    progress(ReplayProgress(len(ids), len(ended), len(order)))
+            if ids and now >= next_poll:
+                ended.update(_ended(client, [i for i in ids if i not in ended]))
+                next_poll = now + POLL_SECONDS
+                if progress is not None:
+                    progress(ReplayProgress(len(ids), len(ended), len(order)))
+            waits = [next_poll - now]
+            if len(ids) < len(order):
+                waits.append(start + order[len(ids)].time / settings.speedup - now)
+            sleep(max(0.0, min(waits)))
+        jobs = [ended[i] | {"gpu_seconds": _gpu_seconds(client, i)} for i in ids]
+    except KeyboardInterrupt:
+        raise ReplayInterrupted(ids) from None
     return measure(policy, gpus, order, jobs, start, settings)
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuq.errors import UsageError
+from gpuq.workloads import WORKLOAD_FORMS
 
 if TYPE_CHECKING:
     from gpuq.sim.cluster import SimCluster
@@ -49,10 +50,7 @@ if TYPE_CHECKING:
     from gpuq.sim.workload import WorkloadJob
 
 
-WORKLOAD_HINT = (
-    "give a CSV file, a bundled trace (workload-1..4, workload-0.5-1..4, philly-1..4, "
-    "saturn-1..5), gen:SEED[:tuned|realistic][:LOAD] or lab:SEED[:tuned|realistic][:LOAD]"
-)
+WORKLOAD_HINT = f"give {WORKLOAD_FORMS}"
 
 
 MAX_GPUS = 8192

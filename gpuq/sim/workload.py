@@ -82,6 +82,7 @@ from numpy.typing import NDArray
 
 from gpuq.errors import UsageError
 from gpuq.sim.apps import APPLICATION_NAMES, Application, get_application
+from gpuq.workloads import BUNDLED_WORKLOADS as BUNDLED_WORKLOADS  # re-exported
 
 REFERENCE_GPUS = 64
 """Cluster size the Pollux recipe was written for (16 nodes x 4 GPUs)."""
@@ -96,13 +97,6 @@ MAX_LOAD = 100.0
 TUNED_REPLICAS = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48)
 """GPU counts the TunedJobs rule considers (the artifact's list)."""
 
-BUNDLED_WORKLOADS = tuple(
-    [f"workload-{i}" for i in range(1, 5)]
-    + [f"workload-0.5-{i}" for i in range(1, 5)]
-    + [f"philly-{i}" for i in range(1, 5)]
-    + [f"saturn-{i}" for i in range(1, 6)]
-)
-"""Names `bundled_workload` accepts: Pollux's 1x and 0.5x load traces, Sia's Philly and Saturn."""
 
 _BUNDLED_FOLDERS = {
     "workload": ("pollux", "workloads"),
