@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer._click import exceptions as click_exceptions
@@ -28,9 +28,6 @@ from gpuq.cli.submit import SUBMIT_OPTIONS, run_submit, wait_exit_code
 from gpuq.config import Config, load_config
 from gpuq.errors import ExitCode, NotFoundError, UsageError
 from gpuq.textsafe import visible
-
-if TYPE_CHECKING:
-    pass
 
 app = typer.Typer(
     name="gpuq",

@@ -52,8 +52,10 @@ class ConfigWatch:
         self.source = source
         self._stat, self._digest = _digest(source)
         self.restart_needed: list[str] = []
+        self._seen = self._digest
+        """The file's digest when `changed` last read it."""
         self._edit: tuple[str | None, list[str]] = (self._digest, [])
-        """The file's digest when last looked at, and what its edit calls for."""
+        """A digest of the file, and what its edit calls for."""
 
     def loaded(self, source: Path | None) -> None:
         """The daemon now runs the file as it is."""
@@ -67,10 +69,12 @@ class ConfigWatch:
         try:
             info = os.stat(self.source)
         except OSError:
+            self._seen = None
             return self._digest is not None
         if (info.st_ino, info.st_size, info.st_mtime_ns) == self._stat:
             return False
-        return _digest(self.source)[1] != self._digest
+        self._seen = _digest(self.source)[1]
+        return self._seen != self._digest
 
     def warnings(self, running: Config) -> list[str]:
         """What to tell users about the config, which `running` is what the daemon runs."""
@@ -83,10 +87,9 @@ class ConfigWatch:
         return found
 
     def _edit_warnings(self, running: Config) -> list[str]:
-        """What the file's edit needs, read once per version of the file."""
-        digest = _digest(self.source)[1]
-        if digest != self._edit[0]:
-            self._edit = (digest, edit_warnings(self.source, running, self.restart_needed))
+        """What the file's edit needs, worked out once per version `changed` read."""
+        if self._seen != self._edit[0]:
+            self._edit = (self._seen, edit_warnings(self.source, running, self.restart_needed))
         return self._edit[1]
 
 
